@@ -1,0 +1,95 @@
+"""The target model: load it frozen with transformers and read the aux hidden states EAGLE-3 fuses.
+
+transformers returns ``hidden_states`` with the embeddings first, so the *output of layer L* is
+``hidden_states[L + 1]``; SGLang's ``eagle_aux_hidden_state_layer_ids`` mean "output of layer id"
+(captured at the input of layer id+1), so the same ids index both.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from draftlab import eagle3_format as fmt
+from draftlab.errors import DraftlabError
+
+
+def read_config(folder: str | Path) -> dict[str, Any]:
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise DraftlabError(f"{path}: not found (expected a Hugging Face model folder)")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DraftlabError(f"{path}: not valid JSON ({exc})") from exc
+
+
+def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The language-model part of a config (multimodal targets nest it under ``text_config``)."""
+    return cfg.get("text_config") or cfg
+
+
+def load_target(folder: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device | None = None,
+                trust_remote_code: bool = False):
+    """``AutoModelForCausalLM`` from a local folder, in eval mode with every parameter frozen."""
+    from transformers import AutoModelForCausalLM
+
+    read_config(folder)  # clear error for a missing/broken config before transformers' own
+    model = AutoModelForCausalLM.from_pretrained(
+        str(folder), dtype=dtype or torch.float32, trust_remote_code=trust_remote_code, local_files_only=True
+    )
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if device is not None:
+        model.to(device)
+    return model
+
+
+def load_tokenizer(folder: str | Path, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise DraftlabError(f"{folder}: cannot load a tokenizer ({exc})") from exc
+
+
+def aux_layer_ids_for(drafter_config: dict[str, Any] | None, target_config: dict[str, Any]) -> list[int]:
+    """The drafter's ``eagle_aux_hidden_state_layer_ids``, else SGLang's default for the target's depth."""
+    ids = fmt.aux_layer_ids(drafter_config or {})
+    n_layers = int(text_config(target_config)["num_hidden_layers"])
+    if ids is None:
+        ids = fmt.default_aux_layer_ids(n_layers)
+    bad = [i for i in ids if not 0 <= i < n_layers]
+    if bad:
+        raise DraftlabError(f"drafter config: eagle_aux_hidden_state_layer_ids {ids} has ids {bad} outside "
+                            f"the target's layers 0..{n_layers - 1}")
+    return list(ids)
+
+
+def aux_hidden(hidden_states: Sequence[Tensor], layer_ids: Sequence[int]) -> Tensor:
+    """Concatenate the outputs of ``layer_ids`` (``hidden_states[L+1]``) in order: [B, T, len(ids)*H]."""
+    if len(hidden_states) < max(layer_ids) + 2:
+        raise DraftlabError(f"target returned {len(hidden_states) - 1} layers, aux layer ids {list(layer_ids)} need more")
+    return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+@torch.no_grad()
+def target_features(model, input_ids: Tensor, layer_ids: Sequence[int],
+                    attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Run the frozen target once: (aux hidden [B,T,3H], logits [B,T,V])."""
+    out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
+    return aux_hidden(out.hidden_states, layer_ids), out.logits
+
+
+def input_embeddings(model) -> Tensor:
+    return model.get_input_embeddings().weight.detach()
+
+
+def output_embeddings(model) -> Tensor:
+    return model.get_output_embeddings().weight.detach()

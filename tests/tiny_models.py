@@ -1,0 +1,69 @@
+"""Tiny but real targets for tests: a transformers ``LlamaForCausalLM`` and a byte-level BPE tokenizer.
+
+``tiny_target(folder)`` writes a Hugging Face folder (config.json, model.safetensors, tokenizer
+files) that ``AutoModelForCausalLM`` / ``AutoTokenizer`` load offline. Building one takes well
+under a second; everything is seeded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+TEXTS = [
+    "def add(a, b):\n    return a + b\n",
+    "The quick brown fox jumps over the lazy dog.",
+    "Speculative decoding drafts tokens with a small model and verifies them with the target.",
+    "for i in range(10):\n    print(i * i)\n",
+    "user: what is a drafter?\nassistant: a small model that guesses the next tokens.",
+    "EAGLE-3 fuses three hidden states of the target model into one.",
+]
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def tiny_tokenizer(folder: Path, vocab_size: int = 320, chat_template: bool = True):
+    """Train a byte-level BPE on ``TEXTS`` and save it as a ``PreTrainedTokenizerFast`` folder."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|user|>", "<|assistant|>", "<|system|>", "<|end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(TEXTS * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    if chat_template:
+        fast.chat_template = CHAT_TEMPLATE
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(folder))
+    return fast
+
+
+def tiny_target(folder: Path, *, hidden_size: int = 32, num_layers: int = 8, vocab_size: int = 320,
+                heads: int = 4, kv_heads: int = 2, max_position_embeddings: int = 256, seed: int = 0,
+                chat_template: bool = True, tokenizer: bool = True) -> Path:
+    """Write a random tiny Llama target (and its tokenizer) to ``folder``; returns the folder."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    folder = Path(folder)
+    if tokenizer:
+        tok = tiny_tokenizer(folder, vocab_size=vocab_size, chat_template=chat_template)
+        vocab_size = max(vocab_size, len(tok))
+    cfg = LlamaConfig(hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
+                      num_attention_heads=heads, num_key_value_heads=kv_heads, vocab_size=vocab_size,
+                      max_position_embeddings=max_position_embeddings, tie_word_embeddings=False,
+                      bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # larger logits than the default init so the target has preferences to learn
+        model.lm_head.weight.mul_(8.0)
+    model.save_pretrained(str(folder))
+    return folder
