@@ -1,0 +1,198 @@
+"""Experiment configuration: load, validate against the JSON schema, fill defaults.
+
+The schema (``workflow/schemas/config.schema.yaml``) is the single source of truth for keys,
+types and defaults; this module wraps jsonschema so a bad config fails with one line that names
+the file, the key, the value and what is allowed, instead of a jsonschema traceback. The Snakefile
+and the tests both go through :func:`load_config`.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import jsonschema
+import yaml
+
+from draftlab.errors import DraftlabError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+
+
+def load_schema(path: str | Path | None = None) -> dict[str, Any]:
+    with open(path or SCHEMA_PATH, encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DraftlabError(f"{path}: config file not found") from None
+    except yaml.YAMLError as exc:
+        raise DraftlabError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise DraftlabError(f"{path}: expected a mapping of keys at the top level, got {type(data).__name__}")
+    return data
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``: mappings merge key by key, everything else is replaced (as Snakemake does)."""
+    out = copy.deepcopy(dict(base))
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _with_defaults(cls):
+    """A validator class that also writes each property's ``default`` into the instance."""
+    validate_props = cls.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from validate_props(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(cls, {"properties": set_defaults})
+
+
+_Validator = jsonschema.Draft202012Validator
+_DefaultingValidator = _with_defaults(_Validator)
+
+
+def _key(path: Iterable[Any]) -> str:
+    parts: list[str] = []
+    for p in path:
+        if isinstance(p, int):
+            parts.append(f"[{p}]")
+        else:
+            parts.append(("." if parts else "") + str(p))
+    return "".join(parts) or "<top level>"
+
+
+def _allowed(error: jsonschema.ValidationError) -> str:
+    v, arg, schema = error.validator, error.validator_value, error.schema
+    if v == "enum":
+        return "allowed: " + ", ".join(json.dumps(a) for a in arg)
+    if v == "type":
+        types = arg if isinstance(arg, list) else [arg]
+        article = {"integer": "an integer", "array": "a list", "object": "a mapping", "null": "null", "boolean": "true or false"}
+        return "expected " + " or ".join(article.get(t, f"a {t}") for t in types)
+    if v in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+        sym = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}[v]
+        return f"expected a value {sym} {arg}"
+    if v == "pattern":
+        return f"expected text matching {arg}"
+    if v in ("minItems", "maxItems", "minLength", "uniqueItems"):
+        return error.message
+    return schema.get("description") or error.message
+
+
+def format_error(error: jsonschema.ValidationError, source: str) -> str:
+    """One line: file, key, offending value, what is allowed."""
+    if error.validator == "additionalProperties":
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        where = _key(error.absolute_path)
+        keys = [f"{where}.{k}" if error.absolute_path else k for k in extra]
+        allowed = ", ".join(sorted(error.schema.get("properties", {})))
+        return f"{source}: unknown key {', '.join(repr(k) for k in keys)}; allowed keys here: {allowed}"
+    if error.validator == "required":
+        return f"{source}: key {_key(error.absolute_path)!r}: {error.message}"
+    value = json.dumps(error.instance, default=str)
+    if len(value) > 80:
+        value = value[:77] + "..."
+    return f"{source}: key {_key(error.absolute_path)!r}: value {value} is not valid; {_allowed(error)}"
+
+
+def validate(cfg: dict[str, Any], source: str = "config", schema: dict | None = None, *, defaults: bool = True) -> dict[str, Any]:
+    """Validate ``cfg`` in place (filling defaults) and return it; raise DraftlabError on the first problem."""
+    schema = schema or load_schema()
+    cls = _DefaultingValidator if defaults else _Validator
+    errors = sorted(cls(schema).iter_errors(cfg), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    if errors:
+        raise DraftlabError(format_error(errors[0], source))
+    return cfg
+
+
+def load_config(cfg: str | Path | Mapping[str, Any], source: str | None = None) -> dict[str, Any]:
+    """Validated config with defaults: the ``sizes[size]`` preset is merged in, then checked again."""
+    if isinstance(cfg, (str, Path)):
+        source = source or str(cfg)
+        raw = read_yaml(cfg)
+    else:
+        raw = copy.deepcopy(dict(cfg))
+    source = source or "config"
+    schema = load_schema()
+    validate(copy.deepcopy(raw), source, schema, defaults=False)
+    size = raw.get("size", "default")
+    preset = (raw.get("sizes") or {}).get(size) or {}
+    merged = deep_merge(raw, preset)
+    label = f"{source} (with sizes.{size} applied)" if preset else source
+    return validate(merged, label, schema, defaults=True)
+
+
+def config_hash(cfg: Mapping[str, Any]) -> str:
+    """sha256 of the validated config as canonical JSON (what a record says it ran with)."""
+    blob = json.dumps(cfg, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+# --- names the workflow derives from a config -------------------------------------------------
+
+
+def spec_id(spec: Mapping[str, Any]) -> str:
+    """Folder name of one speculative setting, e.g. ``s2-k1-d3``."""
+    return f"s{spec['num_steps']}-k{spec['topk']}-d{spec['num_draft_tokens']}"
+
+
+def spec_by_id(cfg: Mapping[str, Any], sid: str) -> dict[str, Any]:
+    for spec in cfg["speculative"]:
+        if spec_id(spec) == sid:
+            return dict(spec)
+    raise DraftlabError(f"speculative setting {sid!r} is not in the config")
+
+
+def trained_arms(cfg: Mapping[str, Any]) -> list[str]:
+    """``finetune-<mode>`` for every configured vocab mode, plus ``scratch`` (the control arm)."""
+    arms = [f"finetune-{m}" for m in cfg["train"]["finetune_modes"]]
+    if cfg["train"]["scratch"]:
+        arms.append("scratch")
+    return arms
+
+
+def drafter_variants(cfg: Mapping[str, Any]) -> list[str]:
+    """Every variant that serves a drafter: the probe, the reference (if any), the trained arms."""
+    out = ["probe"]
+    if cfg["reference"].get("source"):
+        out.append("reference")
+    return out + trained_arms(cfg)
+
+
+def model_path(cfg: Mapping[str, Any]) -> str:
+    """What the server and the data stages load for the target."""
+    t = cfg["target"]
+    return t["model_path"] or t["source"].removeprefix("hf:")
+
+
+def server_gpus(cfg: Mapping[str, Any]) -> int:
+    s = cfg["serve"]
+    if s["gpus"] is not None:
+        return int(s["gpus"])
+    return 0 if s["backend"] == "builtin" else int(s["tp"])
+
+
+def train_gpus(cfg: Mapping[str, Any]) -> int:
+    t = cfg["train"]
+    if t["gpus"] is not None:
+        return int(t["gpus"])
+    return int(t["nproc"]) if cfg["serve"]["backend"] != "builtin" else 0
