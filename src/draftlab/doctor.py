@@ -1,0 +1,467 @@
+"""Preflight: everything that can be learned about a drafter/target pair before a server launch.
+
+A launch of a 1T-parameter target costs ~10 minutes of 8 GPUs, and most ways a drafter transfer
+goes wrong do not crash: they just make acceptance collapse. Each check below is one small
+function for one finding code; it reads the drafter's config and safetensors headers, the target's
+config (read through a multimodal ``text_config``), and tensor data only where it must (``d2t``,
+and the non-finite scan, which streams one slab of one tensor at a time).
+
+Codes (``severity`` error unless marked): missing-d2t, d2t-invalid, context-shorter-than-target,
+hidden-size-mismatch, vocab-size-mismatch, aux-layers-out-of-range, aux-layers-unusual (warning),
+algorithm-mismatch, pickle-weights, missing-tensor, shape-mismatch, non-finite-weights,
+dtype-mismatch (warning), rope-mismatch (warning).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, field
+from math import prod
+from typing import Any, Callable
+
+import torch
+from tqdm import tqdm
+
+from draftlab import eagle3_format as fmt
+from draftlab.checkpoint import CheckpointInfo, checkpoint_format, load_tensors, read_checkpoint
+from draftlab.errors import DraftlabError
+from draftlab.target_config import nested_text_key, read_config, text_config
+from draftlab.vocab import VocabMapping, validate
+
+ERROR, WARNING = "error", "warning"
+ALGORITHMS = ("EAGLE3", "EAGLE")
+FLOAT_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
+CONFIG_DTYPES = {"bfloat16": "BF16", "float16": "F16", "half": "F16", "float32": "F32", "float": "F32", "float64": "F64"}
+SCAN_CHUNK_ELEMS = 1 << 25  # ~64 MB of bf16 per read: bounded memory on a 2.4 GB drafter
+_REQUIRED_DRAFTER_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+_REQUIRED_TARGET_KEYS = ("hidden_size", "num_hidden_layers", "vocab_size")
+
+
+@dataclass
+class Finding:
+    code: str
+    severity: str
+    message: str
+
+
+@dataclass
+class Subject:
+    """What the checks look at: the drafter (config + headers), the target's text config, the algorithm."""
+
+    drafter: CheckpointInfo
+    cfg: dict[str, Any]
+    target: dict[str, Any]
+    target_source: str
+    algorithm: str
+    skipped: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def tensors(self):
+        return self.drafter.tensors
+
+    @property
+    def data_local(self) -> bool:
+        return self.drafter.root is not None
+
+    @property
+    def kind(self) -> str:
+        """``eagle3``, ``eagle`` (EAGLE-1/2) or ``unknown``; tensors decide before the config does."""
+        if checkpoint_format(self.cfg, self.tensors) == "eagle3":
+            return "eagle3"
+        archs = [str(a) for a in self.cfg.get("architectures") or []]
+        if any(a in fmt.EAGLE1_ARCHITECTURES for a in archs):
+            return "eagle"
+        fc = self.tensors.get("fc.weight")
+        if fc is not None and len(fc.shape) == 2 and fc.shape[1] == 2 * int(self.cfg["hidden_size"]):
+            return "eagle"
+        return "unknown"
+
+    @property
+    def eagle3_layout(self) -> bool:
+        """Whether the EAGLE-3 tensor layout checks apply (safetensors present, not an EAGLE-1 drafter)."""
+        return bool(self.tensors) and self.kind != "eagle"
+
+
+def _err(code: str, message: str) -> Finding:
+    return Finding(code, ERROR, message)
+
+
+def _warn(code: str, message: str) -> Finding:
+    return Finding(code, WARNING, message)
+
+
+# ---------------------------------------------------------------------------------------------
+# the checks, one per code
+
+
+def check_pickle_weights(s: Subject) -> list[Finding]:
+    if s.drafter.pickle_files and not s.drafter.weight_files:
+        names = ", ".join(p.name for p in s.drafter.pickle_files[:5])
+        return [_err("pickle-weights", (
+            f"drafter weights are pickle files only ({names}): refused and never unpickled (loading a "
+            "pickle runs arbitrary code); get or convert a safetensors copy of this drafter"
+        ))]
+    return []
+
+
+def check_missing_d2t(s: Subject) -> list[Finding]:
+    if not s.eagle3_layout or "d2t" in s.tensors:
+        return []
+    draft, vocab = fmt.draft_vocab_size(s.cfg), int(s.target["vocab_size"])
+    if draft >= vocab:
+        return []  # full vocabulary: draft id i is target id i, no mapping needed
+    return [_err("missing-d2t", (
+        f"drafter has no 'd2t' tensor but a draft vocabulary of {draft} < target vocab {vocab}: SGLang "
+        f"would read draft id i as target id i (the first {draft} ids) and acceptance collapses; "
+        "restore the d2t the drafter was trained with"
+    ))]
+
+
+def check_d2t_invalid(s: Subject) -> list[Finding]:
+    info = s.tensors.get("d2t")
+    if info is None:
+        return []
+    if info.dtype not in ("I64", "I32", "I16", "U8", "I8", "U16", "U32", "U64"):
+        return [_err("d2t-invalid", f"d2t has dtype {info.dtype}; expected integer offsets (I64)")]
+    if len(info.shape) != 1:
+        return []  # reported by shape-mismatch
+    if not s.data_local:
+        s.skipped.append({"check": "d2t-invalid", "reason": "tensor data not on local disk"})
+        return []
+    names = ["d2t"] + (["t2d"] if "t2d" in s.tensors else [])
+    loaded = load_tensors(s.drafter, names)
+    d2t = loaded["d2t"].to(torch.int64)
+    vocab = int(s.target["vocab_size"])
+    ids = torch.arange(d2t.numel()) + d2t
+    t2d = loaded.get("t2d")
+    if t2d is None or t2d.dim() != 1:
+        t2d = torch.zeros(vocab, dtype=torch.bool)
+        t2d[ids[(ids >= 0) & (ids < vocab)]] = True
+    # Internal consistency against the drafter's own t2d; the target's size is vocab-size-mismatch's job.
+    problems = validate(VocabMapping(d2t=d2t, t2d=t2d.to(torch.bool)), t2d.numel())
+    beyond = int((ids >= vocab).sum())
+    if beyond and t2d.numel() != vocab:
+        problems.append(f"{beyond} draft ids map to target ids >= the target vocab size {vocab}")
+    if not problems:
+        return []
+    return [_err("d2t-invalid", "d2t is not a valid draft vocabulary: " + "; ".join(problems)
+                 + "; rebuild it (draftlab d2t build) and retrain lm_head, or restore the original")]
+
+
+def check_context(s: Subject) -> list[Finding]:
+    mine, theirs = s.cfg.get("max_position_embeddings"), s.target.get("max_position_embeddings")
+    if mine is None or theirs is None or int(mine) >= int(theirs):
+        return []
+    return [_err("context-shorter-than-target", (
+        f"drafter max_position_embeddings {mine} < target {theirs}: past {mine} tokens the drafter's "
+        "positions clamp or the server refuses; run draftlab patch-config --drafter DRAFTER "
+        f"--target {s.target_source} --out DIR"
+    ))]
+
+
+def check_hidden_size(s: Subject) -> list[Finding]:
+    h = int(s.target["hidden_size"])
+    out: list[Finding] = []
+    fc = s.tensors.get("fc.weight")
+    if s.eagle3_layout and fc is not None and len(fc.shape) == 2 and fc.shape[1] != 3 * h:
+        out.append(_err("hidden-size-mismatch", (
+            f"fc.weight takes {fc.shape[1]} inputs but 3 aux hidden states of this target are 3 x {h} = "
+            f"{3 * h}: the drafter was built for a target with hidden size {fc.shape[1] / 3:g}"
+        )))
+    declared = s.cfg.get("target_hidden_size")
+    if declared is not None and int(declared) != h:
+        out.append(_err("hidden-size-mismatch", (
+            f"drafter config target_hidden_size {declared} != target hidden_size {h}: the drafter was "
+            "built for another target"
+        )))
+    return out
+
+
+def check_vocab_size(s: Subject) -> list[Finding]:
+    vocab = int(s.target["vocab_size"])
+    out: list[Finding] = []
+    if int(s.cfg["vocab_size"]) != vocab:
+        out.append(_err("vocab-size-mismatch", (
+            f"drafter vocab_size {s.cfg['vocab_size']} != target vocab_size {vocab}: different tokenizers "
+            "or a resized embedding; the drafter's ids do not mean the target's tokens"
+        )))
+    t2d = s.tensors.get("t2d")
+    if t2d is not None and t2d.shape != (vocab,):
+        out.append(_err("vocab-size-mismatch", f"t2d has shape {list(t2d.shape)}; expected [{vocab}] (the target vocab)"))
+    draft = fmt.draft_vocab_size(s.cfg)
+    if draft > vocab:
+        out.append(_err("vocab-size-mismatch", f"draft_vocab_size {draft} > target vocab_size {vocab}"))
+    return out
+
+
+def _layer_words(ids: list[int]) -> str:
+    return ", ".join(str(i) for i in ids) + f" (captured at the inputs of layers {', '.join(str(i + 1) for i in ids)})"
+
+
+def check_aux_out_of_range(s: Subject) -> list[Finding]:
+    ids = fmt.aux_layer_ids(s.cfg)
+    if ids is None:
+        return []
+    n = int(s.target["num_hidden_layers"])
+    out: list[Finding] = []
+    if len(ids) != 3:
+        out.append(_err("aux-layers-out-of-range", (
+            f"eagle_aux_hidden_state_layer_ids lists {len(ids)} ids {ids}; EAGLE-3's fc fuses exactly 3"
+        )))
+    bad = [i for i in ids if not 0 <= i <= n - 2]
+    if bad:
+        out.append(_err("aux-layers-out-of-range", (
+            f"eagle_aux_hidden_state_layer_ids {ids} has {bad} outside 0..{n - 2}: SGLang captures the "
+            f"output of layer id at the input of layer id+1, and the target has {n} layers (0..{n - 1}); "
+            f"use ids for this target, e.g. the default {fmt.default_aux_layer_ids(n)}"
+        )))
+    return out
+
+
+def check_aux_unusual(s: Subject) -> list[Finding]:
+    ids = fmt.aux_layer_ids(s.cfg)
+    n = int(s.target["num_hidden_layers"])
+    default = fmt.default_aux_layer_ids(n)
+    if ids is None or ids == default or len(ids) != 3 or not all(0 <= i <= n - 2 for i in ids):
+        return []  # absent, default, or already an aux-layers-out-of-range error
+    return [_warn("aux-layers-unusual", (
+        f"drafter lists aux layers {ids}: SGLang reads them as 'output of layer id', i.e. outputs of target "
+        f"layers {_layer_words(ids)}; the default for a {n}-layer target is [1, N/2-1, N-4] = {default}, "
+        f"outputs of layers {_layer_words(default)}. If the drafter was trained on the default layers its "
+        "aux states are off; benchmark both settings before trusting either"
+    ))]
+
+
+def check_algorithm(s: Subject) -> list[Finding]:
+    algo, kind = s.algorithm.upper(), s.kind
+    if kind == "eagle3" and algo != "EAGLE3":
+        return [_err("algorithm-mismatch", (
+            f"an EAGLE-3 drafter served with --speculative-algorithm {algo} gets accept length 1.0 "
+            "(nothing accepted); use --speculative-algorithm EAGLE3"
+        ))]
+    if kind == "eagle" and algo == "EAGLE3":
+        return [_err("algorithm-mismatch", (
+            "an EAGLE-1/2 drafter (architectures "
+            f"{s.cfg.get('architectures')}, fc takes 2 x hidden) cannot serve as EAGLE3; use --speculative-algorithm EAGLE"
+        ))]
+    return []
+
+
+def check_missing_tensor(s: Subject) -> list[Finding]:
+    if not s.eagle3_layout:
+        return []
+    # d2t has its own code; t2d is not read by SGLang and is rebuilt from d2t when absent.
+    wanted = [n for n in fmt.expected_tensor_shapes(s.cfg) if n not in ("d2t", "t2d")]
+    missing = [n for n in wanted if n not in s.tensors]
+    if not missing:
+        return []
+    return [_err("missing-tensor", (
+        f"{len(missing)} required tensors missing: {', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}; "
+        "the server would fail to load the drafter or leave those weights uninitialised"
+    ))]
+
+
+def check_shape_mismatch(s: Subject) -> list[Finding]:
+    if not s.eagle3_layout:
+        return []
+    expected = dict(fmt.expected_tensor_shapes(s.cfg))
+    expected["embed_tokens.weight"] = (int(s.cfg["vocab_size"]), int(s.cfg["hidden_size"]))
+    wrong = [
+        f"{n} is {list(s.tensors[n].shape)}, config implies {list(shape)}"
+        for n, shape in expected.items()
+        if n in s.tensors and s.tensors[n].shape != tuple(shape)
+    ]
+    if not wrong:
+        return []
+    return [_err("shape-mismatch", "tensors disagree with config.json: " + "; ".join(wrong)
+                 + "; the config or the weights belong to another drafter")]
+
+
+def check_non_finite(s: Subject) -> list[Finding]:
+    floats = {n: t for n, t in s.tensors.items() if t.dtype in FLOAT_DTYPES}
+    if not floats:
+        return []
+    if not s.data_local:
+        s.skipped.append({"check": "non-finite-weights", "reason": "tensor data not on local disk"})
+        return []
+    bad = scan_non_finite(floats)
+    if not bad:
+        return []
+    parts = [f"{n} ({c['nan']} NaN, {c['inf']} inf)" for n, c in bad.items()]
+    return [_err("non-finite-weights", (
+        f"{len(bad)} tensors hold NaN/inf values: {', '.join(parts[:8])}; the checkpoint is corrupt or was "
+        "saved after a diverged step: use an earlier checkpoint"
+    ))]
+
+
+def scan_non_finite(tensors: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """NaN/inf counts per tensor, reading one slab of at most ``SCAN_CHUNK_ELEMS`` elements at a time."""
+    from safetensors import safe_open
+
+    total = sum(t.nbytes for t in tensors.values())
+    by_file: dict[str, list[str]] = {}
+    for name, t in tensors.items():
+        by_file.setdefault(t.file, []).append(name)
+    bad: dict[str, dict[str, int]] = {}
+    with tqdm(total=total, desc="scanning weights", unit="B", unit_scale=True, disable=None) as bar:
+        for file, names in by_file.items():
+            try:
+                with safe_open(file, framework="pt") as fh:
+                    for name in names:
+                        nan = inf = 0
+                        for chunk in _slabs(fh, name, tensors[name].shape):
+                            nan += int(torch.isnan(chunk).sum())
+                            inf += int(torch.isinf(chunk).sum())
+                            bar.update(chunk.numel() * chunk.element_size())
+                        if nan or inf:
+                            bad[name] = {"nan": nan, "inf": inf}
+            except (OSError, RuntimeError, ValueError) as exc:
+                raise DraftlabError(f"{file}: could not read tensor data ({exc})") from None
+    return bad
+
+
+def _slabs(fh: Any, name: str, shape: tuple[int, ...]):
+    if len(shape) == 0:
+        yield fh.get_tensor(name)
+        return
+    row = max(1, prod(shape[1:]))
+    step = max(1, SCAN_CHUNK_ELEMS // row)
+    sl = fh.get_slice(name)
+    for start in range(0, shape[0], step):
+        yield sl[start : start + step]
+
+
+def _config_dtype(cfg: dict[str, Any]) -> str | None:
+    value = cfg.get("torch_dtype") or cfg.get("dtype")
+    return CONFIG_DTYPES.get(str(value).replace("torch.", "")) if value else None
+
+
+def check_dtype_mismatch(s: Subject) -> list[Finding]:
+    out: list[Finding] = []
+    weights = {n: t.dtype for n, t in s.tensors.items() if n not in ("d2t", "t2d")}
+    kinds = sorted(set(weights.values()))
+    if len(kinds) > 1:
+        by = {k: [n for n, d in weights.items() if d == k] for k in kinds}
+        out.append(_warn("dtype-mismatch", "weights mix dtypes: " + "; ".join(
+            f"{k}: {', '.join(v[:3])}{' ...' if len(v) > 3 else ''}" for k, v in by.items())))
+    stored = kinds[0] if len(kinds) == 1 else None
+    declared = _config_dtype(s.cfg)
+    if stored and declared and stored != declared:
+        out.append(_warn("dtype-mismatch", f"weights are {stored} but the drafter config declares {declared}"))
+    serving = _config_dtype(s.target)
+    if stored and serving and stored != serving:
+        out.append(_warn("dtype-mismatch", (
+            f"drafter weights are {stored}, target runs in {serving}: the server casts the drafter, "
+            "so acceptance may differ slightly from what was measured in training"
+        )))
+    d2t = s.tensors.get("d2t")
+    if d2t is not None and d2t.dtype != "I64" and d2t.dtype not in FLOAT_DTYPES:
+        out.append(_warn("dtype-mismatch", f"d2t is {d2t.dtype}; SGLang and SpecForge write I64"))
+    return out
+
+
+def _rope(cfg: dict[str, Any]) -> tuple[float | None, dict[str, Any]]:
+    """(theta, scaling) from either the old (``rope_theta``/``rope_scaling``) or new (``rope_parameters``) keys."""
+    params = dict(cfg.get("rope_parameters") or {})
+    theta = cfg.get("rope_theta", params.pop("rope_theta", None))
+    scaling = dict(cfg.get("rope_scaling") or params)
+    rope_type = scaling.pop("rope_type", scaling.pop("type", None))
+    if rope_type not in (None, "default"):
+        scaling["type"] = rope_type
+    return (float(theta) if theta is not None else None), scaling
+
+
+def check_rope_mismatch(s: Subject) -> list[Finding]:
+    (t_d, sc_d), (t_t, sc_t) = _rope(s.cfg), _rope(s.target)
+    diffs = []
+    if t_d is not None and t_t is not None and t_d != t_t:
+        diffs.append(f"rope_theta {t_d:g} vs target {t_t:g}")
+    if sc_d != sc_t:
+        diffs.append(f"rope scaling {sc_d or None} vs target {sc_t or None}")
+    if not diffs:
+        return []
+    return [_warn("rope-mismatch", (
+        "drafter and target positions are encoded differently (" + "; ".join(diffs) + "): fine if the "
+        "drafter was trained this way, but patching max_position_embeddings does not extend its rope; "
+        "check acceptance on long prompts"
+    ))]
+
+
+CHECKS: dict[str, Callable[[Subject], list[Finding]]] = {
+    "pickle-weights": check_pickle_weights,
+    "algorithm-mismatch": check_algorithm,
+    "missing-tensor": check_missing_tensor,
+    "shape-mismatch": check_shape_mismatch,
+    "missing-d2t": check_missing_d2t,
+    "d2t-invalid": check_d2t_invalid,
+    "vocab-size-mismatch": check_vocab_size,
+    "hidden-size-mismatch": check_hidden_size,
+    "context-shorter-than-target": check_context,
+    "aux-layers-out-of-range": check_aux_out_of_range,
+    "aux-layers-unusual": check_aux_unusual,
+    "rope-mismatch": check_rope_mismatch,
+    "dtype-mismatch": check_dtype_mismatch,
+    "non-finite-weights": check_non_finite,
+}
+SEVERITY = {code: (WARNING if code in ("aux-layers-unusual", "dtype-mismatch", "rope-mismatch") else ERROR) for code in CHECKS}
+
+
+# ---------------------------------------------------------------------------------------------
+# running and reporting
+
+
+def _require(cfg: dict[str, Any], keys: tuple[str, ...], where: str) -> None:
+    for key in keys:
+        if cfg.get(key) is None:
+            raise DraftlabError(f"{where}: missing key '{key}' (expected an integer)")
+
+
+def run_doctor(drafter: str | os.PathLike, target: str | os.PathLike, algorithm: str = "EAGLE3") -> dict[str, Any]:
+    """Run every check; the result is the ``doctor --json`` document."""
+    info = read_checkpoint(drafter)
+    if info.config is None:
+        raise DraftlabError(f"{drafter}: no config.json beside the weights; doctor needs the drafter config")
+    _require(info.config, _REQUIRED_DRAFTER_KEYS, f"{drafter} config.json")
+    raw_target = read_config(target)
+    tcfg = text_config(raw_target)
+    nested = nested_text_key(raw_target)
+    _require(tcfg, _REQUIRED_TARGET_KEYS, f"{target} config.json" + (f" ({nested})" if nested else ""))
+    s = Subject(drafter=info, cfg=info.config, target=tcfg, target_source=str(target), algorithm=algorithm)
+    findings = [f for check in CHECKS.values() for f in check(s)]
+    errors = sum(f.severity == ERROR for f in findings)
+    return {
+        "drafter": str(drafter),
+        "target": str(target),
+        "target_text_config": nested,
+        "algorithm": algorithm.upper(),
+        "drafter_kind": s.kind,
+        "ok": errors == 0,
+        "errors": errors,
+        "warnings": len(findings) - errors,
+        "findings": [asdict(f) for f in findings],
+        "skipped": s.skipped,
+        "checks": list(CHECKS),
+    }
+
+
+def to_text(report: dict[str, Any]) -> str:
+    lines = [f"doctor: {report['drafter']} for target {report['target']} ({report['algorithm']})"]
+    for f in report["findings"]:
+        lines.append(f"  {f['severity'].upper():7s} {f['code']}: {f['message']}")
+    for s in report["skipped"]:
+        lines.append(f"  skipped {s['check']}: {s['reason']}")
+    lines.append(f"{report['errors']} errors, {report['warnings']} warnings" + ("" if report["errors"] else ": ready to serve"))
+    return "\n".join(lines)
+
+
+def to_markdown(report: dict[str, Any]) -> str:
+    verdict = "**ready to serve**" if report["ok"] else f"**{report['errors']} error(s): do not launch**"
+    rows = "".join(f"| {f['severity']} | `{f['code']}` | {f['message']} |\n" for f in report["findings"])
+    table = ("| severity | code | message |\n|---|---|---|\n" + rows) if rows else "No findings.\n"
+    return (
+        "# doctor\n\n"
+        f"- drafter: `{report['drafter']}` ({report['drafter_kind']})\n- target: `{report['target']}`"
+        + (f" (read through `{report['target_text_config']}`)" if report["target_text_config"] else "")
+        + f"\n- algorithm: {report['algorithm']}\n\n{verdict}: {report['errors']} errors, "
+        f"{report['warnings']} warnings.\n\n{table}"
+    )

@@ -1,0 +1,288 @@
+"""doctor: one real tiny drafter per finding code, built broken on purpose, plus a clean one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from draftlab import doctor
+from draftlab.cli import main
+from draftlab.errors import DraftlabError
+from factories import drafter_tensors, target_config, tiny_drafter_config, write_drafter, write_target_config
+
+N_LAYERS = 8  # the tiny target: default aux layers [1, 3, 4]
+
+
+def codes(report: dict) -> dict[str, str]:
+    return {f["code"]: f["severity"] for f in report["findings"]}
+
+
+def messages(report: dict, code: str) -> str:
+    return " | ".join(f["message"] for f in report["findings"] if f["code"] == code)
+
+
+@pytest.fixture
+def target(tmp_path) -> Path:
+    return write_target_config(tmp_path / "target")
+
+
+def broken(tmp_path, cfg=None, edit=None, **cfg_overrides) -> Path:
+    """A drafter folder with config overrides and/or an ``edit(tensors)`` applied before writing."""
+    cfg = cfg or tiny_drafter_config(**cfg_overrides)
+    tensors = drafter_tensors(cfg, seed=7)
+    if edit:
+        edit(tensors)
+    return write_drafter(tmp_path / "drafter", cfg, tensors)
+
+
+def test_clean_drafter_has_no_findings(tmp_path, target):
+    report = doctor.run_doctor(write_drafter(tmp_path / "d"), target)
+    assert report["findings"] == [] and report["ok"] and report["errors"] == 0
+    assert report["drafter_kind"] == "eagle3"
+    assert set(report["checks"]) == set(doctor.CHECKS)
+
+
+# --- one case per code ---------------------------------------------------------------------------
+
+
+def case_missing_d2t(tmp_path, target):
+    return broken(tmp_path, edit=lambda t: t.pop("d2t")), target, "EAGLE3"
+
+
+def case_d2t_invalid(tmp_path, target):
+    def dup(t):  # draft ids 0 and 1 both -> the same target id; and the last id beyond the vocabulary
+        t["d2t"][1] = t["d2t"][0] - 1
+        t["d2t"][-1] += 10_000
+    return broken(tmp_path, edit=dup), target, "EAGLE3"
+
+
+def case_context(tmp_path, target):
+    return broken(tmp_path, max_position_embeddings=512), target, "EAGLE3"
+
+
+def case_hidden(tmp_path, target):
+    wide = write_target_config(tmp_path / "wide", hidden_size=64)
+    return write_drafter(tmp_path / "drafter"), wide, "EAGLE3"
+
+
+def case_vocab(tmp_path, target):
+    big = write_target_config(tmp_path / "big", vocab_size=512)
+    return write_drafter(tmp_path / "drafter"), big, "EAGLE3"
+
+
+def case_aux_range(tmp_path, target):
+    return broken(tmp_path, aux_layer_ids=[1, 3, N_LAYERS - 1]), target, "EAGLE3"
+
+
+def case_aux_unusual(tmp_path, target):
+    return broken(tmp_path, aux_layer_ids=[2, 4, 5]), target, "EAGLE3"
+
+
+def case_algorithm(tmp_path, target):
+    return write_drafter(tmp_path / "drafter"), target, "EAGLE"
+
+
+def case_pickle(tmp_path, target):
+    folder = tmp_path / "drafter"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(tiny_drafter_config()))
+    torch.save({"trap": Trap(tmp_path / "UNPICKLED")}, folder / "pytorch_model.bin")
+    return folder, target, "EAGLE3"
+
+
+class Trap:
+    """Unpickling this creates a file: proof that doctor never unpickles."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def case_missing_tensor(tmp_path, target):
+    return broken(tmp_path, edit=lambda t: t.pop("midlayer.mlp.down_proj.weight")), target, "EAGLE3"
+
+
+def case_shape(tmp_path, target):
+    cfg = tiny_drafter_config()
+    tensors = drafter_tensors(tiny_drafter_config(intermediate_size=128), seed=1)  # weights of another drafter
+    return write_drafter(tmp_path / "drafter", cfg, tensors), target, "EAGLE3"
+
+
+def case_non_finite(tmp_path, target):
+    def poison(t):
+        t["lm_head.weight"][-1, 0] = float("nan")
+        t["midlayer.self_attn.q_proj.weight"][0, :2] = float("inf")
+    return broken(tmp_path, edit=poison), target, "EAGLE3"
+
+
+def case_dtype(tmp_path, target):
+    cfg = tiny_drafter_config()  # declares float32, as does the target
+    tensors = drafter_tensors(cfg, seed=3, dtype=torch.bfloat16)
+    return write_drafter(tmp_path / "drafter", cfg, tensors), target, "EAGLE3"
+
+
+def case_rope(tmp_path, target):
+    return broken(tmp_path, rope_theta=500000.0), target, "EAGLE3"
+
+
+CASES = {
+    "missing-d2t": (case_missing_d2t, "would read draft id i as target id i"),
+    "d2t-invalid": (case_d2t_invalid, "appear more than once"),
+    "context-shorter-than-target": (case_context, "max_position_embeddings 512 < target 1024: "),
+    "hidden-size-mismatch": (case_hidden, "3 x 64 = 192"),
+    "vocab-size-mismatch": (case_vocab, "vocab_size 256 != target vocab_size 512"),
+    "aux-layers-out-of-range": (case_aux_range, "[7] outside 0..6"),
+    "aux-layers-unusual": (case_aux_unusual, "[1, 3, 4]"),
+    "algorithm-mismatch": (case_algorithm, "accept length 1.0"),
+    "pickle-weights": (case_pickle, "pytorch_model.bin"),
+    "missing-tensor": (case_missing_tensor, "midlayer.mlp.down_proj.weight"),
+    "shape-mismatch": (case_shape, "midlayer.mlp.gate_proj.weight is [128, 32], config implies [64, 32]"),
+    "non-finite-weights": (case_non_finite, "lm_head.weight (1 NaN, 0 inf)"),
+    "dtype-mismatch": (case_dtype, "weights are BF16 but the drafter config declares F32"),
+    "rope-mismatch": (case_rope, "rope_theta 500000 vs target 10000"),
+}
+
+
+def test_every_code_has_a_case():
+    assert set(CASES) == set(doctor.CHECKS)
+
+
+@pytest.mark.parametrize("code", list(CASES))
+def test_each_code_is_triggered_by_its_broken_drafter(tmp_path, target, code):
+    build, phrase = CASES[code]
+    drafter, tgt, algorithm = build(tmp_path, target)
+    report = doctor.run_doctor(drafter, tgt, algorithm=algorithm)
+    found = codes(report)
+    assert found == {code: doctor.SEVERITY[code]}, report["findings"]
+    assert phrase in messages(report, code)
+    assert report["ok"] == (doctor.SEVERITY[code] == "warning")
+
+
+def test_severities():
+    warnings = {c for c, s in doctor.SEVERITY.items() if s == "warning"}
+    assert warnings == {"aux-layers-unusual", "dtype-mismatch", "rope-mismatch"}
+
+
+# --- details a user relies on --------------------------------------------------------------------
+
+
+def test_pickle_weights_are_never_unpickled(tmp_path, target):
+    drafter, tgt, _ = case_pickle(tmp_path, target)
+    assert doctor.run_doctor(drafter, tgt)["errors"] == 1
+    assert not (tmp_path / "UNPICKLED").exists()
+
+
+def test_aux_unusual_names_both_conventions(tmp_path):
+    target = write_target_config(tmp_path / "t", num_hidden_layers=61, max_position_embeddings=1024)
+    drafter = broken(tmp_path, aux_layer_ids=[2, 30, 58])  # SpecForge's Kimi config on a 61-layer target
+    msg = messages(doctor.run_doctor(drafter, target), "aux-layers-unusual")
+    assert "outputs of target layers 2, 30, 58 (captured at the inputs of layers 3, 31, 59)" in msg
+    assert "[1, 29, 57], outputs of layers 1, 29, 57 (captured at the inputs of layers 2, 30, 58)" in msg
+
+
+def test_nested_text_config_is_read_through(tmp_path):
+    """Kimi-K2.5 wraps its language model in a multimodal config under ``text_config``."""
+    inner = target_config(max_position_embeddings=2048)
+    wrapper = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+               "text_config": inner, "vision_config": {"hidden_size": 16, "num_hidden_layers": 2}}
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "config.json").write_text(json.dumps(wrapper))
+    report = doctor.run_doctor(write_drafter(tmp_path / "d"), tmp_path / "t")
+    assert report["target_text_config"] == "text_config"
+    assert codes(report) == {"context-shorter-than-target": "error"}
+    assert "run draftlab patch-config" in messages(report, "context-shorter-than-target")
+
+
+def test_eagle1_drafter_served_as_eagle3(tmp_path, target):
+    cfg = {**target_config(), "architectures": ["LlamaForCausalLMEagle"], "num_hidden_layers": 1}
+    gen = torch.Generator().manual_seed(0)
+    tensors = {"fc.weight": torch.randn(32, 64, generator=gen),
+               "layers.0.self_attn.q_proj.weight": torch.randn(32, 32, generator=gen)}
+    folder = tmp_path / "eagle1"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    save_file(tensors, str(folder / "model.safetensors"))
+    report = doctor.run_doctor(folder, target, algorithm="EAGLE3")
+    assert report["drafter_kind"] == "eagle" and codes(report) == {"algorithm-mismatch": "error"}
+    assert doctor.run_doctor(folder, target, algorithm="EAGLE")["findings"] == []
+
+
+def test_non_finite_scan_streams_in_slabs_and_counts_exactly(tmp_path, target, monkeypatch):
+    def poison(t):
+        t["lm_head.weight"][-1, :3] = float("nan")  # in the last slab only
+        t["fc.weight"][5, 0] = float("-inf")
+    drafter = broken(tmp_path, edit=poison)
+    monkeypatch.setattr(doctor, "SCAN_CHUNK_ELEMS", 100)  # 3 rows of 32, or 1 row of fc's 96, per read
+    seen = []
+    real = doctor._slabs
+
+    def spy(fh, name, shape):
+        for chunk in real(fh, name, shape):
+            seen.append(chunk.numel())
+            yield chunk
+    monkeypatch.setattr(doctor, "_slabs", spy)
+    report = doctor.run_doctor(drafter, target)
+    assert max(seen) <= 100 and len(seen) > 30
+    msg = messages(report, "non-finite-weights")
+    assert "lm_head.weight (3 NaN, 0 inf)" in msg and "fc.weight (0 NaN, 1 inf)" in msg
+
+
+def test_sharded_drafter_is_checked_across_shards(tmp_path, target):
+    cfg = tiny_drafter_config()
+    tensors = drafter_tensors(cfg, seed=2)
+    tensors["norm.weight"][0] = float("nan")
+    folder = tmp_path / "sharded"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(cfg))
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    weight_map = {}
+    for shard, group in shards.items():
+        save_file({n: tensors[n].contiguous() for n in group}, str(folder / shard))
+        weight_map.update({n: shard for n in group})
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    report = doctor.run_doctor(folder, target)
+    assert codes(report) == {"non-finite-weights": "error"}
+
+
+def test_missing_drafter_config_key_is_a_clear_error(tmp_path, target):
+    cfg = tiny_drafter_config()
+    del cfg["intermediate_size"]
+    drafter = write_drafter(tmp_path / "d", cfg, drafter_tensors(tiny_drafter_config()))
+    with pytest.raises(DraftlabError, match=r"config\.json: missing key 'intermediate_size'"):
+        doctor.run_doctor(drafter, target)
+
+
+# --- CLI -----------------------------------------------------------------------------------------
+
+
+def test_cli_exit_1_on_error_still_writes_records(tmp_path, target, capsys):
+    drafter, _, _ = case_context(tmp_path, target)
+    out, summary = tmp_path / "r" / "doctor.json", tmp_path / "r" / "doctor.md"
+    rc = main(["doctor", "--drafter", str(drafter), "--target", str(target), "--json",
+               "--out", str(out), "--summary", str(summary)])
+    assert rc == 1
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(out.read_text())
+    assert printed["findings"][0]["code"] == "context-shorter-than-target"
+    assert "do not launch" in summary.read_text()
+
+
+def test_cli_clean_exit_0_and_warning_only_exit_0(tmp_path, target, capsys):
+    assert main(["doctor", "--drafter", str(write_drafter(tmp_path / "ok")), "--target", str(target)]) == 0
+    assert "ready to serve" in capsys.readouterr().out
+    drafter, _, _ = case_rope(tmp_path, target)
+    assert main(["doctor", "--drafter", str(drafter), "--target", str(target)]) == 0
+    assert "WARNING rope-mismatch" in capsys.readouterr().out
+
+
+def test_cli_missing_drafter_exit_2(tmp_path, target, capsys):
+    out = tmp_path / "doctor.json"
+    rc = main(["doctor", "--drafter", str(tmp_path / "nope"), "--target", str(target), "--out", str(out)])
+    assert rc == 2 and "nope" in capsys.readouterr().err and not out.exists()
