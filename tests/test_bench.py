@@ -264,12 +264,15 @@ def test_every_sglang_naming_of_draft_counts(keys):
 
 
 def test_draft_plus_verify_time_is_preferred_for_cycle_time():
-    extra = lambda c, v: {"draft_time": 0.001 * v, "verify_time": 0.004 * v}  # 5 ms per cycle
+    # draftlab's builtin server: 5 ms per cycle, and acceptance per draft position
+    extra = lambda c, v: {"draft_time": 0.001 * v, "verify_time": 0.004 * v, "spec_accept_by_position": [v, v // 2]}
     with ScriptedServer(extra_meta=extra, delay=0.02) as srv:
         res = run_benchmark(srv.url, PROMPTS, repeats=1, warmup=0, progress=False, measure_ttft=False)
     assert res.summary["cycle_ms"] == pytest.approx(5.0)
     assert res.summary["cycle_time_source"] == "draft_time+verify_time"
     assert all(r["cycle_ms"] == pytest.approx(5.0) for r in measured(res))
+    ver = [r["verify_ct"] for r in measured(res)]
+    assert res.summary["accepted_per_position_rate"] == pytest.approx([1.0, sum(v // 2 for v in ver) / sum(ver)])
 
 
 def test_baseline_without_speculation_has_no_accept_length():

@@ -237,10 +237,12 @@ def parse_sglang_meta(meta: dict) -> dict[str, Any]:
         decode, source = e2e, "e2e_latency"
     else:
         decode, source = None, None
+    by_pos = meta.get("spec_accept_by_position")  # draftlab's builtin server: accepts per draft position
     return {
         "prompt_tokens": _int_or_none(meta.get("prompt_tokens")),
         "completion_tokens": _int_or_none(meta.get("completion_tokens")),
         "verify_ct": _int_or_none(meta.get("spec_verify_ct")),
+        "accept_by_position": [int(x) for x in by_pos] if isinstance(by_pos, list) else None,
         "accepted_drafts": accepted,
         "proposed_drafts": proposed,
         "server_latency_s": e2e,
@@ -500,6 +502,11 @@ def summarize(
                 cycle_ms = 1000.0 * sum(r["decode_time_s"] for r in timed) / sum(r["verify_ct"] for r in timed)
                 sources = sorted({r["decode_time_source"] for r in timed})
                 cycle_source = sources[0] if len(sources) == 1 else "mixed:" + "+".join(sources)
+            with_pos = [r["accept_by_position"] for r in spec_rows if r.get("accept_by_position") is not None]
+            if len(with_pos) == len(spec_rows):
+                width = max(len(x) for x in with_pos)
+                sums = [sum(x[i] for x in with_pos if i < len(x)) for i in range(width)]
+                accepted_per_pos = [a / verify_total for a in sums]
             counted = [r for r in spec_rows if r.get("accepted_drafts") is not None and r.get("proposed_drafts")]
             if counted:
                 accept_rate = sum(r["accepted_drafts"] for r in counted) / sum(r["proposed_drafts"] for r in counted)
@@ -667,6 +674,8 @@ def run_benchmark(
             "category": prompt.category,
             **{k: raw.get(k) for k in CSV_COLUMNS if k in raw},
         }
+        if raw.get("accept_by_position") is not None:  # JSON only; the CSV keeps scalar columns
+            row["accept_by_position"] = raw["accept_by_position"]
         row["cycle_ms"] = (
             1000.0 * raw["decode_time_s"] / verify if verify and raw.get("decode_time_s") is not None else None
         )
