@@ -1,5 +1,120 @@
-"""CLI commands of this area (placeholder until the area's commands land)."""
+"""CLI: ``demo-models`` (offline demo pair), ``generate`` (target-written data), ``specforge-command``
+and ``import-specforge`` (the SpecForge training backend)."""
+
+from __future__ import annotations
+
+import argparse
+
+from draftlab.commands._common import add_json_flag, emit
+from draftlab.errors import DraftlabError
 
 
 def register(sub) -> None:
     """Add this area's subcommands to the draftlab parser."""
+    p = sub.add_parser("demo-models", help="build the offline demo target pair and v1 drafter as HF repos")
+    p.add_argument("--out", required=True, help="folder to build in (an HF cache lands in OUT/hf_cache)")
+    p.add_argument("--size", choices=["smoke", "default"], default="default")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads while building")
+    p.add_argument("--force", action="store_true", help="rebuild even when the manifest matches")
+    add_json_flag(p)
+    p.set_defaults(func=_demo_models)
+
+    g = sub.add_parser("generate", help="run the target over prompts and write JSONL conversations")
+    g.add_argument("--target", required=True, help="target model folder (transformers)")
+    g.add_argument("--prompts", required=True, help="JSONL ({'prompt'|'text'|'messages'}) or text, one per line")
+    g.add_argument("--out", required=True, help="output JSONL of {'messages': [...]} conversations")
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    mode = g.add_mutually_exclusive_group()
+    mode.add_argument("--greedy", action="store_true", help="greedy decoding (the default)")
+    mode.add_argument("--temperature", type=float, default=None, help="sample at this temperature")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0, help="prompt i is sampled under seed+i")
+    g.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    g.add_argument("--device", default=None, help="torch device (default: cpu)")
+    g.add_argument("--trust-remote-code", action="store_true")
+    add_json_flag(g)
+    g.set_defaults(func=_generate)
+
+    s = sub.add_parser("specforge-command", help="build (and pin the vocab mapping for) a SpecForge training run")
+    s.add_argument("--config", required=True,
+                   help="a SpecForge job file (YAML/JSON, keys of draftlab.specforge.SpecForgeJob) "
+                        "or an experiment config (then give the paths below)")
+    s.add_argument("--target", help="target model path as SpecForge sees it (experiment config only)")
+    s.add_argument("--draft-config", help="drafter config.json or folder (experiment config only)")
+    s.add_argument("--data", help="training JSONL (experiment config only)")
+    s.add_argument("--mapping", help="vocab mapping to pin (experiment config only)")
+    s.add_argument("--output-dir", help="SpecForge --output-dir (experiment config only)")
+    s.add_argument("--ckpt-dir", help="warm-start drafter folder (experiment config only)")
+    s.add_argument("--specforge-dir", default="SpecForge", help="SpecForge checkout (experiment config only)")
+    s.add_argument("--chat-template", default="llama3", help="SpecForge template name (experiment config only)")
+    s.add_argument("--target-backend", default="sglang", help="sglang | hf (experiment config only)")
+    s.add_argument("--dry-run", action="store_true", help="print the argv only; write nothing")
+    add_json_flag(s)
+    s.set_defaults(func=_specforge_command)
+
+    i = sub.add_parser("import-specforge", help="turn a SpecForge checkpoint into a draftlab drafter folder")
+    i.add_argument("src", help="SpecForge --output-dir (latest epoch_N_step_M/ is taken) or one checkpoint folder")
+    i.add_argument("--out", required=True)
+    i.add_argument("--expect-mapping", default=None,
+                   help="mapping pinned for the run: fail if the checkpoint's d2t differs")
+    add_json_flag(i)
+    i.set_defaults(func=_import_specforge)
+
+
+def _demo_models(args: argparse.Namespace) -> int:
+    from draftlab.demo import build_demo_models
+
+    result = build_demo_models(args.out, size=args.size, seed=args.seed, threads=args.threads, force=args.force)
+    emit(args, result, lambda r: "\n".join(f"{k}: {v}" for k, v in r.items()))
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from draftlab.generate import generate
+
+    result = generate(
+        args.target, args.prompts, args.out, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+        top_p=args.top_p, seed=args.seed, limit=args.limit, device=args.device,
+        trust_remote_code=args.trust_remote_code,
+    )
+    emit(args, result, lambda r: (f"wrote {r['prompts']} conversations ({r['generated_tokens']} tokens, "
+                                  f"{r['mode']}) to {r['out']} in {r['seconds']} s"))
+    return 0
+
+
+def _specforge_command(args: argparse.Namespace) -> int:
+    import shlex
+
+    from draftlab import specforge
+
+    data = specforge.read_job_file(args.config)
+    if "experiment" in data:
+        from draftlab.config import load_config
+
+        cfg = load_config(args.config)
+        need = {"--target": args.target, "--draft-config": args.draft_config, "--data": args.data,
+                "--output-dir": args.output_dir}
+        missing = [k for k, v in need.items() if not v]
+        if missing:
+            raise DraftlabError(f"{args.config}: an experiment config needs {', '.join(missing)} on the command line")
+        job = specforge.job_from_experiment(
+            cfg, target_model_path=args.target, draft_model_config=args.draft_config, train_data_path=args.data,
+            output_dir=args.output_dir, vocab_mapping=args.mapping, ckpt_dir=args.ckpt_dir,
+            specforge_dir=args.specforge_dir, chat_template=args.chat_template,
+            target_model_backend=args.target_backend,
+        )
+    else:
+        job = specforge.job_from_mapping(data, str(args.config))
+    result = specforge.prepare(job, write=not args.dry_run)
+    emit(args, result, lambda r: "\n".join([shlex.join(r["argv"])] + [f"warning: {w}" for w in r["warnings"]]))
+    return 0
+
+
+def _import_specforge(args: argparse.Namespace) -> int:
+    from draftlab.specforge import import_checkpoint
+
+    result = import_checkpoint(args.src, args.out, expect_mapping=args.expect_mapping)
+    emit(args, result, lambda r: f"imported {r['source']} -> {r['out']} (embeddings stripped: "
+                                 f"{r['embeddings_stripped']}, mapping check: {r['mapping_check']})")
+    return 0
