@@ -1,0 +1,194 @@
+"""Training data: read conversations or plain text, tokenize with the target's tokenizer, mark the loss.
+
+Input formats (one sample per line):
+- JSONL ``{"messages": [{"role", "content"}, ...]}`` or ``{"conversations": [...]}`` (ShareGPT's
+  ``{"from": "human"|"gpt", "value"}`` turns are accepted too);
+- JSONL ``{"text": "..."}``;
+- any other file: plain text, one sample per non-blank line.
+
+Conversations are rendered with the tokenizer's chat template when it has one, else with the simple
+format ``"{role}: {content}\\n"`` per turn. The loss mask is 1 on assistant tokens (from the start of
+the assistant content to the end of that turn's rendering, so the template's end-of-turn marker is
+learned too; the role header is not), and 1 on every token of plain text.
+
+Output ``tokens.jsonl``: one line per sample, ``{"input_ids": [...], "loss_mask": [0/1, ...]}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+from tqdm import tqdm
+
+from draftlab.errors import DraftlabError
+from draftlab.fsutil import atomic_path
+
+ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant"}
+
+
+def read_records(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    """Yield ``{"messages": [...]}`` or ``{"text": ...}`` for every sample of a data file."""
+    path = Path(path)
+    if not path.is_file():
+        raise DraftlabError(f"{path}: training data file not found")
+    as_json = path.suffix in (".jsonl", ".json")
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            if not as_json:
+                yield {"text": line.rstrip("\n")}
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DraftlabError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+            yield _normalise(obj, path, lineno)
+
+
+def _normalise(obj: Any, path: Path, lineno: int) -> dict[str, Any]:
+    if isinstance(obj, dict) and isinstance(obj.get("text"), str):
+        return {"text": obj["text"]}
+    turns = obj.get("messages", obj.get("conversations")) if isinstance(obj, dict) else None
+    if not isinstance(turns, list):
+        raise DraftlabError(f"{path}:{lineno}: expected a key 'messages', 'conversations' (a list of turns) "
+                            f"or 'text' (a string)")
+    messages = []
+    for turn in turns:
+        role = turn.get("role", turn.get("from")) if isinstance(turn, dict) else None
+        content = turn.get("content", turn.get("value")) if isinstance(turn, dict) else None
+        if not isinstance(role, str) or not isinstance(content, str):
+            raise DraftlabError(f"{path}:{lineno}: each turn needs 'role' and 'content' strings "
+                                f"(or ShareGPT 'from' and 'value'), got {turn!r:.80}")
+        messages.append({"role": ROLE_ALIASES.get(role, role), "content": content})
+    return {"messages": messages}
+
+
+def render_simple(messages: list[dict[str, str]]) -> str:
+    """The fallback conversation format for tokenizers without a chat template."""
+    return "".join(f"{m['role']}: {m['content']}\n" for m in messages)
+
+
+def _render(tokenizer, messages: list[dict[str, str]]) -> str:
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(messages, tokenize=False) if messages else ""
+    return render_simple(messages)
+
+
+def conversation_spans(tokenizer, messages: list[dict[str, str]]) -> tuple[str, list[tuple[int, int]]]:
+    """The rendered text and the character spans of the assistant turns in it."""
+    full = _render(tokenizer, messages)
+    spans: list[tuple[int, int]] = []
+    cursor = 0
+    for i, m in enumerate(messages):
+        before = _render(tokenizer, messages[:i])
+        after = _render(tokenizer, messages[: i + 1])
+        stable = full.startswith(after) and after.startswith(before)
+        start_search = len(before) if stable else cursor
+        start = full.find(m["content"], start_search) if m["content"] else start_search
+        if start < 0:
+            start = start_search
+        end = len(after) if stable else start + len(m["content"])
+        if m["role"] == "assistant":
+            spans.append((start, end))
+        cursor = max(cursor, end)
+    return full, spans
+
+
+def tokenize_record(tokenizer, record: dict[str, Any], max_length: int | None = None) -> dict[str, list[int]]:
+    """``{"input_ids", "loss_mask"}`` for one sample (truncated to ``max_length`` tokens)."""
+    if "text" in record:
+        enc = tokenizer(record["text"], add_special_tokens=True)
+        ids = list(enc["input_ids"])
+        mask = [1] * len(ids)
+    else:
+        text, spans = conversation_spans(tokenizer, record["messages"])
+        templated = bool(getattr(tokenizer, "chat_template", None))
+        enc = tokenizer(text, add_special_tokens=not templated, return_offsets_mapping=True)
+        ids = list(enc["input_ids"])
+        mask = []
+        for a, b in enc["offset_mapping"]:
+            inside = b > a and any(a < e and b > s for s, e in spans)  # token overlaps an assistant span
+            mask.append(1 if inside else 0)
+    if max_length:
+        ids, mask = ids[:max_length], mask[:max_length]
+    return {"input_ids": ids, "loss_mask": mask}
+
+
+def write_tokens(path: str | os.PathLike, samples) -> int:
+    """Write samples to a tokens JSONL atomically; returns the number written."""
+    n = 0
+    with atomic_path(path) as tmp, tmp.open("w", encoding="utf-8") as f:
+        for s in samples:
+            f.write(json.dumps({"input_ids": s["input_ids"], "loss_mask": s["loss_mask"]}, separators=(",", ":")) + "\n")
+            n += 1
+    return n
+
+
+def read_tokens(path: str | os.PathLike, vocab_size: int | None = None) -> list[dict[str, list[int]]]:
+    """Read and check a tokens JSONL (equal lengths, 0/1 mask, ids in range)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DraftlabError(f"{path}: tokens file not found")
+    out = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DraftlabError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+            ids, mask = obj.get("input_ids"), obj.get("loss_mask")
+            if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+                raise DraftlabError(f"{path}:{lineno}: 'input_ids' must be a list of integers")
+            if mask is None:
+                mask = [1] * len(ids)
+            if not isinstance(mask, list) or len(mask) != len(ids) or any(m not in (0, 1) for m in mask):
+                raise DraftlabError(f"{path}:{lineno}: 'loss_mask' must be a 0/1 list as long as 'input_ids'")
+            if vocab_size is not None and ids and (min(ids) < 0 or max(ids) >= vocab_size):
+                raise DraftlabError(f"{path}:{lineno}: 'input_ids' has ids outside the target vocabulary "
+                                    f"0..{vocab_size - 1}")
+            out.append({"input_ids": ids, "loss_mask": mask})
+    if not out:
+        raise DraftlabError(f"{path}: no samples")
+    return out
+
+
+def tokenize_file(target: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike,
+                  max_length: int | None = 2048, trust_remote_code: bool = False) -> dict[str, Any]:
+    """Tokenize a data file with the target's tokenizer into ``out``; returns counts."""
+    from draftlab.target import load_tokenizer
+
+    tok = load_tokenizer(target, trust_remote_code=trust_remote_code)
+    samples = [tokenize_record(tok, r, max_length)
+               for r in tqdm(list(read_records(data)), desc="tokenizing", unit="sample", disable=None)]
+    samples = [s for s in samples if len(s["input_ids"]) >= 2]
+    if not samples:
+        raise DraftlabError(f"{data}: no sample has at least 2 tokens")
+    write_tokens(out, samples)
+    return {
+        "out": str(out),
+        "samples": len(samples),
+        "tokens": sum(len(s["input_ids"]) for s in samples),
+        "loss_tokens": sum(sum(s["loss_mask"]) for s in samples),
+        "chat_template": bool(getattr(tok, "chat_template", None)),
+    }
+
+
+def is_tokens_file(path: str | os.PathLike) -> bool:
+    """Whether a JSONL file's first sample already is tokenized (has ``input_ids``)."""
+    path = Path(path)
+    if path.suffix not in (".jsonl", ".json"):
+        return False
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                try:
+                    return "input_ids" in json.loads(line)
+                except json.JSONDecodeError:
+                    return False
+    return False

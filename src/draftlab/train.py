@@ -1,0 +1,783 @@
+"""The builtin EAGLE-3 trainer: training-time test (TTT) loss, vocab modes, checkpoints, resume, DDP.
+
+TTT step ``i`` (0 <= i < ttt_length) at position ``t``: the drafter reads token ``x[t+1+i]`` and the
+hidden state of step ``i-1`` (the fused target features at step 0), uses RoPE position ``t+i``, and
+attends to the step-0 keys at positions ``<= t`` plus its own chain's keys at ``t`` from steps
+``1..i`` (SpecForge's cross-step attention, so training sees exactly what inference sees). Its loss is
+the soft cross-entropy against the target's next-token distribution at ``t+1+i`` renormalised over the
+draft vocabulary, on positions whose predicted token ``x[t+2+i]`` is in the loss mask and whose
+target argmax is in the draft vocabulary; total = sum_i 0.8**i * loss_i. Accuracy_i = share of
+loss-masked positions where the drafter's argmax, mapped to a target id, equals the target's argmax.
+
+Public entry point: :func:`train_drafter` (signature stable; the demo builder and the CLI call it).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from draftlab import eagle3_format as fmt
+from draftlab.errors import DraftlabError
+from draftlab.fsutil import atomic_dir, atomic_path, to_json, write_json
+from draftlab.model import Eagle3Drafter, init_weights
+
+INIT_MODES = ("scratch", "checkpoint")
+VOCAB_MODES = ("keep", "remap", "regenerate")
+STEP_WEIGHT = 0.8
+
+
+# ----------------------------------------------------------------------------------------------
+# the TTT loss
+# ----------------------------------------------------------------------------------------------
+def _shift(x: Tensor, n: int, fill: float | int | bool = 0) -> Tensor:
+    """``y[:, t] = x[:, t+n]`` with ``fill`` past the end (dim 1 is time)."""
+    if n == 0:
+        return x
+    pad = torch.full((x.shape[0], min(n, x.shape[1]), *x.shape[2:]), fill, dtype=x.dtype, device=x.device)
+    return torch.cat([x[:, n:], pad], dim=1)
+
+
+def ttt_mask(t: int, step: int, device: torch.device | str = "cpu") -> Tensor:
+    """Boolean [T, (step+1)*T]: causal over step-0 keys, diagonal over each later step's keys."""
+    causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+    eye = torch.eye(t, dtype=torch.bool, device=device)
+    return torch.cat([causal] + [eye] * step, dim=1)
+
+
+def target_distribution(drafter: Eagle3Drafter, target_logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(probs over the draft vocab [B,T,M], target argmax id [B,T], argmax-in-draft-vocab [B,T])."""
+    draft_tids = drafter.d2t + torch.arange(drafter.draft_vocab_size, device=drafter.d2t.device)
+    tl = target_logits.float()
+    arg = tl.argmax(-1)
+    probs = torch.softmax(tl.index_select(-1, draft_tids), dim=-1)
+    return probs, arg, drafter.t2d[arg]
+
+
+def ttt_forward(drafter: Eagle3Drafter, input_ids: Tensor, loss_mask: Tensor, aux: Tensor,
+                target_logits: Tensor | None = None, ttt_length: int = 7, *,
+                target: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """Weighted TTT loss and per-step sums: ``loss_sum``/``valid`` (loss) and ``correct``/``counted`` (acc)."""
+    b, t = input_ids.shape
+    with torch.no_grad():
+        probs, t_arg, in_draft = target if target is not None else target_distribution(drafter, target_logits)
+    draft_tids = drafter.d2t + torch.arange(drafter.draft_vocab_size, device=input_ids.device)
+    layer, attn = drafter.midlayer, drafter.midlayer.self_attn
+    hidden = drafter.fuse(aux)
+    positions = torch.arange(t, device=input_ids.device).expand(b, t)
+    keys: list[Tensor] = []
+    values: list[Tensor] = []
+    total = hidden.new_zeros((), dtype=torch.float32)
+    stats = {k: torch.zeros(ttt_length, dtype=torch.float64, device=input_ids.device)
+             for k in ("loss_sum", "valid", "correct", "counted")}
+    for i in range(ttt_length):
+        ids_i = _shift(input_ids, 1 + i)
+        probs_i, arg_i, ind_i = _shift(probs, 1 + i), _shift(t_arg, 1 + i), _shift(in_draft, 1 + i, False)
+        mask_i = _shift(loss_mask, 2 + i).bool()
+        valid = mask_i & ind_i
+        embeds = drafter.embed_tokens(ids_i).to(hidden.dtype)
+        cos, sin = drafter.rope(positions + i, hidden.dtype)
+        q, k, v = attn.qkv(layer.inputs(embeds, hidden), cos, sin)
+        keys.append(k)
+        values.append(v)
+        if i == 0:
+            out = attn.attend(q, k, v, None, causal=True)
+        else:
+            out = attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2), ttt_mask(t, i, q.device))
+        hidden = layer.finish(out, hidden)
+        logits = drafter.logits(hidden).float()
+        ce = -(probs_i * F.log_softmax(logits, dim=-1)).sum(-1)
+        n_valid = valid.sum()
+        loss_i = (ce * valid).sum() / n_valid.clamp(min=1)
+        total = total + (STEP_WEIGHT ** i) * loss_i
+        with torch.no_grad():
+            hit = (draft_tids[logits.argmax(-1)] == arg_i) & mask_i
+            stats["loss_sum"][i] = (ce * valid).sum().double()
+            stats["valid"][i] = n_valid.double()
+            stats["correct"][i] = hit.sum().double()
+            stats["counted"][i] = mask_i.sum().double()
+    return total, stats
+
+
+class TTTModule(nn.Module):
+    """The drafter plus its TTT loss as one module, so DDP sees a plain forward()."""
+
+    def __init__(self, drafter: Eagle3Drafter, ttt_length: int):
+        super().__init__()
+        self.drafter = drafter
+        self.ttt_length = ttt_length
+
+    def forward(self, input_ids, loss_mask, aux, target_logits):
+        return ttt_forward(self.drafter, input_ids, loss_mask, aux, target_logits, self.ttt_length)
+
+
+# ----------------------------------------------------------------------------------------------
+# configuration
+# ----------------------------------------------------------------------------------------------
+@dataclass
+class TrainConfig:
+    """Everything a run depends on; saved as ``train_config.json`` and checked on ``--resume``."""
+
+    target: str
+    out: str
+    tokens: str | None = None              # tokens.jsonl (draftlab tokenize)
+    data: str | None = None                # raw JSONL/text, tokenized on the fly
+    hidden_states: str | None = None       # offline features (draftlab dump-hidden-states)
+    vocab_mapping: str | None = None       # d2t/t2d file (draftlab.vocab.load_mapping)
+    init: str = "scratch"
+    checkpoint: str | None = None          # drafter folder for init=checkpoint
+    vocab_mode: str = "keep"
+    draft_vocab_size: int | None = None    # scratch without a mapping file: build one of this size
+    ttt_length: int = 7
+    epochs: int = 1
+    max_steps: int | None = None
+    batch_size: int = 1                    # per rank
+    max_length: int = 2048
+    lr: float = 1e-4
+    warmup_ratio: float = 0.015
+    grad_clip: float = 0.5
+    weight_decay: float = 0.0
+    seed: int = 0
+    precision: str = "auto"                # auto (bf16 on a bf16 GPU, else fp32) | bf16 | fp32
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 2
+    resume: bool = False
+    val_samples: int | None = None         # held out; default max(1, 5%) capped at 64
+    device: str | None = None
+    log_file: str | None = None
+    aux_layer_ids: list[int] | None = None
+    drafter_overrides: dict[str, Any] = field(default_factory=dict)
+    stop_after: int | None = None          # exit after this many steps, as if preempted (tests, debugging)
+    progress: bool = True
+    trust_remote_code: bool = False
+
+    RESUME_KEYS = ("target", "tokens", "data", "hidden_states", "vocab_mapping", "init", "checkpoint",
+                   "vocab_mode", "ttt_length", "epochs", "max_steps", "batch_size", "max_length", "lr",
+                   "warmup_ratio", "grad_clip", "weight_decay", "seed", "precision")
+
+
+# ----------------------------------------------------------------------------------------------
+# data
+# ----------------------------------------------------------------------------------------------
+class Samples:
+    """Training samples by index: tokens only (online target) or tokens + features (offline shards)."""
+
+    def __init__(self, cfg: TrainConfig, vocab_size: int):
+        from draftlab.data import read_records, read_tokens, tokenize_record
+
+        self.shards = None
+        if cfg.hidden_states:
+            from draftlab.hidden_states import HiddenStateShards
+
+            self.shards = HiddenStateShards(cfg.hidden_states)
+            self.tokens = self.shards.token_samples()
+        elif cfg.tokens:
+            self.tokens = read_tokens(cfg.tokens, vocab_size=vocab_size)
+        elif cfg.data:
+            from draftlab.target import load_tokenizer
+
+            tok = load_tokenizer(cfg.target, trust_remote_code=cfg.trust_remote_code)
+            self.tokens = [tokenize_record(tok, r, cfg.max_length) for r in read_records(cfg.data)]
+        else:
+            raise DraftlabError("train: give one of --tokens, --data or --hidden-states")
+        self.tokens = [{k: v[: cfg.max_length] for k, v in s.items()} for s in self.tokens]
+        keep = [i for i, s in enumerate(self.tokens) if len(s["input_ids"]) >= 3]
+        if not keep:
+            raise DraftlabError("train: no training sample has at least 3 tokens")
+        self.index = keep
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def tokens_at(self, i: int) -> dict[str, list[int]]:
+        return self.tokens[self.index[i]]
+
+    def features_at(self, i: int) -> dict[str, Tensor] | None:
+        return None if self.shards is None else self.shards[self.index[i]]
+
+
+def split_indices(n: int, val_samples: int | None, seed: int) -> tuple[list[int], list[int]]:
+    """Seeded held-out split: (train indices, validation indices)."""
+    k = val_samples if val_samples is not None else min(64, max(1, n // 20))
+    k = min(k, max(0, n - 1))
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 7919)).tolist()
+    return sorted(perm[k:]), sorted(perm[:k])
+
+
+def epoch_order(train_idx: Sequence[int], epoch: int, seed: int) -> list[int]:
+    perm = torch.randperm(len(train_idx), generator=torch.Generator().manual_seed(seed * 1000003 + epoch))
+    return [train_idx[j] for j in perm.tolist()]
+
+
+def collate(samples: list[dict[str, list[int]]], device) -> tuple[Tensor, Tensor, Tensor]:
+    """Right-pad to the longest: (input_ids, loss_mask, attention_mask)."""
+    t = max(len(s["input_ids"]) for s in samples)
+    ids = torch.zeros(len(samples), t, dtype=torch.long)
+    mask = torch.zeros(len(samples), t, dtype=torch.long)
+    att = torch.zeros(len(samples), t, dtype=torch.long)
+    for r, s in enumerate(samples):
+        n = len(s["input_ids"])
+        ids[r, :n] = torch.tensor(s["input_ids"])
+        mask[r, :n] = torch.tensor(s["loss_mask"])
+        att[r, :n] = 1
+    return ids.to(device), mask.to(device), att.to(device)
+
+
+class Features:
+    """Aux hidden states and target logits for a batch, online (target forward) or from shards."""
+
+    def __init__(self, cfg: TrainConfig, samples: Samples, aux_ids: list[int], device, dtype):
+        self.samples, self.aux_ids, self.device = samples, aux_ids, device
+        self.model = None
+        if samples.shards is None:
+            from draftlab.target import load_target
+
+            self.model = load_target(cfg.target, dtype=dtype, device=device, trust_remote_code=cfg.trust_remote_code)
+        else:
+            from draftlab.hidden_states import target_head_and_embeddings
+
+            if samples.shards.aux_layer_ids != aux_ids:
+                raise DraftlabError(f"{cfg.hidden_states}/index.json: aux_layer_ids {samples.shards.aux_layer_ids} "
+                                    f"differ from the drafter's {aux_ids}")
+            head, _ = target_head_and_embeddings(cfg.target)
+            self.head = head.to(device=device, dtype=torch.float32)
+
+    def embeddings(self, target: str) -> Tensor:
+        if self.model is not None:
+            return self.model.get_input_embeddings().weight.detach()
+        from draftlab.hidden_states import target_head_and_embeddings
+
+        return target_head_and_embeddings(target)[1]
+
+    def output_embeddings(self, target: str) -> Tensor:
+        if self.model is not None:
+            return self.model.get_output_embeddings().weight.detach()
+        return self.head
+
+    @torch.no_grad()
+    def batch(self, idx: list[int]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(input_ids, loss_mask, aux [B,T,3H], target logits [B,T,V])."""
+        toks = [self.samples.tokens_at(i) for i in idx]
+        ids, mask, att = collate(toks, self.device)
+        if self.model is not None:
+            from draftlab.target import aux_hidden
+
+            out = self.model(input_ids=ids, attention_mask=att, output_hidden_states=True, use_cache=False)
+            return ids, mask, aux_hidden(out.hidden_states, self.aux_ids), out.logits
+        feats = [self.samples.features_at(i) for i in idx]
+        t = ids.shape[1]
+        aux = torch.zeros(len(idx), t, feats[0]["aux"].shape[-1], device=self.device)
+        logits = torch.zeros(len(idx), t, self.head.shape[0], device=self.device)
+        for r, f in enumerate(feats):
+            n = f["aux"].shape[0]
+            aux[r, :n] = f["aux"].float()
+            logits[r, :n] = f["logits"].float() if "logits" in f else f["last"].to(self.device).float() @ self.head.T
+        return ids, mask, aux, logits
+
+
+# ----------------------------------------------------------------------------------------------
+# building the drafter: scratch or checkpoint, with a vocab mode
+# ----------------------------------------------------------------------------------------------
+def scratch_config(target_cfg: dict[str, Any], draft_vocab: int, aux_ids: list[int],
+                   overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A drafter config that follows the target (hidden, heads, context, RoPE)."""
+    from draftlab.target import text_config
+
+    t = text_config(target_cfg)
+    kw = dict(hidden_size=t["hidden_size"], intermediate_size=t["intermediate_size"],
+              num_attention_heads=t["num_attention_heads"], num_key_value_heads=t.get("num_key_value_heads"),
+              head_dim=t.get("head_dim"), vocab_size=t["vocab_size"], draft_vocab_size=draft_vocab,
+              max_position_embeddings=t["max_position_embeddings"], target_hidden_size=t["hidden_size"],
+              aux_layer_ids=aux_ids, rope_theta=float(t.get("rope_theta") or 10000.0),
+              rope_scaling=t.get("rope_scaling"), rms_norm_eps=float(t.get("rms_norm_eps", 1e-5)),
+              torch_dtype="float32")
+    kw.update(overrides or {})
+    return fmt.drafter_config(**kw)
+
+
+def remap_lm_head(old_head: Tensor, old_tids: Tensor, new_tids: Tensor, target_head: Tensor) -> tuple[Tensor, dict]:
+    """New lm_head rows for the target ids ``new_tids``.
+
+    A row whose target id the old mapping had is copied from the old row that predicted that id. A new
+    id starts from the target's own lm_head row: directly (rescaled to the old rows' mean norm) when
+    the widths match, else through the least-squares map ``A`` with ``target_head[shared] @ A ~=
+    old_head[shared]`` fitted on the ids both mappings share.
+    """
+    pos = {int(t): r for r, t in enumerate(old_tids.tolist())}
+    new = torch.empty(len(new_tids), old_head.shape[1], dtype=old_head.dtype)
+    shared_new, shared_old, fresh = [], [], []
+    for j, tid in enumerate(new_tids.tolist()):
+        if tid in pos:
+            new[j] = old_head[pos[tid]]
+            shared_new.append(j)
+            shared_old.append(pos[tid])
+        else:
+            fresh.append(j)
+    th = target_head.float()
+    how = "none"
+    if fresh:
+        rows = th[new_tids[fresh]]
+        if th.shape[1] == old_head.shape[1]:
+            scale = old_head.float().norm(dim=1).mean() / rows.norm(dim=1).clamp(min=1e-8)
+            new[fresh] = (rows * scale[:, None]).to(new.dtype)
+            how = "target rows rescaled to the old mean row norm"
+        elif shared_old:
+            a = torch.linalg.lstsq(th[old_tids[shared_old]], old_head.float()[shared_old]).solution
+            new[fresh] = (rows @ a).to(new.dtype)
+            how = "target rows projected by a least-squares map fitted on shared ids"
+        else:
+            new[fresh] = torch.randn(len(fresh), old_head.shape[1], generator=torch.Generator().manual_seed(0)).to(new.dtype) * 0.02
+            how = "random (no shared ids to fit a projection)"
+    return new, {"kept_rows": len(shared_new), "new_rows": len(fresh), "new_row_init": how}
+
+
+def build_drafter(cfg: TrainConfig, target_cfg: dict, samples: Samples, output_embeddings,
+                  ) -> tuple[Eagle3Drafter, dict[str, Any]]:
+    """The drafter to train and a note of what was done to its vocabulary."""
+    from draftlab import vocab
+    from draftlab.target import aux_layer_ids_for, text_config
+
+    vsize = int(text_config(target_cfg)["vocab_size"])
+
+    def new_mapping(size: int):
+        if cfg.vocab_mapping:
+            m = vocab.load_mapping(cfg.vocab_mapping)
+            if m.vocab_size != vsize:
+                raise DraftlabError(f"{cfg.vocab_mapping}: t2d covers {m.vocab_size} ids, the target vocabulary "
+                                    f"has {vsize}")
+            return m, str(cfg.vocab_mapping)
+        counts = torch.zeros(vsize, dtype=torch.long)
+        for s in samples.tokens:
+            ids = torch.tensor(s["input_ids"])[torch.tensor(s["loss_mask"]).bool()]
+            counts += torch.bincount(ids, minlength=vsize)
+        return vocab.build_mapping(counts, min(size, vsize)), "built from the training data"
+
+    if cfg.init == "scratch":
+        size = cfg.draft_vocab_size or 32000
+        mapping, source = new_mapping(size)
+        aux_ids = cfg.aux_layer_ids or aux_layer_ids_for(None, target_cfg)
+        dcfg = scratch_config(target_cfg, mapping.draft_vocab_size, aux_ids, cfg.drafter_overrides)
+        drafter = Eagle3Drafter(dcfg)
+        init_weights(drafter, seed=cfg.seed)
+        drafter.d2t.copy_(mapping.d2t)
+        drafter.t2d.copy_(mapping.t2d)
+        return drafter, {"init": "scratch", "mapping": source}
+    if cfg.init != "checkpoint":
+        raise DraftlabError(f"train: init {cfg.init!r}: expected one of {', '.join(INIT_MODES)}")
+    if not cfg.checkpoint:
+        raise DraftlabError("train: --init checkpoint needs --checkpoint DIR (a drafter folder)")
+    drafter = Eagle3Drafter.from_pretrained(cfg.checkpoint, dtype=torch.float32)
+    if int(drafter.config["vocab_size"]) != vsize:
+        raise DraftlabError(f"{cfg.checkpoint}/config.json: vocab_size {drafter.config['vocab_size']} differs from "
+                            f"the target's {vsize}")
+    if cfg.aux_layer_ids:
+        drafter.config.setdefault("eagle_config", {})["eagle_aux_hidden_state_layer_ids"] = list(cfg.aux_layer_ids)
+    elif fmt.aux_layer_ids(drafter.config) is None:
+        drafter.config.setdefault("eagle_config", {})["eagle_aux_hidden_state_layer_ids"] = aux_layer_ids_for(None, target_cfg)
+    note: dict[str, Any] = {"init": "checkpoint", "checkpoint": str(cfg.checkpoint), "vocab_mode": cfg.vocab_mode}
+    if cfg.vocab_mode == "keep":
+        note["mapping"] = "the checkpoint's own d2t/t2d"
+        return drafter, note
+    if cfg.vocab_mode not in VOCAB_MODES:
+        raise DraftlabError(f"train: vocab mode {cfg.vocab_mode!r}: expected one of {', '.join(VOCAB_MODES)}")
+    mapping, source = new_mapping(drafter.draft_vocab_size)
+    note["mapping"] = source
+    old_tids = drafter.d2t + torch.arange(drafter.draft_vocab_size)
+    new_tids = mapping.d2t + torch.arange(mapping.draft_vocab_size)
+    old_head = drafter.lm_head.weight.detach().clone()
+    if cfg.vocab_mode == "regenerate":
+        if mapping.draft_vocab_size != drafter.draft_vocab_size:
+            raise DraftlabError(f"{source}: draft vocab {mapping.draft_vocab_size} differs from the checkpoint's "
+                                f"{drafter.draft_vocab_size}; regenerate keeps rows by index and needs the same size")
+        rows = old_head  # by index: the silent failure mode, on purpose
+        note["rows"] = "kept by index (each row now stands for another token)"
+    else:
+        rows, info = remap_lm_head(old_head, old_tids, new_tids, output_embeddings())
+        note.update(info)
+    if rows.shape[0] != drafter.draft_vocab_size:
+        drafter.lm_head = nn.Linear(drafter.hidden_size, rows.shape[0], bias=False)
+        drafter.d2t = torch.zeros(rows.shape[0], dtype=torch.long)
+        drafter.config["draft_vocab_size"] = rows.shape[0]
+    with torch.no_grad():
+        drafter.lm_head.weight.copy_(rows)
+    drafter.d2t.copy_(mapping.d2t)
+    drafter.t2d.copy_(mapping.t2d)
+    return drafter, note
+
+
+# ----------------------------------------------------------------------------------------------
+# schedule, checkpoints, metrics
+# ----------------------------------------------------------------------------------------------
+def lr_factor(step: int, total: int, warmup_ratio: float) -> float:
+    """Linear warmup over ceil(ratio * total) steps, then cosine from 1 to 0."""
+    warm = math.ceil(warmup_ratio * total)
+    if step < warm:
+        return (step + 1) / warm
+    if total <= warm:
+        return 1.0
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
+
+
+def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    sd = opt.state_dict()
+    tensors = {}
+    for pid, st in sd["state"].items():
+        for k, v in st.items():
+            tensors[f"state.{pid}.{k}"] = v if torch.is_tensor(v) else torch.tensor(v)
+    return tensors, {"param_groups": sd["param_groups"]}
+
+
+def _load_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
+    state: dict[int, dict[str, Tensor]] = {}
+    for name, v in tensors.items():
+        _, pid, k = name.split(".", 2)
+        state.setdefault(int(pid), {})[k] = v
+    opt.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def _rng_tensors() -> dict[str, Tensor]:
+    out = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        out["torch_cuda"] = torch.cuda.get_rng_state()
+    np_state = np.random.get_state()
+    out["numpy_keys"] = torch.from_numpy(np_state[1].astype(np.int64))
+    return out
+
+
+def save_checkpoint(folder: Path, drafter: Eagle3Drafter, opt, sched, state: dict[str, Any]) -> None:
+    """One resumable checkpoint: drafter folder, optimizer + RNG tensors (safetensors), state.json."""
+    with atomic_dir(folder) as tmp:
+        drafter.save_pretrained(tmp / "drafter")
+        tensors, meta = _optimizer_tensors(opt)
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "optimizer.safetensors"))
+        rng = _rng_tensors()
+        save_file({k: v.contiguous() for k, v in rng.items()}, str(tmp / "rng.safetensors"))
+        np_state = np.random.get_state()
+        state = dict(state, optimizer=meta, scheduler=sched.state_dict() if sched else None,
+                     python_random=repr(random.getstate()), numpy_rng=[np_state[0], int(np_state[2]), int(np_state[3]), float(np_state[4])])
+        (tmp / "state.json").write_text(to_json(state), encoding="utf-8")
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    found = sorted((out / "checkpoints").glob("step-*/state.json"))
+    return found[-1].parent if found else None
+
+
+def _restore_rng(folder: Path, state: dict[str, Any]) -> None:
+    import ast
+
+    rng = load_file(str(folder / "rng.safetensors"))
+    torch.set_rng_state(rng["torch_cpu"])
+    if "torch_cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["torch_cuda"])
+    name, pos, has_gauss, gauss = state["numpy_rng"]
+    np.random.set_state((name, rng["numpy_keys"].numpy().astype(np.uint32), pos, has_gauss, gauss))
+    random.setstate(ast.literal_eval(state["python_random"]))
+
+
+def metric_columns(k: int) -> list[str]:
+    return (["step", "epoch", "loss"] + [f"loss_{i}" for i in range(k)] + [f"acc_{i}" for i in range(k)]
+            + ["tokens", "tokens_per_s", "lr"])
+
+
+class MetricsCSV:
+    """metrics.csv: header written atomically, then one flushed + fsynced line per step (one write each)."""
+
+    def __init__(self, path: Path, k: int, resume_step: int | None):
+        self.path, self.cols = path, metric_columns(k)
+        keep: list[str] = []
+        if resume_step is not None and path.is_file():
+            with path.open(encoding="utf-8") as f:
+                rows = list(csv.reader(f))
+            keep = [",".join(r) for r in rows[1:] if r and r[0].isdigit() and int(r[0]) <= resume_step]
+        with atomic_path(path) as tmp:
+            tmp.write_text("\n".join([",".join(self.cols)] + keep) + "\n", encoding="utf-8")
+
+    def append(self, row: dict[str, Any]) -> None:
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerow([_fmt(row[c]) for c in self.cols])
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(buf.getvalue())
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _fmt(v: Any) -> str:
+    return repr(float(v)) if isinstance(v, float) else str(v)
+
+
+# ----------------------------------------------------------------------------------------------
+# distributed helpers
+# ----------------------------------------------------------------------------------------------
+def _dist_setup(device: str | None) -> tuple[int, int, torch.device]:
+    """(rank, world, device); initialises torch.distributed under torchrun (gloo on CPU, nccl on GPU)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if device is None:
+        device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    return rank, world, dev
+
+
+def _all_sum(t: Tensor, world: int) -> Tensor:
+    if world > 1:
+        dist.all_reduce(t)
+    return t
+
+
+def param_checksum(drafter: Eagle3Drafter) -> float:
+    return float(sum(p.detach().double().sum() for n, p in drafter.named_parameters() if p.requires_grad))
+
+
+# ----------------------------------------------------------------------------------------------
+# evaluation
+# ----------------------------------------------------------------------------------------------
+@torch.no_grad()
+def evaluate(drafter: Eagle3Drafter, features: Features, indices: Sequence[int], ttt_length: int,
+             batch_size: int = 1, autocast: bool = False) -> dict[str, Any]:
+    """Per-step loss and accuracy (teacher-forced TTT) over ``indices``."""
+    drafter.eval()
+    sums = None
+    for s in range(0, len(indices), batch_size):
+        ids, mask, aux, logits = features.batch(list(indices[s:s + batch_size]))
+        with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast):
+            _, st = ttt_forward(drafter, ids, mask, aux, logits, ttt_length)
+        sums = st if sums is None else {k: sums[k] + v for k, v in st.items()}
+    if sums is None:
+        return {"samples": 0, "ttt_length": ttt_length, "acc": [], "loss": []}
+    acc = (sums["correct"] / sums["counted"].clamp(min=1)).tolist()
+    loss = (sums["loss_sum"] / sums["valid"].clamp(min=1)).tolist()
+    return {"samples": len(indices), "tokens": int(sums["counted"][0].item()), "ttt_length": ttt_length,
+            "acc": acc, "loss": loss}
+
+
+def evaluate_drafter(drafter_dir: str | os.PathLike, target: str | os.PathLike, tokens: str | os.PathLike, *,
+                     ttt_length: int = 7, max_samples: int | None = None, max_length: int = 2048,
+                     device: str | None = None) -> dict[str, Any]:
+    """Per-step accuracy of a saved drafter against a target on a tokens file (e.g. v1 drafter vs v2)."""
+    from draftlab.target import aux_layer_ids_for, read_config
+
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    drafter = Eagle3Drafter.from_pretrained(drafter_dir, dtype=torch.float32, device=dev)
+    tcfg = read_config(target)
+    cfg = TrainConfig(target=str(target), out="", tokens=str(tokens), max_length=max_length)
+    samples = Samples(cfg, int(tcfg.get("vocab_size") or tcfg["text_config"]["vocab_size"]))
+    feats = Features(cfg, samples, aux_layer_ids_for(drafter.config, tcfg), dev, torch.float32)
+    drafter.load_target_embeddings(feats.embeddings(str(target)).to(dev))
+    n = len(samples) if max_samples is None else min(max_samples, len(samples))
+    return evaluate(drafter, feats, list(range(n)), ttt_length)
+
+
+# ----------------------------------------------------------------------------------------------
+# the loop
+# ----------------------------------------------------------------------------------------------
+def train_drafter(**kwargs: Any) -> dict[str, Any]:
+    """Train an EAGLE-3 drafter; keyword arguments are the fields of :class:`TrainConfig`.
+
+    Minimal call: ``train_drafter(target=DIR, out=RUN_DIR, tokens=FILE)``. Writes under ``out``:
+    ``drafter/`` (config.json + model.safetensors, the SGLang layout), ``metrics.csv``,
+    ``validation.json``, ``train_config.json``, ``summary.json`` and ``checkpoints/step-NNNNNNNN/``.
+    Returns the summary dict (steps, final per-step train accuracy, validation, drafter path, ...).
+    Under ``torchrun`` every rank calls it; rank 0 writes the files.
+    """
+    names = {f.name for f in fields(TrainConfig)}
+    unknown = set(kwargs) - names
+    if unknown:
+        raise TypeError(f"train_drafter: unknown arguments {sorted(unknown)}")
+    cfg = TrainConfig(**kwargs)
+    cfg.target, cfg.out = str(cfg.target), str(cfg.out)
+    return _run(cfg)
+
+
+def _run(cfg: TrainConfig) -> dict[str, Any]:
+    from draftlab.target import read_config, text_config
+
+    if cfg.ttt_length < 1:
+        raise DraftlabError(f"train: ttt_length must be >= 1, got {cfg.ttt_length}")
+    rank, world, dev = _dist_setup(cfg.device)
+    out = Path(cfg.out)
+    torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    use_bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and dev.type == "cuda" and torch.cuda.is_bf16_supported())
+    if cfg.precision not in ("auto", "bf16", "fp32"):
+        raise DraftlabError(f"train: precision {cfg.precision!r}: expected auto, bf16 or fp32")
+
+    resume_from = latest_checkpoint(out) if cfg.resume else None
+    if cfg.resume and resume_from is not None:
+        saved = json.loads((out / "train_config.json").read_text())
+        changed = [k for k in TrainConfig.RESUME_KEYS if saved.get(k) != asdict(cfg).get(k)]
+        if changed:
+            raise DraftlabError(f"{out}/train_config.json: --resume with changed settings {changed}; "
+                                f"use the same arguments or a new --out")
+    elif rank == 0 and (out / "checkpoints").exists() and not cfg.resume:
+        raise DraftlabError(f"{out}: has checkpoints from an earlier run; pass --resume or choose a new --out")
+
+    target_cfg = read_config(cfg.target)
+    vsize = int(text_config(target_cfg)["vocab_size"])
+    samples = Samples(cfg, vsize)
+    train_idx, val_idx = split_indices(len(samples), cfg.val_samples, cfg.seed)
+    per_step = cfg.batch_size * world
+    steps_per_epoch = len(train_idx) // per_step
+    if steps_per_epoch < 1:
+        raise DraftlabError(f"train: {len(train_idx)} training samples cannot fill one step of "
+                            f"{cfg.batch_size} x {world} ranks")
+    total = cfg.max_steps or cfg.epochs * steps_per_epoch
+
+    target_dtype = torch.bfloat16 if use_bf16 else torch.float32
+    features: Features | None = None
+
+    def get_features(aux_ids):
+        nonlocal features
+        if features is None:
+            features = Features(cfg, samples, aux_ids, dev, target_dtype)
+        return features
+
+    # The drafter: from the last checkpoint when resuming, else built from scratch/checkpoint.
+    from draftlab.target import aux_layer_ids_for
+
+    if resume_from is not None:
+        drafter = Eagle3Drafter.from_pretrained(resume_from / "drafter", dtype=torch.float32)
+        note = json.loads((resume_from / "state.json").read_text())["vocab_note"]
+    else:
+        pre_aux = cfg.aux_layer_ids or aux_layer_ids_for(
+            json.loads((Path(cfg.checkpoint) / "config.json").read_text()) if cfg.init == "checkpoint" and cfg.checkpoint
+            and (Path(cfg.checkpoint) / "config.json").is_file() else None, target_cfg)
+        drafter, note = build_drafter(cfg, target_cfg, samples, lambda: get_features(pre_aux).output_embeddings(cfg.target))
+    aux_ids = aux_layer_ids_for(drafter.config, target_cfg)
+    feats = get_features(aux_ids)
+    if feats.aux_ids != aux_ids:
+        raise DraftlabError(f"train: aux layer ids changed while building the drafter ({feats.aux_ids} -> {aux_ids})")
+    drafter.load_target_embeddings(feats.embeddings(cfg.target))
+    drafter.to(dev)
+    module = TTTModule(drafter, cfg.ttt_length).to(dev)
+    model: nn.Module = module
+    if world > 1:
+        model = nn.parallel.DistributedDataParallel(module, device_ids=[dev.index] if dev.type == "cuda" else None)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, cfg.warmup_ratio))
+
+    start = 0
+    if resume_from is not None:
+        st = json.loads((resume_from / "state.json").read_text())
+        _load_optimizer(opt, load_file(str(resume_from / "optimizer.safetensors"), device=str(dev)), st["optimizer"])
+        sched.load_state_dict(st["scheduler"])
+        _restore_rng(resume_from, st)
+        start = int(st["step"])
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / "train_config.json", asdict(cfg))
+    metrics = MetricsCSV(out / "metrics.csv", cfg.ttt_length, start if resume_from is not None else None) if rank == 0 else None
+    log = open(cfg.log_file, "a", encoding="utf-8") if (cfg.log_file and rank == 0) else None
+
+    bar = tqdm(total=total, initial=start, desc="train", unit="step", disable=(rank != 0 or not cfg.progress) or None,
+               file=sys.stderr)
+    last: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    step = start
+    while step < total:
+        if cfg.stop_after is not None and step >= cfg.stop_after:
+            bar.close()
+            if log:
+                log.close()
+            return {"stopped_at": step, "out": str(out)}
+        epoch, within = divmod(step, steps_per_epoch)
+        order = epoch_order(train_idx, epoch, cfg.seed)
+        batch_idx = order[within * per_step + rank * cfg.batch_size: within * per_step + (rank + 1) * cfg.batch_size]
+        ids, mask, aux, logits = feats.batch(batch_idx)
+        module.train()
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16):
+            loss, stats = model(ids, mask, aux, logits)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip and cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+        lr = opt.param_groups[0]["lr"]
+        opt.step()
+        sched.step()
+        step += 1
+        packed = torch.cat([stats[k] for k in ("loss_sum", "valid", "correct", "counted")]
+                           + [loss.detach().double().reshape(1), torch.tensor([float(ids.numel())], dtype=torch.float64, device=ids.device)])
+        packed = _all_sum(packed, world)
+        k = cfg.ttt_length
+        ls, va, co, cn = packed[:k], packed[k:2 * k], packed[2 * k:3 * k], packed[3 * k:4 * k]
+        row = {"step": step, "epoch": epoch, "loss": float(packed[4 * k] / world), "tokens": int(packed[4 * k + 1]),
+               "lr": float(lr)}
+        for i in range(k):
+            row[f"loss_{i}"] = float(ls[i] / va[i].clamp(min=1))
+            row[f"acc_{i}"] = float(co[i] / cn[i].clamp(min=1))
+        elapsed = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        row["tokens_per_s"] = round(row["tokens"] / max(elapsed, 1e-9), 1)
+        last = row
+        if rank == 0:
+            metrics.append(row)
+            if log:
+                log.write(json.dumps(row) + "\n")
+                log.flush()
+            bar.update(1)
+            bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['acc_0']:.2f}")
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total:
+            if rank == 0:
+                save_checkpoint(out / "checkpoints" / f"step-{step:08d}", drafter, opt, sched,
+                                {"step": step, "epoch": epoch, "position": (within + 1) * per_step,
+                                 "vocab_note": note, "world_size": world})
+                _prune(out / "checkpoints", cfg.keep_checkpoints)
+            if world > 1:
+                dist.barrier()
+    bar.close()
+
+    checksum = param_checksum(drafter)
+    sums = [checksum]
+    if world > 1:
+        gathered = [None] * world
+        dist.all_gather_object(gathered, checksum)
+        sums = gathered
+    in_sync = all(abs(c - sums[0]) <= 1e-9 * max(1.0, abs(sums[0])) for c in sums)
+    validation = evaluate(drafter, feats, val_idx, cfg.ttt_length, cfg.batch_size, use_bf16) if rank == 0 else None
+    summary = {"out": str(out), "drafter": str(out / "drafter"), "steps": step, "total_steps": total,
+               "train_samples": len(train_idx), "val_samples": len(val_idx), "world_size": world,
+               "aux_layer_ids": aux_ids, "draft_vocab_size": drafter.draft_vocab_size, "vocab": note,
+               "precision": "bf16" if use_bf16 else "fp32", "last_step": last, "validation": validation,
+               "param_checksums": sums, "ranks_in_sync": in_sync}
+    if rank == 0:
+        drafter.save_pretrained(out / "drafter")
+        write_json(out / "validation.json", validation)
+        write_json(out / "summary.json", summary)
+    if log:
+        log.close()
+    if world > 1:
+        dist.barrier()
+    return summary
+
+
+def _prune(folder: Path, keep: int) -> None:
+    import shutil
+
+    if keep <= 0:
+        return
+    for old in sorted(folder.glob("step-*"))[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
