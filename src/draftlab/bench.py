@@ -161,13 +161,18 @@ def mean_ci95(values: Sequence[float]) -> tuple[float, float] | None:
 # --- HTTP -----------------------------------------------------------------------------------------
 
 
+# Proxies are bypassed: a benchmark measures the server, not a proxy in between (and an
+# http_proxy variable on a cluster node would otherwise capture requests to 127.0.0.1).
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def _request(url: str, payload: dict | None, timeout: float):
     data = None if payload is None else json.dumps(payload).encode()
     req = urllib.request.Request(url, data=data, method="GET" if data is None else "POST")
     if data is not None:
         req.add_header("Content-Type", "application/json")
     try:
-        return urllib.request.urlopen(req, timeout=timeout)
+        return _OPENER.open(req, timeout=timeout)
     except urllib.error.HTTPError as exc:
         body = exc.read()[:300].decode("utf-8", "replace")
         raise DraftlabError(f"{url}: HTTP {exc.code} {exc.reason}: {body}") from None
@@ -697,10 +702,15 @@ def run_benchmark(
                 start = time.perf_counter()
                 futures = [pool.submit(one, p, "measure", rep) for p in prompt_list]
                 done = []
-                for fut in futures:
-                    row = fut.result()
-                    record(row)
-                    done.append(row)
+                try:
+                    for fut in futures:
+                        row = fut.result()
+                        record(row)
+                        done.append(row)
+                except BaseException:
+                    for fut in futures:  # do not keep sending after a failure
+                        fut.cancel()
+                    raise
                 walls.append(time.perf_counter() - start)
                 if require_speculation and api == "sglang":
                     _guard_sglang(done, f"repeat {rep}")
