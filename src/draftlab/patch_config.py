@@ -46,11 +46,14 @@ def _get(cfg: dict, dotted: str) -> Any:
     return cfg
 
 
-def plan_patch(drafter_cfg: dict, target_cfg: dict) -> tuple[dict, list[dict], list[dict]]:
+def plan_patch(
+    drafter_cfg: dict, target_cfg: dict, target_name: str = "target config"
+) -> tuple[dict, list[dict], list[dict]]:
     """The patched config, the changes made and the fields left alone (pure: no I/O)."""
     target = text_config(target_cfg)
     if not isinstance(target.get(CONTEXT_KEY), int):
-        raise DraftlabError(f"target config: key '{CONTEXT_KEY}' missing or not an integer")
+        where = f" (read through '{nested_text_key(target_cfg)}')" if nested_text_key(target_cfg) else ""
+        raise DraftlabError(f"{target_name}: key '{CONTEXT_KEY}'{where} missing or not an integer")
     patched = json.loads(json.dumps(drafter_cfg))
     changed: list[dict] = []
     left: list[dict] = []
@@ -116,7 +119,7 @@ def patch_config(
         raise DraftlabError(f"{drafter}: folder has no config.json")
     target_path = resolve_config_path(target, cache_dir)
     target_cfg = read_config(target_path)
-    patched, changed, left = plan_patch(drafter_cfg, target_cfg)
+    patched, changed, left = plan_patch(drafter_cfg, target_cfg, str(target_path))
     files = sorted(p for p in drafter.iterdir() if p.name not in ("config.json", "patch.json") and p.is_file())
     if not any(p.suffix == ".safetensors" for p in files):
         raise DraftlabError(f"{drafter}: no .safetensors weights to link")
