@@ -123,7 +123,7 @@ class Engine:
             drafter.load_target_embeddings(target.get_input_embeddings().weight.detach())
             drafter.to(device=self.device, dtype=next(target.parameters()).dtype)
             drafter.eval()
-        # d2t on the device, for the draft->target mapping inside the draft loop
+        self.trace: list[dict[str, Any]] | None = None  # set to [] to record every cycle (tests, debugging)
         self._sync = self.device.type == "cuda"
 
     @classmethod
@@ -258,6 +258,8 @@ class Engine:
             m = 0
             while m < k_eff and v[m] == g[m]:
                 m += 1
+            if self.trace is not None:
+                self.trace.append({"length": L, "drafts": v, "accepted": m})
             res.spec_verify_ct += 1
             res.verify_calls += 1
             res.draft_tokens += k_eff

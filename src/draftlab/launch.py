@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator, Mapping
 from draftlab.errors import DraftlabError
 
 BACKENDS = ("builtin", "sglang", "vllm")
-LISTEN_RE = re.compile(r"draftlab-serve listening on (http://\S+?):(\d+)\s*$", re.M)
+LISTEN_RE = re.compile(r"draftlab-serve listening on http://(\S+):(\d+)\s*$", re.M)
 LOG_TAIL_LINES = 50
 
 # Runs ``nvidia-smi`` with the given arguments and returns its stdout; injectable for tests.
@@ -58,12 +58,15 @@ class ServerSpec:
     extra_args: tuple[str, ...] = ()
     health_interval_s: float = 2.0
     health_deadline_s: float = 600.0
+    health_tries: int | None = None  # when set, the deadline is health_interval_s * health_tries
     env: Mapping[str, str] = field(default_factory=dict)
     python: str | None = None  # interpreter for builtin/sglang; None = sys.executable
     check_gpus_free: bool = True
     grace_s: float = 15.0  # SIGTERM → SIGKILL grace period at teardown
 
     def __post_init__(self) -> None:
+        if self.health_tries is not None:
+            object.__setattr__(self, "health_deadline_s", float(self.health_interval_s) * self.health_tries)
         _validate(self, source="ServerSpec")
 
     @classmethod
@@ -164,7 +167,7 @@ def _num(x: float) -> str:
     return repr(float(x)) if not float(x).is_integer() else str(float(x))
 
 
-_INT_KEYS = ("num_steps", "topk", "num_draft_tokens", "tp", "port", "cuda_graph_max_bs")
+_INT_KEYS = ("num_steps", "topk", "num_draft_tokens", "tp", "port", "cuda_graph_max_bs", "health_tries")
 _FLOAT_KEYS = ("mem_fraction_static", "health_interval_s", "health_deadline_s", "grace_s")
 _BOOL_KEYS = ("trust_remote_code", "check_gpus_free")
 
@@ -202,7 +205,7 @@ def _validate(s: ServerSpec, source: str) -> None:
         raise DraftlabError(f"{source}: key 'backend': expected one of {', '.join(BACKENDS)}, got {s.backend!r}")
     if not s.target:
         raise DraftlabError(f"{source}: key 'target': a model folder or name is required")
-    for key in ("num_steps", "topk", "num_draft_tokens", "tp", "cuda_graph_max_bs"):
+    for key in ("num_steps", "topk", "num_draft_tokens", "tp", "cuda_graph_max_bs", "health_tries"):
         v = getattr(s, key)
         if v is not None and v < 1:
             raise DraftlabError(f"{source}: key {key!r}: expected an integer >= 1, got {v}")
@@ -504,7 +507,7 @@ def _wait_healthy(spec: ServerSpec, proc: subprocess.Popen, port: int, log_path:
         if url is None:
             m = LISTEN_RE.search(log_tail(log_path, 200))
             if m:
-                url = f"{m.group(1)}:{m.group(2)}"
+                url = f"http://{_url_host(m.group(1))}:{m.group(2)}"
         if url is not None:
             tries += 1
             if _probe(url + spec.health_path(), timeout=max(1.0, min(30.0, spec.health_interval_s))):

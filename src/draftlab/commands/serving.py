@@ -1,5 +1,47 @@
-"""CLI commands of this area (placeholder until the area's commands land)."""
+"""``draftlab serve``: the builtin EAGLE-3 HTTP server (SGLang-shaped endpoints, greedy only)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
 
 
 def register(sub) -> None:
     """Add this area's subcommands to the draftlab parser."""
+    p = sub.add_parser(
+        "serve",
+        help="serve a target (optionally with an EAGLE-3 drafter) over HTTP, SGLang-style",
+        description="Serve greedy decoding of a transformers target, with EAGLE-3 speculation when --drafter "
+                    "is given. Prints 'draftlab-serve listening on http://HOST:PORT' once ready; stops on "
+                    "SIGTERM/SIGINT.",
+    )
+    p.add_argument("--target", required=True, help="target model folder (Hugging Face layout)")
+    p.add_argument("--drafter", default=None, help="EAGLE-3 drafter folder; omit for plain decoding")
+    p.add_argument("--num-steps", type=int, default=3, help="draft tokens per cycle (chain, topk 1; default 3)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=0, help="port; 0 picks a free one and prints it (default 0)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or float64 (default: float32)")
+    p.add_argument("--trust-remote-code", action="store_true", help="allow custom model code in the target folder")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from draftlab.errors import DraftlabError
+    from draftlab.server import load_state, serve
+
+    if not 0 <= args.port <= 65535:
+        raise DraftlabError(f"--port: expected 0-65535, got {args.port}")
+    if args.drafter is not None and args.num_steps < 1:
+        raise DraftlabError(f"--num-steps: expected an integer >= 1, got {args.num_steps}")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    print(f"draftlab-serve: loading target {args.target}"
+          + (f" and drafter {args.drafter} (num_steps {args.num_steps})" if args.drafter else " (plain decoding)"),
+          file=sys.stderr, flush=True)
+    state = load_state(args.target, args.drafter, num_steps=args.num_steps, device=args.device, dtype=args.dtype,
+                       trust_remote_code=args.trust_remote_code)
+    return serve(state, args.host, args.port)
