@@ -218,12 +218,12 @@ def test_non_finite_scan_streams_in_slabs_and_counts_exactly(tmp_path, target, m
         t["lm_head.weight"][-1, :3] = float("nan")  # in the last slab only
         t["fc.weight"][5, 0] = float("-inf")
     drafter = broken(tmp_path, edit=poison)
-    monkeypatch.setattr(doctor, "SCAN_CHUNK_ELEMS", 100)  # 3 rows of 32, or 1 row of fc's 96, per read
+    monkeypatch.setattr(doctor, "SCAN_CHUNK_BYTES", 400)  # at most 100 float32 per read
     seen = []
     real = doctor._slabs
 
-    def spy(fh, name, shape):
-        for chunk in real(fh, name, shape):
+    def spy(*args):
+        for chunk in real(*args):
             seen.append(chunk.numel())
             yield chunk
     monkeypatch.setattr(doctor, "_slabs", spy)

@@ -15,8 +15,8 @@ dtype-mismatch (warning), rope-mismatch (warning).
 from __future__ import annotations
 
 import os
+import struct
 from dataclasses import asdict, dataclass, field
-from math import prod
 from typing import Any, Callable
 
 import torch
@@ -32,7 +32,7 @@ ERROR, WARNING = "error", "warning"
 ALGORITHMS = ("EAGLE3", "EAGLE")
 FLOAT_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
 CONFIG_DTYPES = {"bfloat16": "BF16", "float16": "F16", "half": "F16", "float32": "F32", "float": "F32", "float64": "F64"}
-SCAN_CHUNK_ELEMS = 1 << 25  # ~64 MB of bf16 per read: bounded memory on a 2.4 GB drafter
+SCAN_CHUNK_BYTES = 64 << 20  # one reused read buffer: bounded memory on a 2.4 GB drafter
 _REQUIRED_DRAFTER_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
 _REQUIRED_TARGET_KEYS = ("hidden_size", "num_hidden_layers", "vocab_size")
 
@@ -154,8 +154,8 @@ def check_context(s: Subject) -> list[Finding]:
         return []
     return [_err("context-shorter-than-target", (
         f"drafter max_position_embeddings {mine} < target {theirs}: past {mine} tokens the drafter's "
-        "positions clamp or the server refuses; run draftlab patch-config --drafter DRAFTER "
-        f"--target {s.target_source} --out DIR"
+        f"positions clamp or the server refuses; run draftlab patch-config --drafter {s.drafter.source} "
+        f"--target {s.target_source} --out PATCHED_DIR"
     ))]
 
 
@@ -295,40 +295,56 @@ def check_non_finite(s: Subject) -> list[Finding]:
 
 
 def scan_non_finite(tensors: dict[str, Any]) -> dict[str, dict[str, int]]:
-    """NaN/inf counts per tensor, reading one slab of at most ``SCAN_CHUNK_ELEMS`` elements at a time."""
-    from safetensors import safe_open
+    """NaN/inf counts per tensor, reading at most ``SCAN_CHUNK_BYTES`` at a time.
 
+    Plain reads into one reused buffer (not mmap), so resident memory stays at one chunk however
+    large the drafter is. ``aminmax`` propagates NaN and shows inf, so one cheap pass clears a
+    clean chunk; only a chunk that fails it is counted exactly.
+    """
     total = sum(t.nbytes for t in tensors.values())
     by_file: dict[str, list[str]] = {}
     for name, t in tensors.items():
         by_file.setdefault(t.file, []).append(name)
+    buf = bytearray(SCAN_CHUNK_BYTES)
     bad: dict[str, dict[str, int]] = {}
     with tqdm(total=total, desc="scanning weights", unit="B", unit_scale=True, disable=None) as bar:
         for file, names in by_file.items():
             try:
-                with safe_open(file, framework="pt") as fh:
-                    for name in names:
+                with open(file, "rb") as fh:
+                    (header_len,) = struct.unpack("<Q", fh.read(8))
+                    for name in sorted(names, key=lambda n: tensors[n].offsets[0]):
                         nan = inf = 0
-                        for chunk in _slabs(fh, name, tensors[name].shape):
-                            nan += int(torch.isnan(chunk).sum())
-                            inf += int(torch.isinf(chunk).sum())
+                        for chunk in _slabs(fh, 8 + header_len, tensors[name], buf):
+                            if chunk.numel() and not _all_finite(chunk):
+                                nan += int(torch.isnan(chunk).sum())
+                                inf += int(torch.isinf(chunk).sum())
                             bar.update(chunk.numel() * chunk.element_size())
                         if nan or inf:
                             bad[name] = {"nan": nan, "inf": inf}
-            except (OSError, RuntimeError, ValueError) as exc:
+            except OSError as exc:
                 raise DraftlabError(f"{file}: could not read tensor data ({exc})") from None
     return bad
 
 
-def _slabs(fh: Any, name: str, shape: tuple[int, ...]):
-    if len(shape) == 0:
-        yield fh.get_tensor(name)
-        return
-    row = max(1, prod(shape[1:]))
-    step = max(1, SCAN_CHUNK_ELEMS // row)
-    sl = fh.get_slice(name)
-    for start in range(0, shape[0], step):
-        yield sl[start : start + step]
+def _all_finite(chunk: torch.Tensor) -> bool:
+    lo, hi = torch.aminmax(chunk)
+    return bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))
+
+
+def _slabs(fh: Any, data_start: int, info: Any, buf: bytearray):
+    """Yield the tensor ``info`` as flat chunks of at most ``len(buf)`` bytes, read into ``buf``."""
+    dtype = FLOAT_DTYPES[info.dtype]
+    size = torch.empty((), dtype=dtype).element_size()
+    step = len(buf) // size * size
+    begin, end = info.offsets
+    fh.seek(data_start + begin)
+    view = memoryview(buf)
+    for pos in range(begin, end, step):
+        want = min(step, end - pos)
+        got = fh.readinto(view[:want])
+        if got != want:
+            raise DraftlabError(f"{info.file}: file ends inside tensor data (wanted {want} bytes at {data_start + pos}, got {got})")
+        yield torch.frombuffer(buf, dtype=dtype, count=want // size)
 
 
 def _config_dtype(cfg: dict[str, Any]) -> str | None:
