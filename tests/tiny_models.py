@@ -67,3 +67,23 @@ def tiny_target(folder: Path, *, hidden_size: int = 32, num_layers: int = 8, voc
         model.lm_head.weight.mul_(8.0)
     model.save_pretrained(str(folder))
     return folder
+
+
+WORDS = ("the quick brown fox jumps over lazy dog def return print range for in model draft token "
+         "target speculative accept verify").split()
+
+
+def tiny_chat_data(path: Path, n: int = 40, seed: int = 0, reply_words: int = 16) -> Path:
+    """A JSONL of ``n`` seeded two-turn conversations over a small word list."""
+    import json
+    import random
+
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(n):
+        lines.append(json.dumps({"messages": [
+            {"role": "user", "content": " ".join(rng.choices(WORDS, k=5))},
+            {"role": "assistant", "content": " ".join(rng.choices(WORDS, k=reply_words))},
+        ]}))
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return Path(path)

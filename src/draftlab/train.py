@@ -73,8 +73,12 @@ def target_distribution(drafter: Eagle3Drafter, target_logits: Tensor) -> tuple[
 
 def ttt_forward(drafter: Eagle3Drafter, input_ids: Tensor, loss_mask: Tensor, aux: Tensor,
                 target_logits: Tensor | None = None, ttt_length: int = 7, *,
-                target: tuple[Tensor, Tensor, Tensor] | None = None) -> tuple[Tensor, dict[str, Tensor]]:
-    """Weighted TTT loss and per-step sums: ``loss_sum``/``valid`` (loss) and ``correct``/``counted`` (acc)."""
+                target: tuple[Tensor, Tensor, Tensor] | None = None,
+                collect: list[Tensor] | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    """Weighted TTT loss and per-step sums: ``loss_sum``/``valid`` (loss) and ``correct``/``counted`` (acc).
+
+    ``collect``, if given, receives each step's draft logits [B, T, M] (tests compare them with inference).
+    """
     b, t = input_ids.shape
     with torch.no_grad():
         probs, t_arg, in_draft = target if target is not None else target_distribution(drafter, target_logits)
@@ -103,6 +107,8 @@ def ttt_forward(drafter: Eagle3Drafter, input_ids: Tensor, loss_mask: Tensor, au
             out = attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2), ttt_mask(t, i, q.device))
         hidden = layer.finish(out, hidden)
         logits = drafter.logits(hidden).float()
+        if collect is not None:
+            collect.append(logits.detach())
         ce = -(probs_i * F.log_softmax(logits, dim=-1)).sum(-1)
         n_valid = valid.sum()
         loss_i = (ce * valid).sum() / n_valid.clamp(min=1)
@@ -607,7 +613,10 @@ def train_drafter(**kwargs: Any) -> dict[str, Any]:
     if unknown:
         raise TypeError(f"train_drafter: unknown arguments {sorted(unknown)}")
     cfg = TrainConfig(**kwargs)
-    cfg.target, cfg.out = str(cfg.target), str(cfg.out)
+    for name in ("target", "out", "tokens", "data", "hidden_states", "vocab_mapping", "checkpoint", "log_file"):
+        value = getattr(cfg, name)
+        if value is not None:
+            setattr(cfg, name, str(value))
     return _run(cfg)
 
 

@@ -1,5 +1,141 @@
-"""CLI commands of this area (placeholder until the area's commands land)."""
+"""CLI for the builtin trainer: ``tokenize``, ``dump-hidden-states``, ``train``, ``eval-drafter``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from draftlab.commands._common import add_json_flag, emit
 
 
 def register(sub) -> None:
     """Add this area's subcommands to the draftlab parser."""
+    p = sub.add_parser("tokenize", help="tokenize training data with the target's tokenizer (tokens.jsonl)")
+    p.add_argument("--target", required=True, help="target model folder (its tokenizer is used)")
+    p.add_argument("--data", required=True, help="JSONL conversations / {'text'} lines, or a plain text file")
+    p.add_argument("--out", required=True, help="tokens.jsonl to write")
+    p.add_argument("--max-length", type=int, default=2048)
+    p.add_argument("--trust-remote-code", action="store_true")
+    add_json_flag(p)
+    p.set_defaults(func=_tokenize)
+
+    p = sub.add_parser("dump-hidden-states", help="run the target once and store aux hidden states (bf16 shards)")
+    p.add_argument("--target", required=True)
+    p.add_argument("--tokens", required=True, help="tokens.jsonl")
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--store", choices=["last_hidden", "logits"], default="last_hidden",
+                   help="keep the target's last hidden state (logits recomputed with its lm_head) or its logits")
+    p.add_argument("--drafter", help="drafter folder whose eagle_aux_hidden_state_layer_ids to use")
+    p.add_argument("--aux-layer-ids", help="comma-separated layer ids (default: the drafter's, else 1,N/2-1,N-4)")
+    p.add_argument("--max-length", type=int, default=None)
+    p.add_argument("--shard-samples", type=int, default=256)
+    p.add_argument("--device")
+    add_json_flag(p)
+    p.set_defaults(func=_dump)
+
+    p = sub.add_parser("train", help="train an EAGLE-3 drafter with the builtin TTT trainer (torchrun-ready)")
+    p.add_argument("--target", required=True, help="target model folder")
+    p.add_argument("--out", required=True, help="run folder (drafter/, metrics.csv, validation.json, checkpoints/)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--tokens", help="tokens.jsonl from draftlab tokenize")
+    src.add_argument("--data", help="raw training data (tokenized on the fly)")
+    src.add_argument("--hidden-states", help="folder from draftlab dump-hidden-states (offline features)")
+    p.add_argument("--vocab-mapping", help="d2t/t2d mapping file (default: built from the data)")
+    p.add_argument("--init", choices=["scratch", "checkpoint"], default="scratch")
+    p.add_argument("--checkpoint", help="drafter folder to start from (--init checkpoint)")
+    p.add_argument("--vocab-mode", choices=["keep", "remap", "regenerate"], default="keep")
+    p.add_argument("--draft-vocab-size", type=int, help="scratch without --vocab-mapping (default 32000)")
+    p.add_argument("--ttt-length", type=int, default=7)
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--max-steps", type=int)
+    p.add_argument("--batch-size", type=int, default=1, help="per rank")
+    p.add_argument("--max-length", type=int, default=2048)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--warmup-ratio", type=float, default=0.015)
+    p.add_argument("--grad-clip", type=float, default=0.5)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="save a resumable checkpoint every N steps")
+    p.add_argument("--keep-checkpoints", type=int, default=2)
+    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint under --out")
+    p.add_argument("--val-samples", type=int, help="held-out samples for validation.json (default 5%%, <= 64)")
+    p.add_argument("--aux-layer-ids", help="comma-separated target layer ids (default: drafter's, else 1,N/2-1,N-4)")
+    p.add_argument("--drafter-config", help="JSON object of drafter config overrides for --init scratch")
+    p.add_argument("--device")
+    p.add_argument("--log", dest="log_file", help="append per-step JSON lines here")
+    p.add_argument("--stop-after", type=int, help="stop after N steps as if preempted (resume later)")
+    p.add_argument("--trust-remote-code", action="store_true")
+    add_json_flag(p)
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser("eval-drafter", help="per-TTT-step accuracy of a drafter against a target on tokens")
+    p.add_argument("--drafter", required=True)
+    p.add_argument("--target", required=True)
+    p.add_argument("--tokens", required=True)
+    p.add_argument("--ttt-length", type=int, default=7)
+    p.add_argument("--max-samples", type=int)
+    p.add_argument("--device")
+    add_json_flag(p)
+    p.set_defaults(func=_eval)
+
+
+def _ids(text: str | None) -> list[int] | None:
+    return [int(x) for x in text.split(",")] if text else None
+
+
+def _tokenize(args: argparse.Namespace) -> int:
+    from draftlab.data import tokenize_file
+
+    r = tokenize_file(args.target, args.data, args.out, args.max_length, args.trust_remote_code)
+    emit(args, r, lambda r: f"{r['samples']} samples, {r['tokens']} tokens ({r['loss_tokens']} in the loss) -> {r['out']}")
+    return 0
+
+
+def _dump(args: argparse.Namespace) -> int:
+    from draftlab.hidden_states import dump_hidden_states
+
+    dcfg = json.loads((Path(args.drafter) / "config.json").read_text()) if args.drafter else None
+    r = dump_hidden_states(args.target, args.tokens, args.out, store=args.store, aux_layer_ids=_ids(args.aux_layer_ids),
+                           drafter_config=dcfg, shard_samples=args.shard_samples, max_length=args.max_length,
+                           device=args.device)
+    emit(args, r, lambda r: f"{r['samples']} samples, {r['tokens']} tokens, aux layers {r['aux_layer_ids']} -> {args.out}")
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from draftlab.errors import DraftlabError
+    from draftlab.train import train_drafter
+
+    overrides = {}
+    if args.drafter_config:
+        try:
+            overrides = json.loads(args.drafter_config)
+        except json.JSONDecodeError as exc:
+            raise DraftlabError(f"--drafter-config: not a JSON object ({exc})") from exc
+    keys = ("target", "out", "tokens", "data", "hidden_states", "vocab_mapping", "init", "checkpoint", "vocab_mode",
+            "draft_vocab_size", "ttt_length", "epochs", "max_steps", "batch_size", "max_length", "lr", "warmup_ratio",
+            "grad_clip", "weight_decay", "seed", "precision", "checkpoint_every", "keep_checkpoints", "resume",
+            "val_samples", "device", "log_file", "stop_after", "trust_remote_code")
+    r = train_drafter(**{k: getattr(args, k) for k in keys}, aux_layer_ids=_ids(args.aux_layer_ids),
+                      drafter_overrides=overrides)
+    if "stopped_at" in r:
+        emit(args, r, lambda r: f"stopped after step {r['stopped_at']}; continue with --resume")
+        return 3
+    emit(args, r, _human_summary)
+    return 0
+
+
+def _human_summary(r: dict) -> str:
+    acc = ", ".join(f"{a:.3f}" for a in (r["validation"] or {}).get("acc", []))
+    return f"{r['steps']} steps on {r['world_size']} rank(s); drafter -> {r['drafter']}; validation acc per step: [{acc}]"
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from draftlab.train import evaluate_drafter
+
+    r = evaluate_drafter(args.drafter, args.target, args.tokens, ttt_length=args.ttt_length,
+                         max_samples=args.max_samples, device=args.device)
+    emit(args, r, lambda r: "acc per step: [" + ", ".join(f"{a:.3f}" for a in r["acc"]) + f"] over {r['tokens']} tokens")
+    return 0

@@ -1,0 +1,199 @@
+"""The builtin TTT trainer on a tiny real target: learning, TTT/inference agreement, vocab modes, resume."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+from factories import tiny_drafter_config, write_drafter
+from safetensors.torch import load_file
+from tiny_models import tiny_chat_data, tiny_target
+
+from draftlab import vocab
+from draftlab.cli import main
+from draftlab.data import tokenize_file
+from draftlab.errors import DraftlabError
+from draftlab.hidden_states import HiddenStateShards, check_disk, dump_hidden_states, storage_estimate
+from draftlab.model import DrafterCache, Eagle3Drafter, init_weights
+from draftlab.target import load_target, read_config, target_features
+from draftlab.train import (Samples, TrainConfig, build_drafter, metric_columns, train_drafter, ttt_forward,
+                            ttt_mask)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    target = tiny_target(root / "target")
+    data = tiny_chat_data(root / "data.jsonl", n=24)
+    tokenize_file(target, data, root / "tokens.jsonl", max_length=48)
+    return root, target, root / "tokens.jsonl"
+
+
+def _rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_loss_decreases_and_outputs(setup, tmp_path):
+    root, target, tokens = setup
+    s = train_drafter(target=target, out=tmp_path / "run", tokens=tokens, draft_vocab_size=64, ttt_length=3,
+                      epochs=2, lr=5e-3, val_samples=3, progress=False)
+    rows = _rows(tmp_path / "run" / "metrics.csv")
+    assert list(rows[0]) == metric_columns(3)
+    assert list(rows[0])[:5] == ["step", "epoch", "loss", "loss_0", "loss_1"]
+    assert len(rows) == s["steps"] == 42  # 21 training samples x 2 epochs
+    first = sum(float(r["loss"]) for r in rows[:5]) / 5
+    last = sum(float(r["loss"]) for r in rows[-5:]) / 5
+    assert last < first - 0.3, (first, last)
+    val = json.loads((tmp_path / "run" / "validation.json").read_text())
+    assert val["ttt_length"] == 3 and len(val["acc"]) == 3 and val["samples"] == 3
+    drafter = Eagle3Drafter.from_pretrained(tmp_path / "run" / "drafter")
+    assert drafter.config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
+    assert drafter.config["max_position_embeddings"] == read_config(target)["max_position_embeddings"]
+    assert "embed_tokens.weight" not in load_file(str(tmp_path / "run" / "drafter" / "model.safetensors"))
+
+
+def test_ttt_steps_equal_inference_with_a_kv_cache(setup):
+    """Step i of the training loss at position t = the i-th chained draft step at inference."""
+    _, target, _ = setup
+    tmodel = load_target(target)
+    torch.manual_seed(0)
+    drafter = Eagle3Drafter(tiny_drafter_config(vocab_size=tmodel.config.vocab_size, aux_layer_ids=[1, 3, 4]))
+    init_weights(drafter, seed=3, std=0.3)
+    drafter.load_target_embeddings(tmodel.get_input_embeddings().weight)
+    ids = torch.randint(0, 300, (1, 12))
+    aux, logits = target_features(tmodel, ids, [1, 3, 4])
+    collected: list[torch.Tensor] = []
+    ttt_forward(drafter, ids, torch.ones_like(ids), aux, logits, 4, collect=collected)
+    t = 5
+    with torch.no_grad():
+        cache = DrafterCache()
+        lg, h = drafter(ids[:, 1:t + 2], aux[:, :t + 1], torch.arange(t + 1)[None], cache)
+        torch.testing.assert_close(lg[0, t], collected[0][0, t], atol=1e-5, rtol=1e-5)
+        h_prev = h[:, t:t + 1]
+        for i in range(1, 4):
+            lg, h_prev = drafter(ids[:, t + 1 + i:t + 2 + i], h_prev, torch.tensor([[t + i]]), cache)
+            torch.testing.assert_close(lg[0, 0], collected[i][0, t], atol=1e-5, rtol=1e-5)
+    assert ttt_mask(3, 2).int().tolist() == [[1, 0, 0, 1, 0, 0, 1, 0, 0], [1, 1, 0, 0, 1, 0, 0, 1, 0],
+                                             [1, 1, 1, 0, 0, 1, 0, 0, 1]]
+
+
+@pytest.fixture()
+def checkpoint_and_mapping(setup, tmp_path):
+    root, target, tokens = setup
+    tcfg = read_config(target)
+    dcfg = tiny_drafter_config(vocab_size=tcfg["vocab_size"], draft_vocab_size=32, aux_layer_ids=[1, 3, 4])
+    ckpt = write_drafter(tmp_path / "ckpt", dcfg, seed=5)
+    counts = vocab.count_tokens(tokens, tcfg["vocab_size"])
+    mapping = vocab.build_mapping(counts, 32)
+    vocab.save_mapping(tmp_path / "map.safetensors", mapping)
+    return target, tokens, ckpt, tmp_path / "map.safetensors", mapping
+
+
+def _build(target, tokens, ckpt, mapping_path, mode):
+    cfg = TrainConfig(target=str(target), out="", tokens=str(tokens), init="checkpoint", checkpoint=str(ckpt),
+                      vocab_mode=mode, vocab_mapping=str(mapping_path))
+    tmodel = load_target(target)
+    samples = Samples(cfg, tmodel.config.vocab_size)
+    return build_drafter(cfg, read_config(target), samples, lambda: tmodel.lm_head.weight.detach())
+
+
+def test_vocab_mode_keep(checkpoint_and_mapping):
+    target, tokens, ckpt, mpath, _ = checkpoint_and_mapping
+    old = Eagle3Drafter.from_pretrained(ckpt)
+    new, note = _build(target, tokens, ckpt, mpath, "keep")
+    assert torch.equal(new.d2t, old.d2t) and torch.equal(new.t2d, old.t2d)
+    assert torch.equal(new.lm_head.weight, old.lm_head.weight)
+
+
+def test_vocab_mode_regenerate_keeps_rows_by_index(checkpoint_and_mapping):
+    target, tokens, ckpt, mpath, mapping = checkpoint_and_mapping
+    old = Eagle3Drafter.from_pretrained(ckpt)
+    new, note = _build(target, tokens, ckpt, mpath, "regenerate")
+    assert torch.equal(new.d2t, mapping.d2t)
+    assert torch.equal(new.lm_head.weight, old.lm_head.weight)  # row j now predicts another token
+    assert not torch.equal(new.draft_to_target(torch.arange(32)), old.draft_to_target(torch.arange(32)))
+
+
+def test_vocab_mode_remap_moves_rows_with_their_target_ids(checkpoint_and_mapping):
+    target, tokens, ckpt, mpath, mapping = checkpoint_and_mapping
+    old = Eagle3Drafter.from_pretrained(ckpt)
+    new, note = _build(target, tokens, ckpt, mpath, "remap")
+    thead = load_target(target).lm_head.weight.detach()
+    old_tids = old.draft_to_target(torch.arange(32)).tolist()
+    new_tids = new.draft_to_target(torch.arange(32)).tolist()
+    assert new_tids == (mapping.d2t + torch.arange(32)).tolist()
+    shared = fresh = 0
+    for j, tid in enumerate(new_tids):
+        if tid in old_tids:
+            assert torch.equal(new.lm_head.weight[j], old.lm_head.weight[old_tids.index(tid)])
+            shared += 1
+        else:
+            cos = torch.nn.functional.cosine_similarity(new.lm_head.weight[j], thead[tid], dim=0)
+            assert cos > 0.9999
+            fresh += 1
+    assert shared > 0 and fresh > 0
+    assert note["kept_rows"] == shared and note["new_rows"] == fresh
+
+
+def test_resume_after_a_stop_equals_an_uninterrupted_run(setup, tmp_path):
+    _, target, tokens = setup
+    common = dict(target=target, tokens=tokens, draft_vocab_size=64, ttt_length=2, max_steps=10, lr=3e-3,
+                  checkpoint_every=4, val_samples=2, progress=False)
+    full = train_drafter(out=tmp_path / "a", **common)
+    stopped = train_drafter(out=tmp_path / "b", stop_after=7, **common)
+    assert stopped["stopped_at"] == 7 and not (tmp_path / "b" / "drafter").exists()
+    assert len(_rows(tmp_path / "b" / "metrics.csv")) == 7
+    with pytest.raises(DraftlabError, match="--resume"):
+        train_drafter(out=tmp_path / "b", **common)
+    resumed = train_drafter(out=tmp_path / "b", resume=True, **common)
+    assert resumed["steps"] == full["steps"] == 10
+    a = load_file(str(tmp_path / "a" / "drafter" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "drafter" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    ra, rb = _rows(tmp_path / "a" / "metrics.csv"), _rows(tmp_path / "b" / "metrics.csv")
+    assert [r["step"] for r in rb] == [str(i) for i in range(1, 11)]
+    skip = {"tokens_per_s"}
+    assert [{k: v for k, v in r.items() if k not in skip} for r in ra] == \
+           [{k: v for k, v in r.items() if k not in skip} for r in rb]
+    assert json.loads((tmp_path / "a" / "validation.json").read_text()) == \
+           json.loads((tmp_path / "b" / "validation.json").read_text())
+
+
+def test_offline_hidden_states_match_online_and_train(setup, tmp_path):
+    _, target, tokens = setup
+    idx = dump_hidden_states(target, tokens, tmp_path / "hs", shard_samples=10, progress=False)
+    assert idx["aux_layer_ids"] == [1, 3, 4] and len(idx["shards"]) == 3
+    assert idx["bytes_estimate"] == idx["tokens"] * 4 * 32 * 2
+    shards = HiddenStateShards(tmp_path / "hs")
+    s0 = shards[0]
+    tmodel = load_target(target)
+    aux, logits = target_features(tmodel, s0["input_ids"][None], [1, 3, 4])
+    torch.testing.assert_close(s0["aux"].float(), aux[0], atol=0.05, rtol=0.02)
+    recomputed = s0["last"].float() @ tmodel.lm_head.weight.T
+    assert (recomputed.argmax(-1) == logits[0].argmax(-1)).float().mean() > 0.9
+    s = train_drafter(target=target, out=tmp_path / "run", hidden_states=tmp_path / "hs", draft_vocab_size=64,
+                      ttt_length=2, max_steps=4, val_samples=2, progress=False)
+    assert s["steps"] == 4 and (tmp_path / "run" / "drafter" / "model.safetensors").is_file()
+
+
+def test_dump_refuses_when_the_disk_is_too_small(tmp_path):
+    need = storage_estimate(10**9, 7168)  # a billion tokens at K2 width: ~57 TB
+    assert need == 10**9 * 4 * 7168 * 2
+    with pytest.raises(DraftlabError, match="free"):
+        check_disk(tmp_path / "hs", need)
+
+
+def test_cli_train_json_and_bad_checkpoint(setup, tmp_path, capsys):
+    _, target, tokens = setup
+    rc = main(["train", "--target", str(target), "--tokens", str(tokens), "--out", str(tmp_path / "r"),
+               "--draft-vocab-size", "64", "--ttt-length", "2", "--max-steps", "3", "--val-samples", "2", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["steps"] == 3 and len(out["validation"]["acc"]) == 2
+    rc = main(["train", "--target", str(target), "--tokens", str(tokens), "--out", str(tmp_path / "r2"),
+               "--init", "checkpoint", "--checkpoint", str(tmp_path / "nope")])
+    assert rc == 2
+    assert "config.json" in capsys.readouterr().err
