@@ -115,6 +115,8 @@ def main() -> None:
         print(f"heavy modules imported by the CLI: {', '.join(heavy) or 'none'}")
         ok = statistics.median(walls) < 0.3 and peak_mb < 150
         print("goal (< 0.3 s, < 150 MB):", "met" if ok else "NOT met")
+        if not ok:
+            sys.exit(1)
     finally:
         if args.keep is None:
             shutil.rmtree(folder.parent, ignore_errors=True)
