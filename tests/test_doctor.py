@@ -286,3 +286,31 @@ def test_cli_missing_drafter_exit_2(tmp_path, target, capsys):
     out = tmp_path / "doctor.json"
     rc = main(["doctor", "--drafter", str(tmp_path / "nope"), "--target", str(target), "--out", str(out)])
     assert rc == 2 and "nope" in capsys.readouterr().err and not out.exists()
+
+
+def test_cli_hf_sources_from_a_real_hf_cache_offline(tmp_path):
+    """Both sides as ``hf:`` sources, read by huggingface_hub itself from a pre-populated cache."""
+    import os
+    import subprocess
+    import sys
+
+    from draftlab.hf_cache import publish_to_cache
+
+    hf_home = tmp_path / "hf_home"
+    drafter = broken(tmp_path, edit=lambda t: t["norm.weight"].__setitem__(0, float("inf")))
+    publish_to_cache(drafter, "draftlab-demo/drafter-v1", hf_home / "hub")
+    wrapper = {"architectures": ["KimiK25ForConditionalGeneration"], "text_config": target_config(max_position_embeddings=4096)}
+    (tmp_path / "k25").mkdir()
+    (tmp_path / "k25" / "config.json").write_text(json.dumps(wrapper))
+    publish_to_cache(tmp_path / "k25", "draftlab-demo/target-v2", hf_home / "hub")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1")
+    out = subprocess.run(
+        [sys.executable, "-m", "draftlab.cli", "doctor", "--drafter", "hf:draftlab-demo/drafter-v1",
+         "--target", "hf:draftlab-demo/target-v2", "--json"],
+        capture_output=True, text=True, env=env,
+    )
+    assert out.returncode == 1, out.stderr
+    report = json.loads(out.stdout)
+    assert codes(report) == {"context-shorter-than-target": "error", "non-finite-weights": "error"}
+    assert report["target_text_config"] == "text_config" and report["skipped"] == []
