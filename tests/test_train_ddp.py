@@ -1,0 +1,43 @@
+"""DDP through torchrun on CPU (gloo, 2 processes): it trains and both ranks end with the same weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+from tiny_models import tiny_chat_data, tiny_target
+
+from draftlab.data import tokenize_file
+
+
+@pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not installed")
+def test_torchrun_two_gloo_ranks(tmp_path):
+    target = tiny_target(tmp_path / "target")
+    tokenize_file(target, tiny_chat_data(tmp_path / "d.jsonl", n=20), tmp_path / "tok.jsonl", max_length=40)
+    cmd = ["torchrun", "--standalone", "--nproc-per-node", "2", "-m", "draftlab.cli", "train",
+           "--target", str(target), "--tokens", str(tmp_path / "tok.jsonl"), "--out", str(tmp_path / "run"),
+           "--draft-vocab-size", "64", "--ttt-length", "2", "--epochs", "2", "--lr", "5e-3", "--val-samples", "2",
+           "--device", "cpu", "--json"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["world_size"] == 2
+    assert summary["steps"] == 18  # 18 training samples / (1 per rank x 2 ranks) x 2 epochs
+    assert len(summary["param_checksums"]) == 2 and summary["ranks_in_sync"] is True
+    rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
+    assert len(rows) == 1 + 18
+    losses = [float(r.split(",")[2]) for r in rows[1:]]
+    assert sum(losses[-4:]) / 4 < sum(losses[:4]) / 4
+    assert (tmp_path / "run" / "drafter" / "model.safetensors").is_file()
