@@ -250,6 +250,16 @@ def test_sglang_accept_length_and_cycle_from_raw_counts():
     assert [r["prompt_id"] for r in rows] == [p.id for p in PROMPTS] * 2
     assert res.server["speculative_algorithm"] == "EAGLE3"
     assert res.server["avg_spec_accept_length"] == 2.4
+    assert s["warnings"] == []
+
+
+def test_accept_length_near_one_is_flagged():
+    # speculation runs, but nothing is accepted: one token per verify cycle
+    with ScriptedServer(verify=lambda c: c) as srv:
+        res = run_benchmark(srv.url, PROMPTS, repeats=1, warmup=0, progress=False, measure_ttft=False,
+                            require_speculation=True)
+    assert res.summary["accept_length"] < 1.05
+    assert "--speculative-algorithm EAGLE" in res.summary["warnings"][0]
 
 
 @pytest.mark.parametrize("keys", ACCEPT_COUNT_KEYS)
@@ -499,3 +509,71 @@ def test_unreachable_and_failing_servers_are_user_errors():
     with ScriptedServer(api="vllm") as srv:  # wrong protocol for this server
         with pytest.raises(DraftlabError, match="/generate: HTTP 404"):
             run_benchmark(srv.url, PROMPTS, api="sglang", progress=False)
+
+
+# --- draftlab's builtin server: real transformers target, real EAGLE-3 drafter ------------------------
+
+
+@pytest.fixture(scope="module")
+def builtin_servers(tmp_path_factory):
+    """The builtin server twice on 127.0.0.1: target + drafter (K=3), and the target alone."""
+    server_mod = pytest.importorskip("draftlab.server", reason="builtin server not in this tree yet")
+    from factories import tiny_drafter_config, write_drafter
+    from tiny_models import tiny_target
+
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models on a shared 2-core machine: more threads only contend
+    root = tmp_path_factory.mktemp("builtin")
+    target = tiny_target(root / "target")
+    cfg = json.loads((target / "config.json").read_text())
+    drafter = write_drafter(root / "drafter", tiny_drafter_config(target=cfg))
+    servers = {}
+    for name, d in (("spec", drafter), ("plain", None)):
+        state = server_mod.load_state(target, d, num_steps=3)
+        httpd = server_mod.make_server(state, "127.0.0.1", 0)
+        threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        servers[name] = (f"http://127.0.0.1:{httpd.server_address[1]}", httpd)
+    yield {k: v[0] for k, v in servers.items()}
+    for _, httpd in servers.values():
+        httpd.shutdown()
+        httpd.server_close()
+    torch.set_num_threads(threads)
+
+
+def test_builtin_server_speculative_run(builtin_servers, tmp_path):
+    out = tmp_path / "spec.json"
+    code = main(["bench", "--url", builtin_servers["spec"], "--prompts", "default", "--limit", "3",
+                 "--repeats", "2", "--warmup", "1", "--max-new-tokens", "10", "--require-speculation",
+                 "--out", str(out), "--no-progress"])
+    assert code == 0
+    data = json.loads(out.read_text())
+    rows = [r for r in data["rows"] if r["phase"] == "measure"]
+    s = data["summary"]
+    assert all(r["verify_ct"] >= 1 and 1 <= r["completion_tokens"] <= 10 for r in rows)
+    assert s["accept_length"] == pytest.approx(
+        sum(r["completion_tokens"] for r in rows) / sum(r["verify_ct"] for r in rows)
+    )
+    assert 1.0 <= s["accept_length"] <= 4.0  # K = 3: at most 3 drafts + the bonus token per cycle
+    assert s["cycle_time_source"] == "draft_time+verify_time"
+    assert s["cycle_ms"] == pytest.approx(
+        1000 * sum(r["decode_time_s"] for r in rows) / sum(r["verify_ct"] for r in rows)
+    )
+    assert len(s["accepted_per_position_rate"]) == 3
+    assert data["server"]["speculative_algorithm"] == "EAGLE3"
+    assert data["server"]["speculative_num_steps"] == 3
+    assert s["ttft_s_median"] is None  # the builtin server does not stream: no invented TTFT
+
+
+def test_builtin_server_without_drafter_trips_the_guard(builtin_servers, tmp_path, capsys):
+    out = tmp_path / "plain.json"
+    args = ["bench", "--url", builtin_servers["plain"], "--prompts", "default", "--limit", "3",
+            "--repeats", "1", "--warmup", "0", "--max-new-tokens", "8", "--no-ttft", "--out", str(out),
+            "--no-progress"]
+    assert main(args + ["--require-speculation"]) == 2
+    assert "speculation is not active" in capsys.readouterr().err
+    assert not out.exists()
+    assert main(args) == 0  # the same run is a valid baseline without the guard
+    s = json.loads(out.read_text())["summary"]
+    assert s["accept_length"] is None and s["output_tps_median"] > 0 and s["ms_per_output_token"] > 0

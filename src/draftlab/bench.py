@@ -747,7 +747,26 @@ def run_benchmark(
         "limit": limit,
     }
     server = _server_info(url, min(request_timeout_s, 30.0)) if api == "sglang" else {}
+    summary["warnings"] = _warnings(summary, server)
     return BenchResult(summary=summary, rows=rows, config=config, prompt_set=prompt_set, server=server)
+
+
+NEAR_ONE_ACCEPT_LENGTH = 1.05
+
+
+def _warnings(summary: dict[str, Any], server: dict[str, Any]) -> list[str]:
+    """Signs of a silently broken drafter that the guard cannot see (speculation runs, but uselessly)."""
+    out = []
+    length = summary.get("accept_length")
+    if length is not None and length < NEAR_ONE_ACCEPT_LENGTH:
+        out.append(
+            f"accept length {length:.3f}: almost every draft token is rejected — an EAGLE-3 drafter served "
+            f"with --speculative-algorithm EAGLE, a missing/wrong d2t, or aux layer ids off by one?"
+        )
+    algo = server.get("speculative_algorithm")
+    if algo is not None and str(algo).upper() == "EAGLE":
+        out.append("the server runs --speculative-algorithm EAGLE; an EAGLE-3 drafter needs EAGLE3")
+    return out
 
 
 def human_summary(result: BenchResult) -> str:
@@ -766,4 +785,5 @@ def human_summary(result: BenchResult) -> str:
         f"TTFT median: {f(s['ttft_s_median'], '{:.3f}')} s",
         f"speculation active: {s['speculation_active']}",
     ]
+    lines += [f"warning: {w}" for w in s.get("warnings", [])]
     return "\n".join(lines)
