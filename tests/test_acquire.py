@@ -205,3 +205,174 @@ def test_cli_never_writes_the_token(tmp_path, repo_folder):
     ]
     assert leaks == []
     assert "already present, skipped" in (tmp_path / "again.md").read_text()
+
+
+# ------------------------------------------------------------------------------ online path, real HTTP
+
+
+class _FakeHub:
+    """The slice of the Hub HTTP API huggingface_hub uses here, served from local folders on 127.0.0.1.
+
+    Endpoints: repo info (``/api/models/R/revision/REV``), tree listing, and ``/R/resolve/REV/FILE``
+    (HEAD + GET with Range, the headers hf_hub_download reads). Every request is logged with its
+    Authorization header and Range so tests can see what was fetched and that the token was sent.
+    """
+
+    def __init__(self, repos: dict[str, Path]):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from draftlab.hf_cache import git_blob_sha1
+
+        self.log: list[dict] = []
+        self.files: dict[str, dict[str, dict]] = {}
+        self.commits: dict[str, str] = {}
+        for repo, folder in repos.items():
+            entries = {}
+            for p in sorted(folder.iterdir()):
+                data = p.read_bytes()
+                lfs = p.suffix in (".safetensors", ".bin", ".pt")
+                entries[p.name] = {"data": data, "oid": git_blob_sha1(data),
+                                   "sha256": hashlib.sha256(data).hexdigest() if lfs else None}
+            self.files[repo] = entries
+            self.commits[repo] = hashlib.sha1(repo.encode() + b"".join(e["oid"].encode() for e in entries.values())).hexdigest()
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep pytest output clean
+                pass
+
+            def do_HEAD(self):
+                self._serve(body=False)
+
+            def do_GET(self):
+                self._serve(body=True)
+
+            def _send(self, status, headers, payload=b"", body=True):
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                if body:
+                    self.wfile.write(payload)
+
+            def _error(self, code, body):
+                self._send(404, {"X-Error-Code": code, "Content-Type": "application/json"}, b'{"error": "%s"}' % code.encode(), body)
+
+            def _serve(self, body):
+                from urllib.parse import unquote, urlparse
+
+                path = unquote(urlparse(self.path).path)
+                hub.log.append({"method": self.command, "path": path, "auth": self.headers.get("Authorization"),
+                                "range": self.headers.get("Range")})
+                parts = path.strip("/").split("/")
+                if parts[:2] == ["api", "models"]:
+                    repo, kind, rev = "/".join(parts[2:4]), parts[4], parts[5]
+                    if repo not in hub.files:
+                        return self._error("RepoNotFound", body)
+                    if rev not in ("main", hub.commits[repo]):
+                        return self._error("RevisionNotFound", body)
+                    commit = hub.commits[repo]
+                    if kind == "revision":
+                        doc = {"id": repo, "sha": commit, "siblings": [{"rfilename": f} for f in hub.files[repo]]}
+                    else:
+                        doc = [
+                            {"type": "file", "path": f, "size": len(e["data"]), "oid": e["oid"],
+                             **({"lfs": {"oid": e["sha256"], "size": len(e["data"]), "pointerSize": 130}} if e["sha256"] else {})}
+                            for f, e in hub.files[repo].items()
+                        ]
+                    return self._send(200, {"Content-Type": "application/json"}, json.dumps(doc).encode(), body)
+                repo, rev, name = "/".join(parts[:2]), parts[3], "/".join(parts[4:])
+                if repo not in hub.files:
+                    return self._error("RepoNotFound", body)
+                if rev not in ("main", hub.commits[repo]):
+                    return self._error("RevisionNotFound", body)
+                entry = hub.files[repo].get(name)
+                if entry is None:
+                    return self._error("EntryNotFound", body)
+                data, status, extra = entry["data"], 200, {}
+                rng = self.headers.get("Range")
+                if rng and body:
+                    start, _, end = rng.split("=")[1].partition("-")
+                    end_i = min(int(end) if end else len(data) - 1, len(data) - 1)
+                    extra["Content-Range"] = f"bytes {start}-{end_i}/{len(data)}"
+                    data, status = data[int(start): end_i + 1], 206
+                headers = {"X-Repo-Commit": hub.commits[repo], "ETag": f'"{entry["oid"]}"', "Accept-Ranges": "bytes", **extra}
+                if entry["sha256"]:
+                    headers["X-Linked-Etag"] = f'"{entry["sha256"]}"'
+                    headers["X-Linked-Size"] = str(len(entry["data"]))
+                if not body:  # HEAD: announce the full size without sending it
+                    self.send_response(200)
+                    for k, v in headers.items():
+                        self.send_header(k, v)
+                    self.send_header("Content-Length", str(len(entry["data"])))
+                    self.end_headers()
+                    return
+                self._send(status, headers, data, body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def weight_bytes_sent(self, repo: str) -> list:
+        return [r for r in self.log if r["path"].endswith(".safetensors") and r["method"] == "GET" and r["path"].startswith(f"/{repo}/")]
+
+
+@pytest.fixture
+def fake_hub(repo_folder):
+    hub = _FakeHub({REPO: repo_folder})
+    yield hub
+    hub.close()
+
+
+def _online_env(tmp_path, hub) -> dict:
+    env = {k: v for k, v in os.environ.items() if "PROXY" not in k.upper() and k not in ("HF_HUB_OFFLINE", "HF_HUB_CACHE")}
+    return {**env, "HF_ENDPOINT": hub.url, "HF_HOME": str(tmp_path / "hf_home"), "HF_TOKEN": CANARY,
+            "NO_PROXY": "127.0.0.1,localhost", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_ETAG_TIMEOUT": "5"}
+
+
+def _run(args, env):
+    return subprocess.run([sys.executable, "-m", "draftlab.cli", *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_online_inspect_reads_headers_without_downloading_weights(tmp_path, fake_hub, repo_folder):
+    env = _online_env(tmp_path, fake_hub)
+    proc = _run(["inspect", f"hf:{REPO}", "--json"], env)
+    assert proc.returncode == 0, proc.stderr
+    from draftlab.checkpoint import inspect_checkpoint
+
+    assert json.loads(proc.stdout) == inspect_checkpoint(repo_folder)
+    weight_gets = fake_hub.weight_bytes_sent(REPO)
+    assert weight_gets and all(r["range"] and r["range"].startswith("bytes=") for r in weight_gets)
+    assert not list((tmp_path / "hf_home").rglob("*.safetensors"))  # nothing but config.json was cached
+    assert all(r["auth"] == f"Bearer {CANARY}" for r in fake_hub.log)  # the token is used...
+    assert CANARY not in proc.stdout + proc.stderr  # ...and never shown
+
+
+def test_online_acquire_downloads_only_config_and_safetensors(tmp_path, fake_hub, repo_folder):
+    env = _online_env(tmp_path, fake_hub)
+    out = tmp_path / "acquired"
+    proc = _run(["acquire", f"hf:{REPO}@main", "--out", str(out), "--json", "--summary", str(tmp_path / "a.md")], env)
+    assert proc.returncode == 0, proc.stderr
+    record = json.loads((out / "acquire.json").read_text())
+    assert record["resolved_commit"] == fake_hub.commits[REPO] and record["requested_revision"] == "main"
+    assert sorted(p.name for p in out.iterdir()) == ["acquire.json", "config.json", "model.safetensors"]
+    fetched = {r["path"].rsplit("/", 1)[-1] for r in fake_hub.log if "/resolve/" in r["path"]}
+    assert fetched == {"config.json", "model.safetensors"}  # README, .bin, .pt never requested
+    assert {f["name"]: f.get("sha256") for f in record["files"]}["model.safetensors"] == _sha256(repo_folder / "model.safetensors")
+    # the second run finds everything present: no file is downloaded again
+    n = len(fake_hub.log)
+    proc = _run(["acquire", f"hf:{REPO}@main", "--out", str(out), "--json"], env)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["skipped"] is True
+    assert not [r for r in fake_hub.log[n:] if r["method"] == "GET" and "/resolve/" in r["path"]]
+    proc = _run(["acquire", "hf:draftlab-demo/nope", "--out", str(tmp_path / "nope")], env)
+    assert proc.returncode == 2 and "repository 'draftlab-demo/nope' not found" in proc.stderr
+    assert not (tmp_path / "nope").exists()
+    leaks = [str(p) for p in tmp_path.rglob("*") if p.is_file() and CANARY.encode() in p.read_bytes()]
+    assert leaks == [] and CANARY not in proc.stdout + proc.stderr
