@@ -1,0 +1,172 @@
+"""The builtin server over real HTTP on 127.0.0.1 (port 0), SGLang-shaped answers and clear 400s."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+import torch
+
+from draftlab.server import load_state, make_server
+from draftlab.target import read_config
+from factories import tiny_drafter_config, write_drafter
+from tiny_models import tiny_target
+
+
+def call(url: str, payload=None, raw: bytes | None = None):
+    """(status, parsed JSON or text) of one real HTTP request."""
+    data = raw if raw is not None else (None if payload is None else json.dumps(payload).encode())
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            status, body = resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        status, body = err.code, err.read()
+    try:
+        return status, json.loads(body)
+    except json.JSONDecodeError:
+        return status, body.decode()
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("serve")
+    target = tiny_target(root / "target", seed=0)
+    drafter = write_drafter(root / "drafter", tiny_drafter_config(read_config(target)), seed=1)
+    return target, drafter
+
+
+def _start(state):
+    httpd = make_server(state, "127.0.0.1", 0)
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
+
+
+@pytest.fixture(scope="module")
+def servers(folders):
+    target, drafter = folders
+    plain = _start(load_state(target, None))
+    spec = _start(load_state(target, drafter, num_steps=3))
+    yield {"plain": plain[1], "spec": spec[1]}
+    for httpd, _ in (plain, spec):
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_health_and_models(servers):
+    for url in servers.values():
+        assert call(url + "/health")[0] == 200
+        assert call(url + "/health_generate")[0] == 200
+        status, models = call(url + "/v1/models")
+        assert status == 200 and models["object"] == "list" and models["data"][0]["id"]
+
+
+def test_plain_and_speculative_agree_and_report_counters(servers):
+    info_before = call(servers["spec"] + "/get_server_info")[1]
+    assert "avg_spec_accept_length" not in info_before["internal_states"][0]  # only once speculation ran
+    req = {"text": "def add(a, b):", "sampling_params": {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}}
+    s_plain, plain = call(servers["plain"] + "/generate", req)
+    s_spec, spec = call(servers["spec"] + "/generate", req)
+    assert s_plain == s_spec == 200
+    assert spec["output_ids"] == plain["output_ids"] and len(plain["output_ids"]) == 12
+    assert spec["text"] == plain["text"]
+    pm, sm = plain["meta_info"], spec["meta_info"]
+    assert pm["completion_tokens"] == sm["completion_tokens"] == 12
+    assert pm["prompt_tokens"] == sm["prompt_tokens"] > 0
+    assert "spec_verify_ct" not in pm and "spec_accept_length" not in pm  # as SGLang without a drafter
+    assert 1 <= sm["spec_verify_ct"] <= 11
+    assert sm["spec_accept_length"] == pytest.approx(12 / sm["spec_verify_ct"])
+    assert sum(sm["spec_accept_histogram"]) == sm["spec_verify_ct"]
+    assert sm["draft_time"] > 0 and sm["verify_time"] > 0 and sm["e2e_latency"] >= sm["verify_time"]
+    for path in ("/get_server_info", "/server_info"):
+        info = call(servers["spec"] + path)[1]
+        state = info["internal_states"][0]
+        assert info["speculative_algorithm"] == "EAGLE3" and info["speculative_num_draft_tokens"] == 4
+        assert state["avg_spec_accept_length"] >= 1.0
+    plain_info = call(servers["plain"] + "/get_server_info")[1]
+    assert plain_info["speculative_algorithm"] is None
+    assert "avg_spec_accept_length" not in plain_info["internal_states"][0]
+
+
+def test_input_ids_batch_and_stop_token(servers):
+    url = servers["spec"] + "/generate"
+    one = call(url, {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}})[1]
+    ids = one["output_ids"]
+    status, batch = call(url, {"input_ids": [[5, 6, 7], [9, 10]],
+                               "sampling_params": {"max_new_tokens": 8, "ignore_eos": True}})
+    assert status == 200 and isinstance(batch, list) and batch[0]["output_ids"] == ids
+    stop = ids[3]
+    stopped = call(url, {"input_ids": [5, 6, 7],
+                         "sampling_params": {"max_new_tokens": 8, "ignore_eos": True, "stop_token_ids": [stop]}})[1]
+    assert stopped["output_ids"] == ids[: ids.index(stop) + 1]
+    assert stopped["meta_info"]["finish_reason"]["type"] == "stop"
+
+
+def test_openai_completions_with_usage(servers):
+    status, out = call(servers["spec"] + "/v1/completions",
+                       {"model": "x", "prompt": "The quick brown", "max_tokens": 6, "temperature": 0, "ignore_eos": True})
+    assert status == 200 and out["object"] == "text_completion"
+    assert out["usage"]["completion_tokens"] == 6
+    assert out["usage"]["total_tokens"] == out["usage"]["prompt_tokens"] + 6
+    gen = call(servers["plain"] + "/generate", {"text": "The quick brown",
+                                                "sampling_params": {"max_new_tokens": 6, "ignore_eos": True}})[1]
+    assert out["choices"][0]["text"] == gen["text"]
+
+
+@pytest.mark.parametrize("payload, raw, needle", [
+    ({"text": "hi", "sampling_params": {"temperature": 0.7}}, None, "temperature"),
+    ({"text": "hi", "input_ids": [1]}, None, "exactly one"),
+    ({"sampling_params": {}}, None, "exactly one"),
+    ({"input_ids": [1, 10**6]}, None, "outside the target vocabulary"),
+    ({"text": "hi", "sampling_params": {"max_new_tokens": 0}}, None, "max_new_tokens"),
+    ({"text": "hi", "sampling_params": {"stop": ["\n"]}}, None, "stop strings"),
+    (None, b"{not json", "not valid JSON"),
+])
+def test_bad_generate_request_is_400_with_message(servers, payload, raw, needle):
+    status, body = call(servers["spec"] + "/generate", payload, raw=raw)
+    assert status == 400
+    assert needle in body["error"]["message"]
+
+
+def test_bad_completions_and_unknown_paths(servers):
+    status, body = call(servers["plain"] + "/v1/completions", {"prompt": "x", "temperature": 1.0})
+    assert status == 400 and "greedily" in body["error"]["message"]
+    assert call(servers["plain"] + "/nope")[0] == 404
+    assert call(servers["plain"] + "/generate")[0] == 405  # GET
+
+
+def test_cli_serve_prints_port_and_stops_on_sigterm(folders):
+    target, drafter = folders
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "draftlab.cli", "serve", "--target", str(target), "--drafter", str(drafter),
+         "--num-steps", "2", "--port", "0", "--threads", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("draftlab-serve listening on http://127.0.0.1:"), line
+        url = line.split(" on ", 1)[1].strip()
+        status, out = call(url + "/generate", {"input_ids": [3, 4], "sampling_params": {"max_new_tokens": 3}})
+        assert status == 200 and out["meta_info"]["completion_tokens"] >= 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        assert "shutting down" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_cli_reports_a_missing_target_as_user_error(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "draftlab.cli", "serve", "--target", str(tmp_path / "nope")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "config.json" in out.stderr
