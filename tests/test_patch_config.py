@@ -84,6 +84,15 @@ def test_idempotent_and_leaves_an_up_to_date_folder_alone(tmp_path, k2_drafter, 
     assert json.loads((tmp_path / "again" / "config.json").read_text()) == json.loads((out / "config.json").read_text())
 
 
+def test_acquired_drafter_metadata_is_not_carried_over(tmp_path, k2_drafter, k25_target):
+    from draftlab.acquire import acquire
+
+    acquire(str(k2_drafter), tmp_path / "acquired")
+    record = patch_config(tmp_path / "acquired", k25_target, tmp_path / "out")
+    assert record["linked"] == ["model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors", "patch.json"]
+
+
 def test_longer_drafter_context_is_left_alone(tmp_path, k25_target):
     drafter = write_drafter(tmp_path / "long", cfg=tiny_drafter_config(max_position_embeddings=524288))
     record = patch_config(drafter, k25_target / "config.json", tmp_path / "out")

@@ -19,6 +19,8 @@ from draftlab.fsutil import atomic_dir, to_json
 from draftlab.target_config import load_json_config, nested_text_key, read_config, resolve_config_path, text_config
 
 CONTEXT_KEY = "max_position_embeddings"
+# Written fresh (config.json, patch.json) or describing another folder (acquire.json): never linked.
+NOT_LINKED = ("config.json", "patch.json", "acquire.json")
 
 # Fields compared with the target but never changed, and why (changing them would change what the
 # weights compute, or they describe the drafter's own shapes).
@@ -120,7 +122,9 @@ def patch_config(
     target_path = resolve_config_path(target, cache_dir)
     target_cfg = read_config(target_path)
     patched, changed, left = plan_patch(drafter_cfg, target_cfg, str(target_path))
-    files = sorted(p for p in drafter.iterdir() if p.name not in ("config.json", "patch.json") and p.is_file())
+    files = sorted(
+        p for p in drafter.iterdir() if p.name not in NOT_LINKED and not p.name.startswith(".") and p.is_file()
+    )
     if not any(p.suffix == ".safetensors" for p in files):
         raise DraftlabError(f"{drafter}: no .safetensors weights to link")
     record = {
