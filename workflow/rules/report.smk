@@ -1,0 +1,31 @@
+# Report: a Markdown summary and plots per experiment (also in `snakemake --report report.html`).
+
+
+rule report:
+    input:
+        records=f"{R}/records/records.csv",
+        gate=GATE,
+        doctor=[f"{R}/static/doctor-{v}.json" for v in DRAFTED],
+        d2t=f"{R}/static/d2t-diff.json",
+        coverage=f"{R}/static/d2t-coverage.json",
+        patch=f"{PATCHED}/patch.json",
+        compare=[f"{R}/static/compare-drafter-vs-patched.json"]
+        + ([f"{R}/static/compare-patched-vs-reference.json"] if HAS_REFERENCE else []),
+        inspect=[f"{R}/static/inspect-{w}.json" for w in ["target", "drafter"]],
+        train=[f"{R}/train/{arm}" for arm in ARMS],
+    output:
+        summary=report(f"{R}/report/summary.md", category="Summary"),
+        accept=report(f"{R}/report/accept_length.png", category="Plots"),
+        tps=report(f"{R}/report/throughput.png", category="Plots"),
+        ttt=report(f"{R}/report/ttt_accuracy.png", category="Plots"),
+    params:
+        exp_dir=R,
+        out_dir=f"{R}/report",
+        target_tps=" ".join(str(t) for t in config["breakeven"]["target_tps"]),
+    log:
+        f"{LOGS}/report.log",
+    conda:
+        "../../envs/analysis.yaml"
+    shell:
+        "draftlab report --exp-dir {params.exp_dir} --out-dir {params.out_dir} --records {input.records}"
+        " --target-tps {params.target_tps} > {log} 2>&1"
