@@ -53,6 +53,7 @@ def test_loss_decreases_and_outputs(setup, tmp_path):
     assert drafter.config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]
     assert drafter.config["max_position_embeddings"] == read_config(target)["max_position_embeddings"]
     assert "embed_tokens.weight" not in load_file(str(tmp_path / "run" / "drafter" / "model.safetensors"))
+    assert main(["doctor", "--drafter", str(tmp_path / "run" / "drafter"), "--target", str(target)]) == 0
 
 
 def test_ttt_steps_equal_inference_with_a_kv_cache(setup):
