@@ -8,7 +8,9 @@ configfile: "config/config.yaml"
 
 # Validate against workflow/schemas/config.schema.yaml and fill defaults; a bad key stops here
 # with the key, the value and what is allowed.
-config.update(load_config(config, source="config (config/config.yaml + --configfile/--config)"))
+config.update(
+    load_config(config, source="config (config/config.yaml + --configfile/--config)")
+)
 
 
 include: "workflow/rules/common.smk"
@@ -22,6 +24,6 @@ include: "workflow/rules/report.smk"
 
 
 rule all:
+    default_target: True
     input:
         get_final_outputs(),
-    default_target: True

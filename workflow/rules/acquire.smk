@@ -6,14 +6,16 @@ if DEMO:
     rule demo_models:
         output:
             demo=f"{DEMO_DIR}/demo.json",
-        params:
-            out=DEMO_DIR,
-            size=config["size"],
-        threads: 2
         log:
             f"{LOGS}/demo_models.log",
         benchmark:
             f"{BENCHMARKS}/demo_models.tsv"
+        conda:
+            "../../envs/training.yaml"
+        threads: 2
+        params:
+            out=lambda wildcards, output: os.path.dirname(output.demo),
+            size=config["size"],
         shell:
             "draftlab demo-models --out {params.out} --size {params.size} --threads {threads} --json"
             " > {output.demo}.tmp 2> {log} && mv {output.demo}.tmp {output.demo}"
@@ -24,13 +26,15 @@ rule resolve_target:
         get_demo(),
     output:
         model=f"{R}/models/target/model.json",
-    params:
-        source=get_target_source(),
-        link=TARGET_MODEL,
     log:
         f"{LOGS}/resolve_target.log",
     benchmark:
         f"{BENCHMARKS}/resolve_target.tsv"
+    conda:
+        "../../envs/analysis.yaml"
+    params:
+        source=get_target_source(),
+        link=lambda wildcards, output: model_dir(output.model),
     shell:
         "draftlab resolve-model {params.source} --link {params.link} --out {output.model} > {log} 2>&1"
 
@@ -41,12 +45,14 @@ rule acquire:
     output:
         acquire=f"{R}/models/{{role}}/acquire.json",
         summary=f"{R}/static/acquire-{{role}}.md",
-    params:
-        source=lambda wc: get_source_args(wc.role),
-        out=lambda wc: f"{R}/models/{wc.role}",
     log:
         f"{LOGS}/acquire-{{role}}.log",
     benchmark:
         f"{BENCHMARKS}/acquire-{{role}}.tsv"
+    conda:
+        "../../envs/analysis.yaml"
+    params:
+        source=lambda wc: get_source_args(wc.role),
+        out=lambda wildcards, output: os.path.dirname(output.acquire),
     shell:
         "draftlab acquire {params.source} --out {params.out} --summary {output.summary} > {log} 2>&1"

@@ -11,12 +11,18 @@ rule inspect:
     output:
         json=f"{R}/static/inspect-{{what}}.json",
         md=report(f"{R}/static/inspect-{{what}}.md", category="Static analysis"),
-    params:
-        path=lambda wc: TARGET_MODEL if wc.what == "target" else f"{R}/models/{wc.what}",
-    wildcard_constraints:
-        what="target|drafter|reference",
     log:
         f"{LOGS}/inspect-{{what}}.log",
+    wildcard_constraints:
+        what="target|drafter|reference",
+    conda:
+        "../../envs/analysis.yaml"
+    params:
+        path=lambda wildcards, input: (
+            model_dir(input.model)
+            if wildcards.what == "target"
+            else os.path.dirname(input.model)
+        ),
     shell:
         "draftlab inspect {params.path} --out {output.json} --summary {output.md} > {log} 2>&1"
 
@@ -28,12 +34,14 @@ rule patch_config:
     output:
         patch=f"{PATCHED}/patch.json",
         md=report(f"{R}/static/patch-config.md", category="Static analysis"),
-    params:
-        drafter=f"{R}/models/drafter",
-        target=TARGET_MODEL,
-        out=PATCHED,
     log:
         f"{LOGS}/patch_config.log",
+    conda:
+        "../../envs/analysis.yaml"
+    params:
+        drafter=lambda wildcards, input: os.path.dirname(input.drafter),
+        target=lambda wildcards, input: model_dir(input.target),
+        out=lambda wildcards, output: os.path.dirname(output.patch),
     shell:
         "draftlab patch-config --drafter {params.drafter} --target {params.target} --out {params.out}"
         " --summary {output.md} > {log} 2>&1"
@@ -41,23 +49,29 @@ rule patch_config:
 
 rule compare:
     input:
-        a=lambda wc: get_drafter_marker("probe")
-        if wc.a == "patched"
-        else f"{R}/models/{wc.a}/acquire.json",
-        b=lambda wc: get_drafter_marker("probe")
-        if wc.b == "patched"
-        else f"{R}/models/{wc.b}/acquire.json",
+        a=lambda wc: (
+            get_drafter_marker("probe")
+            if wc.a == "patched"
+            else f"{R}/models/{wc.a}/acquire.json"
+        ),
+        b=lambda wc: (
+            get_drafter_marker("probe")
+            if wc.b == "patched"
+            else f"{R}/models/{wc.b}/acquire.json"
+        ),
     output:
         json=f"{R}/static/compare-{{a}}-vs-{{b}}.json",
         md=report(f"{R}/static/compare-{{a}}-vs-{{b}}.md", category="Static analysis"),
-    params:
-        a=lambda wc: PATCHED if wc.a == "patched" else f"{R}/models/{wc.a}",
-        b=lambda wc: PATCHED if wc.b == "patched" else f"{R}/models/{wc.b}",
+    log:
+        f"{LOGS}/compare-{{a}}-vs-{{b}}.log",
     wildcard_constraints:
         a="drafter|patched",
         b="patched|reference",
-    log:
-        f"{LOGS}/compare-{{a}}-vs-{{b}}.log",
+    conda:
+        "../../envs/analysis.yaml"
+    params:
+        a=lambda wildcards, input: os.path.dirname(input.a),
+        b=lambda wildcards, input: os.path.dirname(input.b),
     shell:
         "draftlab compare {params.a} {params.b} --out {output.json} --summary {output.md} > {log} 2>&1"
 
@@ -71,9 +85,13 @@ rule doctor:
     output:
         json=f"{R}/static/doctor-{{variant}}.json",
         md=report(f"{R}/static/doctor-{{variant}}.md", category="Doctor"),
+    log:
+        f"{LOGS}/doctor-{{variant}}.log",
+    conda:
+        "../../envs/analysis.yaml"
     params:
-        drafter=lambda wc: get_drafter_dir(wc.variant),
-        target=TARGET_MODEL,
+        drafter=get_drafter_dir_from,
+        target=lambda wildcards, input: model_dir(input.target),
         algorithm=config["doctor"]["algorithm"],
         gated=lambda wc: (
             f"draftlab gated --unless-skipped {R}/train/{wc.variant}"
@@ -82,8 +100,6 @@ rule doctor:
             if wc.variant in ARMS
             else ""
         ),
-    log:
-        f"{LOGS}/doctor-{{variant}}.log",
     shell:
         "{params.gated}draftlab doctor --drafter {params.drafter} --target {params.target}"
         " --algorithm {params.algorithm} --out {output.json} --summary {output.md} > {log} 2>&1"
@@ -97,10 +113,12 @@ rule d2t_diff:
     output:
         json=f"{R}/static/d2t-diff.json",
         md=report(f"{R}/static/d2t-diff.md", category="Static analysis"),
-    params:
-        drafter=PATCHED,
     log:
         f"{LOGS}/d2t_diff.log",
+    conda:
+        "../../envs/analysis.yaml"
+    params:
+        drafter=lambda wildcards, input: os.path.dirname(input.drafter),
     shell:
         "draftlab d2t diff {params.drafter} {input.mapping} --out {output.json} --summary {output.md} > {log} 2>&1"
 
@@ -113,10 +131,12 @@ rule d2t_coverage:
     output:
         json=f"{R}/static/d2t-coverage.json",
         md=report(f"{R}/static/d2t-coverage.md", category="Static analysis"),
-    params:
-        drafter=PATCHED,
     log:
         f"{LOGS}/d2t_coverage.log",
+    conda:
+        "../../envs/analysis.yaml"
+    params:
+        drafter=lambda wildcards, input: os.path.dirname(input.drafter),
     shell:
         "draftlab d2t coverage --drafter {params.drafter} --tokens {input.tokens} --out {output.json}"
         " --summary {output.md} > {log} 2>&1"

@@ -5,7 +5,6 @@ import shlex
 from draftlab import config as dlcfg
 from draftlab import evaluate
 
-
 EXP = config["experiment"]
 R = f"results/{EXP}"
 LOGS = f"{R}/logs"
@@ -17,18 +16,23 @@ DRAFTED = dlcfg.drafter_variants(config)
 HAS_REFERENCE = bool(config["reference"]["source"])
 DEMO = config["demo"]["enabled"]
 DEMO_DIR = f"{config['demo']['out']}/{config['size']}"
-TARGET_MODEL = f"{R}/models/target/model"  # a link to the folder servers and data stages load
+TARGET_MODEL = (
+    f"{R}/models/target/model"  # a link to the folder servers and data stages load
+)
 PATCHED = f"{R}/drafter/patched"
 GATE = f"{R}/gate/gate.json"
 SERVER_GPUS = dlcfg.server_gpus(config)
 TRAIN_GPUS = dlcfg.train_gpus(config)
 
-# Every job sees the same Hugging Face cache and offline switch (the demo pair lives in its own cache).
+# Every shell job sees the same Hugging Face cache and offline switch (the demo pair has its own cache).
 _hub_cache = config["hub"]["cache_dir"] or (f"{DEMO_DIR}/hf_cache" if DEMO else None)
-if _hub_cache:
-    os.environ["HF_HUB_CACHE"] = os.path.abspath(_hub_cache)
-if config["hub"]["offline"]:
-    os.environ["HF_HUB_OFFLINE"] = "1"
+_cache_env = (
+    f"export HF_HUB_CACHE={shlex.quote(os.path.abspath(_hub_cache))}; "
+    if _hub_cache
+    else ""
+)
+_offline_env = "export HF_HUB_OFFLINE=1; " if config["hub"]["offline"] else ""
+shell.prefix(f"set -euo pipefail; {_cache_env}{_offline_env}")
 
 
 wildcard_constraints:
@@ -48,7 +52,7 @@ def get_source_args(section):
     """`SOURCE [--revision REV]` for an acquire-like command."""
     s = config[section]
     rev = f" --revision {shlex.quote(s['revision'])}" if s.get("revision") else ""
-    return shlex.quote(s["source"]) + rev
+    return f"{shlex.quote(s['source'])}{rev}"
 
 
 def get_target_source():
@@ -65,6 +69,18 @@ def get_drafter_dir(variant):
     if variant == "reference":
         return f"{R}/models/reference"
     return f"{R}/train/{variant}/drafter"
+
+
+def model_dir(input_file):
+    """The model folder next to a resolve-model record (`.../models/target/model.json` -> `.../model`)."""
+    return os.path.join(os.path.dirname(input_file), "model")
+
+
+def get_drafter_dir_from(wildcards, input):
+    """The drafter folder of `wildcards.variant`, derived from its input marker."""
+    if wildcards.variant in ARMS:
+        return os.path.join(input.drafter, "drafter")
+    return os.path.dirname(input.drafter)
 
 
 def get_drafter_marker(variant):
@@ -141,10 +157,13 @@ def get_train_data():
 
 def get_train_data_input():
     """The fine-tune data as a tracked input; a user file not here yet (e.g. a dry run on a laptop)
-    is left out of the DAG with a warning, and tokenize fails with a clear error if it is still missing."""
+    is left out of the DAG with a warning, and tokenize fails with a clear error if it is still missing.
+    """
     path = get_train_data()
     if config["data"]["path"] and not os.path.exists(path):
-        logger.warning(f"data.path {path} does not exist here; tokenize will fail until it does")
+        logger.warning(
+            f"data.path {path} does not exist here; tokenize will fail until it does"
+        )
         return []
     return [path]
 
@@ -166,11 +185,18 @@ def get_train_command(arm):
     mapping = f"{R}/data/vocab.safetensors"
     if t["backend"] == "specforge":
         given = list(workflow.overwrite_configfiles or [])
-        cfg_file = str(given[-1]) if given else "config/config.yaml"
+        cfg_file = os.path.relpath(given[-1]) if given else "config/config.yaml"
         return evaluate.specforge_commands(
             config, arm, TARGET_MODEL, PATCHED, get_train_data(), mapping, run, cfg_file
         )
-    cmd = ["draftlab", "train", "--target", TARGET_MODEL, "--tokens", f"{R}/data/tokens.jsonl"]
+    cmd = [
+        "draftlab",
+        "train",
+        "--target",
+        TARGET_MODEL,
+        "--tokens",
+        f"{R}/data/tokens.jsonl",
+    ]
     if arm == "scratch":
         cmd += ["--init", "scratch", "--vocab-mapping", mapping]
     else:
@@ -178,14 +204,28 @@ def get_train_command(arm):
         cmd += ["--init", "checkpoint", "--checkpoint", PATCHED, "--vocab-mode", mode]
         if mode != "keep":
             cmd += ["--vocab-mapping", mapping]
-    cmd += ["--out", run, "--max-steps", str(t["steps"]), "--batch-size", str(t["batch_size"])]
+    cmd += [
+        "--out",
+        run,
+        "--max-steps",
+        str(t["steps"]),
+        "--batch-size",
+        str(t["batch_size"]),
+    ]
     cmd += ["--lr", repr(float(t["lr"])), "--ttt-length", str(t["ttt_length"])]
     cmd += ["--max-length", str(t["max_length"]), "--seed", str(t["seed"])]
     if config["target"]["trust_remote_code"]:
         cmd += ["--trust-remote-code"]
     cmd += list(t["extra_args"])
     if t["nproc"] > 1:
-        cmd = ["torchrun", "--standalone", "--nproc-per-node", str(t["nproc"]), "-m", "draftlab.cli"] + cmd[1:]
+        cmd = [
+            "torchrun",
+            "--standalone",
+            "--nproc-per-node",
+            str(t["nproc"]),
+            "-m",
+            "draftlab.cli",
+        ] + cmd[1:]
     return [cmd]
 
 
@@ -194,7 +234,9 @@ def get_gated_train_shell(wildcards):
     run = f"{R}/train/{wildcards.arm}"
     parts = []
     for i, cmd in enumerate(get_train_command(wildcards.arm)):
-        guard = f"--gate {GATE} --skip-dir {run}" if i == 0 else f"--unless-skipped {run}"
+        guard = (
+            f"--gate {GATE} --skip-dir {run}" if i == 0 else f"--unless-skipped {run}"
+        )
         parts.append(f"draftlab gated {guard} -- {shlex.join(cmd)}")
     return " && ".join(parts)
 

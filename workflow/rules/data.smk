@@ -10,18 +10,22 @@ if not config["data"]["path"]:
             target=f"{R}/models/target/model.json",
         output:
             data=f"{R}/data/generated.jsonl",
-        params:
-            target=TARGET_MODEL,
-            prompts=get_generate_prompts(),
-            max_new_tokens=config["data"]["max_new_tokens"],
-            limit=f"--limit {config['data']['limit']}" if config["data"]["limit"] else "",
-            trust=get_trust_remote_code(),
-            seed=config["train"]["seed"],
-        threads: 2
         log:
             f"{LOGS}/generate_data.log",
         benchmark:
             f"{BENCHMARKS}/generate_data.tsv"
+        conda:
+            "../../envs/training.yaml"
+        threads: 2
+        params:
+            target=lambda wildcards, input: model_dir(input.target),
+            prompts=get_generate_prompts(),
+            max_new_tokens=config["data"]["max_new_tokens"],
+            limit=(
+                f"--limit {config['data']['limit']}" if config["data"]["limit"] else ""
+            ),
+            trust=get_trust_remote_code(),
+            seed=config["train"]["seed"],
         shell:
             "draftlab generate --target {params.target} --prompts {params.prompts} --out {output.data}"
             " --max-new-tokens {params.max_new_tokens} {params.limit} --seed {params.seed} {params.trust}"
@@ -34,15 +38,17 @@ rule tokenize:
         data=get_train_data_input(),
     output:
         tokens=f"{R}/data/tokens.jsonl",
-    params:
-        target=TARGET_MODEL,
-        data=get_train_data(),
-        max_length=config["train"]["max_length"],
-        trust=get_trust_remote_code(),
     log:
         f"{LOGS}/tokenize.log",
     benchmark:
         f"{BENCHMARKS}/tokenize.tsv"
+    conda:
+        "../../envs/training.yaml"
+    params:
+        target=lambda wildcards, input: model_dir(input.target),
+        data=lambda wildcards: get_train_data(),
+        max_length=config["train"]["max_length"],
+        trust=get_trust_remote_code(),
     shell:
         "draftlab tokenize --target {params.target} --data {params.data} --out {output.tokens}"
         " --max-length {params.max_length} {params.trust} > {log} 2>&1"
@@ -57,11 +63,13 @@ rule vocab_mapping:
     output:
         mapping=f"{R}/data/vocab.safetensors",
         report=f"{R}/data/vocab.json",
-    params:
-        target=TARGET_MODEL,
-        drafter=PATCHED,
-        draft_vocab_size=config["data"]["draft_vocab_size"],
     log:
         f"{LOGS}/vocab_mapping.log",
+    conda:
+        "../../envs/analysis.yaml"
+    params:
+        target=lambda wildcards, input: model_dir(input.target),
+        drafter=lambda wildcards, input: os.path.dirname(input.drafter),
+        draft_vocab_size=config["data"]["draft_vocab_size"],
     script:
         "../scripts/vocab_mapping.py"

@@ -14,15 +14,17 @@ rule records:
     output:
         csv=report(f"{R}/records/records.csv", category="Records"),
         parquet=f"{R}/records/records.parquet",
-    params:
-        config=config,
-        clients=CLIENTS,
-        servers=get_server_jobs(),
-        results_dir=R,
     log:
         f"{LOGS}/records.log",
     conda:
         "../../envs/analysis.yaml"
+    params:
+        config=config,
+        clients=CLIENTS,
+        servers=get_server_jobs(),
+        results_dir=lambda wildcards, output: os.path.dirname(
+            os.path.dirname(output.csv)
+        ),
     script:
         "../scripts/records.py"
 
@@ -35,5 +37,7 @@ rule records_merge:
         receipt=f"{R}/records/merged.json",
     log:
         f"{LOGS}/records_merge.log",
+    conda:
+        "../../envs/analysis.yaml"
     shell:
         "draftlab records --merge {input.csv} --global-dir results --out {output.receipt} > {log} 2>&1"

@@ -18,14 +18,16 @@ rule report:
         accept=report(f"{R}/report/accept_length.png", category="Plots"),
         tps=report(f"{R}/report/throughput.png", category="Plots"),
         ttt=report(f"{R}/report/ttt_accuracy.png", category="Plots"),
-    params:
-        exp_dir=R,
-        out_dir=f"{R}/report",
-        target_tps=" ".join(str(t) for t in config["breakeven"]["target_tps"]),
     log:
         f"{LOGS}/report.log",
     conda:
         "../../envs/analysis.yaml"
+    params:
+        exp_dir=lambda wildcards, output: os.path.dirname(
+            os.path.dirname(output.summary)
+        ),
+        out_dir=lambda wildcards, output: os.path.dirname(output.summary),
+        target_tps=" ".join(str(t) for t in config["breakeven"]["target_tps"]),
     shell:
         "draftlab report --exp-dir {params.exp_dir} --out-dir {params.out_dir} --records {input.records}"
         " --target-tps {params.target_tps} > {log} 2>&1"

@@ -6,11 +6,11 @@ rule bench_plan:
     """What one server job runs: the server config and every client variant (from the config)."""
     output:
         plan=f"{R}/bench/{{variant}}/{{spec}}/plan.json",
-    params:
-        plan=get_plan,
     log:
         f"{LOGS}/bench_plan/{{variant}}-{{spec}}.log",
     localrule: True
+    params:
+        plan=get_plan,
     run:
         from draftlab.fsutil import write_json
 
@@ -22,13 +22,13 @@ rule serve_bench:
     input:
         unpack(get_serve_bench_inputs),
     output:
-        results=expand(f"{R}/bench/{{{{variant}}}}/{{{{spec}}}}/{{client}}.json", client=CLIENTS),
-        tables=expand(f"{R}/bench/{{{{variant}}}}/{{{{spec}}}}/{{client}}.csv", client=CLIENTS),
+        results=expand(
+            f"{R}/bench/{{{{variant}}}}/{{{{spec}}}}/{{client}}.json", client=CLIENTS
+        ),
+        tables=expand(
+            f"{R}/bench/{{{{variant}}}}/{{{{spec}}}}/{{client}}.csv", client=CLIENTS
+        ),
         serve=f"{R}/bench/{{variant}}/{{spec}}/serve.json",
-    params:
-        command=get_server_command,
-    resources:
-        gpu=SERVER_GPUS,
     log:
         bench=f"{LOGS}/serve_bench/{{variant}}-{{spec}}.log",
         server=f"{LOGS}/server/{{variant}}-{{spec}}.log",
@@ -36,6 +36,10 @@ rule serve_bench:
         f"{BENCHMARKS}/serve_bench/{{variant}}-{{spec}}.tsv"
     conda:
         "../../envs/serving.yaml"
+    resources:
+        gpu=SERVER_GPUS,
+    params:
+        command=get_server_command,
     shell:
         "draftlab serve-bench --plan {input.plan} -- {params.command} > {log.bench} 2>&1"
 
@@ -46,9 +50,11 @@ rule probe_gate:
         get_gate_results(),
     output:
         gate=GATE,
-    params:
-        min_accept_length=config["gate"]["min_accept_length"],
     log:
         f"{LOGS}/probe_gate.log",
+    conda:
+        "../../envs/analysis.yaml"
+    params:
+        min_accept_length=config["gate"]["min_accept_length"],
     shell:
         "draftlab gate {input} --min-accept-length {params.min_accept_length} --out {output.gate} > {log} 2>&1"

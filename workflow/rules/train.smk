@@ -13,17 +13,17 @@ rule train:
         data=get_train_data_input(),
     output:
         run=directory(f"{R}/train/{{arm}}"),
-    params:
-        command=get_gated_train_shell,
-        min_accept_length=config["gate"]["min_accept_length"],
-    threads: 2
-    resources:
-        gpu=TRAIN_GPUS,
     log:
         f"{LOGS}/train/{{arm}}.log",
     benchmark:
         f"{BENCHMARKS}/train/{{arm}}.tsv"
     conda:
         "../../envs/training.yaml"
+    threads: 2
+    resources:
+        gpu=TRAIN_GPUS,
+    params:
+        command=get_gated_train_shell,
+        min_accept_length=config["gate"]["min_accept_length"],
     shell:
         "{params.command} > {log} 2>&1"
