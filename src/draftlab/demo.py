@@ -90,15 +90,15 @@ SIZES: dict[str, DemoSize] = {
     "smoke": DemoSize(
         name="smoke", source_files=24, topics=40, vocab_size=768, hidden_size=64, num_layers=8,
         num_heads=4, num_kv_heads=2, intermediate_size=192, block=128, batch=8,
-        v1_steps=260, v1_lr=3e-3, v2_steps=120, v2_lr=3e-3,
-        drafter_steps=200, drafter_lr=3e-3, drafter_block=128, draft_vocab_size=512,
+        v1_steps=220, v1_lr=3e-3, v2_steps=100, v2_lr=3e-3,
+        drafter_steps=150, drafter_lr=3e-3, drafter_block=128, draft_vocab_size=512,
         ttt_length=3, chunk_chars=600,
     ),
     "default": DemoSize(
-        name="default", source_files=90, topics=79, vocab_size=2048, hidden_size=128, num_layers=8,
-        num_heads=4, num_kv_heads=2, intermediate_size=384, block=256, batch=8,
-        v1_steps=700, v1_lr=2e-3, v2_steps=300, v2_lr=2e-3,
-        drafter_steps=500, drafter_lr=2e-3, drafter_block=256, draft_vocab_size=1024,
+        name="default", source_files=60, topics=79, vocab_size=2048, hidden_size=128, num_layers=8,
+        num_heads=4, num_kv_heads=2, intermediate_size=320, block=256, batch=8,
+        v1_steps=420, v1_lr=2e-3, v2_steps=160, v2_lr=2e-3,
+        drafter_steps=300, drafter_lr=2e-3, drafter_block=256, draft_vocab_size=1024,
         ttt_length=3, chunk_chars=900,
     ),
 }
@@ -289,7 +289,7 @@ def train_lm(model, stream: torch.Tensor, *, steps: int, lr: float, block: int, 
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if step % 20 == 0:
             bar.set_postfix(loss=f"{loss.item():.3f}")
     model.eval()
@@ -320,12 +320,13 @@ def _threads(n: int) -> Iterator[None]:
         torch.set_num_threads(old)
 
 
-def manifest_args(size: DemoSize, seed: int) -> dict[str, Any]:
+def manifest_args(size: DemoSize, seed: int, threads: int) -> dict[str, Any]:
     """What a build depends on; a manifest with exactly these args (and corpus hash) is reused."""
     return {
         "demo_format": DEMO_FORMAT,
         "size": dataclasses.asdict(size),
         "seed": seed,
+        "threads": threads,  # CPU float reductions may differ with the thread count
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
     }
 
@@ -353,19 +354,26 @@ def _reuse(out: Path, args: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if any(result[k] != manifest["result"].get(k) for k in REPO_IDS):
         return None
-    corpus = load_corpus(SIZES[args["size"]["name"]])
+    corpus = load_corpus(DemoSize(**args["size"]))
     if corpus_sha256(corpus) != manifest["result"]["corpus_sha256"]:
         return None
     return dict(manifest["result"], reused=True)
 
 
-def build_demo_models(out: str | os.PathLike, size: str = "smoke", seed: int = 0, threads: int = 2, force: bool = False) -> dict[str, Any]:
-    """Build (or reuse) the demo pair under ``out``; returns the snapshot folders and the corpus hash."""
-    if size not in SIZES:
+def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", seed: int = 0, threads: int = 1,
+                      force: bool = False) -> dict[str, Any]:
+    """Build (or reuse) the demo pair under ``out``; returns the snapshot folders and the corpus hash.
+
+    ``size`` names one of :data:`SIZES` (or is a :class:`DemoSize`, for tests and experiments).
+    """
+    if isinstance(size, DemoSize):
+        spec, size = size, size.name
+    elif size in SIZES:
+        spec = SIZES[size]
+    else:
         raise DraftlabError(f"--size: expected one of {sorted(SIZES)}, got {size!r}")
-    spec = SIZES[size]
     out = Path(out).resolve()
-    args = manifest_args(spec, seed)
+    args = manifest_args(spec, seed, threads)
     if not force and (hit := _reuse(out, args)) is not None:
         return hit
 
@@ -428,9 +436,13 @@ def build_demo_models(out: str | os.PathLike, size: str = "smoke", seed: int = 0
         with atomic_dir(data_dir) as tmp:
             for name in ("v1", "v2", "heldout"):
                 _write_jsonl(tmp / f"{name}.jsonl", [{"messages": c} for c in convs[name]])
-        drafter_dir = work / "drafter-v1"
-        train_demo_drafter(spec, v1_dir, data_dir / "v1.jsonl", drafter_dir, seed=seed + 3)
+        run = train_demo_drafter(spec, v1_dir, data_dir, work / "drafter-run", seed=seed + 3)
+        drafter_dir = Path(run["drafter"])
         timings["drafter_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        held["drafter_acc"] = heldout_accuracy(spec, drafter_dir, {"v1": v1_dir, "v2": v2_dir}, data_dir)
+        held["drafter_train_validation_acc"] = (run.get("validation") or {}).get("acc")
+        timings["eval_s"] = time.perf_counter() - t
 
     # publish as Hub repos in an HF cache under out/
     from draftlab.hf_cache import publish_to_cache
@@ -474,6 +486,41 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
 
 
-def train_demo_drafter(spec: DemoSize, target_dir: Path, data_file: Path, out_dir: Path, seed: int) -> None:
-    """Train the v1 drafter with the builtin trainer (its own d2t from the v1 data, context 512)."""
-    raise NotImplementedError("waiting for draftlab.train")
+def heldout_accuracy(spec: DemoSize, drafter_dir: Path, targets: dict[str, Path], data_dir: Path) -> dict[str, list[float]]:
+    """Per-TTT-step accuracy of the drafter against each target on the held-out conversations."""
+    from draftlab.data import tokenize_file
+    from draftlab.train import evaluate_drafter
+
+    tokens = data_dir / "heldout.tokens.jsonl"
+    first = next(iter(targets.values()))
+    tokenize_file(first, data_dir / "heldout.jsonl", tokens, max_length=spec.drafter_block)
+    return {name: [round(a, 4) for a in evaluate_drafter(drafter_dir, folder, tokens, ttt_length=spec.ttt_length,
+                                                          max_length=spec.drafter_block, device="cpu")["acc"]]
+            for name, folder in targets.items()}
+
+
+def train_demo_drafter(spec: DemoSize, target_dir: Path, data_dir: Path, run_dir: Path, seed: int) -> dict[str, Any]:
+    """Train the v1 drafter with the builtin trainer: its own d2t from v1's data, config context 512.
+
+    The mapping is built explicitly (SpecForge's rule over the loss-masked tokens) and saved beside
+    the data, so the demo records which draft vocabulary the drafter was trained with.
+    """
+    import shutil
+
+    from draftlab.data import tokenize_file
+    from draftlab.train import train_drafter
+    from draftlab.vocab import build_mapping, count_tokens, save_mapping
+
+    tokens = data_dir / "v1.tokens.jsonl"
+    tokenize_file(target_dir, data_dir / "v1.jsonl", tokens, max_length=spec.drafter_block)
+    vocab_size = json.loads((target_dir / "config.json").read_text())["vocab_size"]
+    mapping = build_mapping(count_tokens(tokens, vocab_size), spec.draft_vocab_size)
+    save_mapping(data_dir / "v1.mapping.safetensors", mapping, meta={"source": "demo v1 data"})
+    shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run: the manifest did not match
+    return train_drafter(
+        target=str(target_dir), out=str(run_dir), tokens=str(tokens),
+        vocab_mapping=str(data_dir / "v1.mapping.safetensors"), init="scratch",
+        ttt_length=spec.ttt_length, max_steps=spec.drafter_steps, batch_size=spec.batch,
+        max_length=spec.drafter_block, lr=spec.drafter_lr, warmup_ratio=0.05, grad_clip=0.5,
+        seed=seed, precision="fp32", device="cpu", val_samples=16,
+    )

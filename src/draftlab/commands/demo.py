@@ -15,7 +15,8 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="folder to build in (an HF cache lands in OUT/hf_cache)")
     p.add_argument("--size", choices=["smoke", "default"], default="default")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads while building")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads while building (1: robust on a shared machine; same threads, same weights)")
     p.add_argument("--force", action="store_true", help="rebuild even when the manifest matches")
     add_json_flag(p)
     p.set_defaults(func=_demo_models)

@@ -1,0 +1,120 @@
+"""draftlab generate: a real (tiny) transformers target answers prompts; the output is its own greedy/sampled text."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from draftlab import demo
+from draftlab.cli import main
+from draftlab.generate import generate, read_prompts
+
+
+@pytest.fixture(scope="module")
+def target(tmp_path_factory) -> Path:
+    """A tiny random Llama with the demo's BPE tokenizer and chat template (context 64)."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    folder = tmp_path_factory.mktemp("gen") / "target"
+    texts = [demo.render_chat([{"role": "user", "content": f"line {i} of some text"},
+                               {"role": "assistant", "content": f"answer number {i * 7} here"}]) for i in range(200)]
+    demo.train_tokenizer(texts, 300, folder, model_max_length=64)
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id)
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).save_pretrained(str(folder))
+    return folder
+
+
+def _prompts(tmp_path: Path) -> Path:
+    rows = [
+        {"prompt": "line 3 of some text"},
+        {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "line 9"},
+                      {"role": "assistant", "content": "dropped: the target writes this turn"}]},
+        {"text": "answer number"},
+    ]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _manual_greedy(target: Path, messages, n: int) -> str:
+    """Greedy decoding by hand (full forward per token) to check generate's output against."""
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(str(target))
+    model = LlamaForCausalLM.from_pretrained(str(target)).eval()
+    ids = list(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+    new = []
+    with torch.no_grad():
+        for _ in range(n):
+            nxt = int(model(input_ids=torch.tensor([ids + new])).logits[0, -1].argmax())
+            if nxt == tok.eos_token_id:
+                break
+            new.append(nxt)
+    return tok.decode(new, skip_special_tokens=True)
+
+
+def test_greedy_output_is_the_targets_own_argmax_continuation(target, tmp_path):
+    out = tmp_path / "gen.jsonl"
+    stats = generate(target, _prompts(tmp_path), out, max_new_tokens=12)
+    rows = _rows(out)
+    assert stats["prompts"] == 3 and stats["mode"] == "greedy" and len(rows) == 3
+    assert [m["role"] for m in rows[1]["messages"]] == ["system", "user", "assistant"]
+    assert "dropped" not in rows[1]["messages"][-1]["content"]
+    for row in rows:
+        prompt, answer = row["messages"][:-1], row["messages"][-1]
+        assert answer["role"] == "assistant"
+        assert answer["content"] == _manual_greedy(target, prompt, 12)
+    assert stats["generated_tokens"] > 0
+
+
+def test_sampling_is_reproducible_per_prompt(target, tmp_path):
+    p = _prompts(tmp_path)
+    a, b, c, first = (tmp_path / f"{n}.jsonl" for n in "abcd")
+    generate(target, p, a, max_new_tokens=16, temperature=1.0, seed=5)
+    generate(target, p, b, max_new_tokens=16, temperature=1.0, seed=5)
+    generate(target, p, c, max_new_tokens=16, temperature=1.0, seed=6)
+    generate(target, p, first, max_new_tokens=16, temperature=1.0, seed=5, limit=1)
+    assert a.read_text() == b.read_text()
+    assert a.read_text() != c.read_text()
+    assert _rows(first)[0] == _rows(a)[0]  # prompt i is sampled under seed+i, whatever else runs
+    greedy = tmp_path / "g.jsonl"
+    generate(target, p, greedy, max_new_tokens=16)
+    assert greedy.read_text() != a.read_text()
+
+
+def test_long_prompt_is_cut_to_fit_the_context(target, tmp_path):
+    p = tmp_path / "long.txt"
+    p.write_text("line " * 200 + "\n")
+    stats = generate(target, p, tmp_path / "o.jsonl", max_new_tokens=8)
+    assert stats["truncated_prompts"] == 1
+    assert len(_rows(tmp_path / "o.jsonl")) == 1
+
+
+def test_cli_json_and_errors(target, tmp_path, capsys):
+    p = _prompts(tmp_path)
+    out = tmp_path / "cli.jsonl"
+    assert main(["generate", "--target", str(target), "--prompts", str(p), "--out", str(out),
+                 "--max-new-tokens", "4", "--temperature", "0.7", "--seed", "1", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["prompts"] == 3 and stats["mode"].startswith("sampled") and out.is_file()
+    assert main(["generate", "--target", str(target), "--prompts", str(tmp_path / "nope.jsonl"),
+                 "--out", str(out)]) == 2
+    assert "prompt file not found" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["generate", "--target", str(target), "--prompts", str(p), "--out", str(out),
+              "--greedy", "--temperature", "0.5"])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "assistant", "content": "x"}]}\n')
+    with pytest.raises(Exception, match="no user turn"):
+        read_prompts(bad)
