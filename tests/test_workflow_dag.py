@@ -1,0 +1,149 @@
+"""The Snakemake workflow as a DAG: dry runs of both configs, the printed commands, lint and format."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+
+
+def _env(**extra) -> dict:
+    env = dict(os.environ)
+    # no network and no GPU: any attempt to reach the Hub fails through a dead proxy
+    env.update(HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="", https_proxy="http://127.0.0.1:9",
+               http_proxy="http://127.0.0.1:9", HTTPS_PROXY="http://127.0.0.1:9", HTTP_PROXY="http://127.0.0.1:9")
+    env.update(extra)
+    return env
+
+
+def _run(args: list[str], cwd: Path = ROOT, check: bool = True) -> subprocess.CompletedProcess:
+    out = subprocess.run(SNAKEMAKE + args, cwd=cwd, capture_output=True, text=True, env=_env(), timeout=120)
+    if check:
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def job_counts(text: str) -> dict[str, int]:
+    """The 'Job stats' table of a dry run as {rule: count}."""
+    counts: dict[str, int] = {}
+    block = text.split("Job stats:", 1)[1]
+    for line in block.splitlines()[3:]:
+        m = re.match(r"^(\w+)\s+(\d+)$", line.strip())
+        if not m:
+            break
+        counts[m.group(1)] = int(m.group(2))
+    return counts
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    """A copy of the workflow, so dry runs never touch the repository's .snakemake/ or results/."""
+    d = tmp_path_factory.mktemp("wf")
+    for name in ("Snakefile", "workflow", "config", "profiles"):
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, d / name)
+    os.symlink("profiles/gpu8", d / "gpu8")
+    return d
+
+
+def test_default_dag_has_every_stage(workdir):
+    out = _run(["-n", "--cores", "2", "all"], cwd=workdir)
+    counts = job_counts(out.stdout)
+    # 1 baseline + (probe + 4 trained arms) x 2 speculative settings = 11 servers, one job each
+    assert counts["serve_bench"] == 11
+    assert counts["train"] == 4 and counts["doctor"] == 5 and counts["probe_gate"] == 1
+    for rule in ("demo_models", "resolve_target", "acquire", "inspect", "patch_config", "compare", "d2t_diff",
+                 "d2t_coverage", "generate_data", "tokenize", "vocab_mapping", "records", "records_merge", "report"):
+        assert counts.get(rule) == (2 if rule == "inspect" else 1), rule
+    assert "sglang" not in out.stdout
+
+
+def test_kimi_dag_on_gpu8_prints_real_sglang_and_training_commands():
+    """Exactly as a user types it, from the repository root, on a machine with no GPU and no network."""
+    out = _run(["--profile", "gpu8", "--configfile", "config/kimi-k25.yaml", "-n", "-p", "all"])
+    text = out.stdout
+    assert "Using profile gpu8" in out.stdout + out.stderr
+    launches = [l for l in text.splitlines() if "python -m sglang.launch_server" in l]
+    assert len(launches) == 5  # baseline, probe, finetune-keep, finetune-regenerate, scratch
+    probe = next(l for l in launches if "bench/probe/" in l)
+    for flag in ("--model-path results/kimi-k25/models/target/model", "--speculative-algorithm EAGLE3",
+                 "--speculative-draft-model-path results/kimi-k25/drafter/patched", "--speculative-num-steps 2",
+                 "--speculative-eagle-topk 1", "--speculative-num-draft-tokens 3", "--tp 8",
+                 "--mem-fraction-static 0.85", "--cuda-graph-max-bs 16", "--trust-remote-code",
+                 "--host 127.0.0.1", "--port 30000"):
+        assert flag in probe, flag
+    baseline = next(l for l in launches if "bench/baseline/" in l)
+    assert "--speculative" not in baseline and "--tp 8" in baseline
+    # training: SpecForge through torchrun on the host's 8 GPUs, mapping pinned, checkpoint imported
+    train = [l for l in text.splitlines() if "torchrun --standalone --nproc_per_node 8" in l]
+    assert len(train) == 3
+    assert all("SpecForge/scripts/train_eagle3.py" in l and "--target-model-path results/kimi-k25/models/target/model"
+               in l and "draftlab import-specforge" in l for l in train)
+    assert any("--ckpt-dir results/kimi-k25/drafter/patched" in l for l in train)
+    # the doctor report precedes every launch of a drafter; GPU jobs reserve the whole host
+    assert "doctor-probe.json" in text.split("bench/probe/s2-k1-d3/plan.json -- python")[0]
+    for block in text.split("\n\n"):
+        if "rule serve_bench:" in block or "rule train:" in block:
+            assert re.search(r"\bgpu=8\b", block), block
+
+
+def test_sweep_shares_one_launch_per_server_configuration(workdir, tmp_path):
+    """Client variants never multiply servers: jobs = 1 + drafters x speculative settings."""
+    cfg = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
+    cfg["speculative"] = [{"num_steps": k, "topk": 1, "num_draft_tokens": k + 1} for k in (1, 2, 3)]
+    cfg["bench"]["clients"] = [{"name": "a"}, {"name": "b", "concurrency": 4}, {"name": "c", "max_new_tokens": 8}]
+    cfg["train"]["finetune_modes"] = ["remap"]
+    cfg["reference"] = {"source": "hf:draftlab-demo/drafter-v1", "revision": "main"}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = _run(["-n", "--cores", "2", "all", "--configfile", str(path)], cwd=workdir)
+    counts = job_counts(out.stdout)
+    drafters = 4  # probe, reference, finetune-remap, scratch
+    assert counts["serve_bench"] == 1 + drafters * 3
+    assert counts["acquire"] == 2 and counts["compare"] == 2
+    # every result of a server comes from that server's single job
+    assert out.stdout.count("bench/probe/s2-k1-d3/a.json") >= 1
+    job = next(b for b in out.stdout.split("\n\n") if "rule serve_bench:" in b and "probe/s2-k1-d3" in b)
+    assert all(f"probe/s2-k1-d3/{c}.json" in job for c in "abc")
+
+
+def test_unknown_config_key_stops_the_workflow(workdir, tmp_path):
+    path = tmp_path / "typo.yaml"
+    path.write_text(yaml.safe_dump({"gate": {"min_accept_lenght": 1.5}}))
+    out = _run(["-n", "--cores", "1", "all", "--configfile", str(path)], cwd=workdir, check=False)
+    assert out.returncode != 0
+    assert "unknown key 'gate.min_accept_lenght'" in out.stdout + out.stderr
+
+
+def test_lint_reports_nothing():
+    out = _run(["--lint"])
+    assert "Congratulations, your workflow is in a good condition!" in out.stdout + out.stderr
+    assert "Lints for" not in out.stdout + out.stderr
+
+
+def test_rules_are_snakefmt_formatted():
+    snakefmt = shutil.which("snakefmt")
+    if snakefmt is None:
+        pytest.skip("snakefmt not installed (pip install -e '.[test]')")
+    files = ["Snakefile"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "workflow" / "rules").glob("*.smk"))
+    out = subprocess.run([snakefmt, "--check", *files], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_gpu8_profile_resolves_from_the_repository_root():
+    link = ROOT / "gpu8"
+    assert link.is_symlink() and link.resolve() == (ROOT / "profiles" / "gpu8").resolve()
+    prof = yaml.safe_load((ROOT / "profiles" / "gpu8" / "config.yaml").read_text())
+    assert prof["resources"] == {"gpu": 8} and prof["keep-going"] is True and prof["retries"] >= 1
+    assert prof["printshellcmds"] is True
+    # profiles/default would be merged into every run (and override gpu8); there must not be one
+    assert not (ROOT / "profiles" / "default").exists()
