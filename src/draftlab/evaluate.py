@@ -248,6 +248,7 @@ def run_plan(plan: Mapping[str, Any], argv: Sequence[str] | None = None, progres
     spec = ServerSpec.from_dict(server, source=f"plan for {plan['variant']} {plan['spec_id']}")
     Path(plan["server_log"]).parent.mkdir(parents=True, exist_ok=True)
     print(f"serve-bench: launching {' '.join(summary['argv'])}", file=sys.stderr)
+    measured = []  # written only once every client has run: a server dying mid-plan leaves no result
     with running_server(spec, plan["server_log"]) as srv:
         summary["launches"] = 1
         summary["url"] = srv.url
@@ -262,10 +263,12 @@ def run_plan(plan: Mapping[str, Any], argv: Sequence[str] | None = None, progres
             )
             result.server = {**(result.server or {}), "fingerprint": plan["fingerprint"], "variant": plan["variant"],
                              "spec_id": plan["spec_id"], "client": c["name"], "argv": summary["argv"]}
-            write_results(result, c["out_json"], c["out_csv"])
+            measured.append((result, c))
             summary["clients"].append({"name": c["name"], "seconds": time.time() - t0,
                                        "accept_length": result.summary.get("accept_length"),
                                        "output_tps_median": result.summary.get("output_tps_median")})
+    for result, c in measured:
+        write_results(result, c["out_json"], c["out_csv"])
     summary.update(skipped=False, finished_at=time.time())
     write_json(plan["summary"], summary)
     return summary
