@@ -1,0 +1,132 @@
+"""The report, the probe gate and the gate wrapper: what a person reads and what decides fine-tuning."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from draftlab.errors import DraftlabError
+from draftlab.evaluate import SKIP_MARKER, gate_decision, run_gated, skip_reason
+from draftlab.records import build_records, write_records
+from draftlab.report import break_even, write_report
+from test_records import SERVERS, experiment_config, make_experiment
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _report(tmp_path, **kw):
+    cfg = experiment_config()
+    exp = make_experiment(tmp_path, cfg, **kw)
+    (exp / "static").mkdir()
+    (exp / "static" / "doctor-probe.json").write_text(json.dumps({"findings": [
+        {"code": "aux-layers-unusual", "severity": "warning", "message": "ids [2, 30, 58] differ from [1, 29, 57]"}]}))
+    (exp / "static" / "d2t-diff.json").write_text(json.dumps(
+        {"draft_vocab_size": 64, "differing": [3, 9, 12], "shared_target_ids": 61, "only_in_a": [5, 6, 7],
+         "only_in_b": [8, 9, 10]}))
+    (exp / "static" / "d2t-coverage.json").write_text(json.dumps({"coverage": 0.8731}))
+    write_records(build_records(exp, cfg, servers=SERVERS, clients=["default"]), exp / "records" / "records.csv")
+    out = write_report(exp, exp / "report", exp / "records" / "records.csv", target_tps=[150, 200])
+    return exp, out, (exp / "report" / "summary.md").read_text()
+
+
+def test_summary_has_every_section_and_the_decision(tmp_path):
+    exp, out, md = _report(tmp_path)
+    for heading in ("## Decision", "## Comparison", "## Accept length by variant",
+                    "## Throughput against baseline and break-even", "## TTT per-step validation accuracy",
+                    "## d2t: transferred mapping vs the fine-tune data's", "## Doctor findings", "## Probe gate"):
+        assert heading in md, heading
+    # decision in words: best drafter, transfer vs scratch, what to serve
+    assert "Best fine-tuned drafter: finetune-keep" in md
+    assert "Transfer beats training from scratch on the same data: accept length 2.10 vs 1.70" in md
+    assert "**Decision:** serve `finetune-keep` with s2-k1-d3: 1.60x" in md
+    # comparison table row: variant, tok/s [CI], accept length, val acc, speedup
+    assert "| finetune-keep | s2-k1-d3 | default | 160.0 [158.0, 162.0] | 2.10 | 14.0 | 0.450 | 1.60 |" in md
+    # break-even: 100 tok/s x 14 ms / 1000 = 1.40; 150 tok/s needs 2.10 (met), 200 needs 2.80 (not met)
+    assert "| finetune-keep | s2-k1-d3 | default | 2.10 | 1.40 | above | 2.10 (met) | 2.80 (not met) |" in md
+    assert "| step 0 | step 1 | step 2 |" in md and "| finetune-keep | 0.600 | 0.450 | 0.300 |" in md
+    assert "| 64 | 3 | 61 | 3 | 3 |" in md and "87.3%" in md
+    assert "aux-layers-unusual" in md and "decision: **fine-tune**" in md
+    for key in ("accept", "tps", "ttt"):
+        data = Path(out[key]).read_bytes()
+        assert data.startswith(PNG) and len(data) > 5000, key
+        assert f"]({Path(out[key]).name})" in md
+
+
+def test_report_says_why_fine_tuning_was_skipped(tmp_path):
+    _, out, md = _report(tmp_path, gate_pass=False, probe_accept=1.0)
+    assert "Probe gate failed: probe accept length 1.000 < 1.1" in md
+    assert "Fine-tuning and the from-scratch control arm were skipped" in md
+    assert "| finetune-keep (skipped) |" in md and "No trained drafter" in md
+    assert "decision: **skip**" in md
+    assert Path(out["ttt"]).read_bytes().startswith(PNG)
+
+
+def test_break_even_formula():
+    assert break_even(100.0, 14.0) == pytest.approx(1.4)
+    assert break_even(None, 14.0) is None
+
+
+def _result(path: Path, accept):
+    path.write_text(json.dumps({"summary": {"accept_length": accept}}))
+    return path
+
+
+def test_gate_passes_on_the_best_setting_and_fails_below_threshold(tmp_path):
+    a, b = _result(tmp_path / "a.json", 1.05), _result(tmp_path / "b.json", 1.3)
+    ok = gate_decision([a, b], 1.1)
+    assert ok["pass"] and ok["best_accept_length"] == 1.3 and ok["decision"] == "fine-tune"
+    no = gate_decision([a], 1.1)
+    assert not no["pass"] and "1.050 < 1.1" in no["reason"] and "fine-tuning skipped" in no["reason"]
+    none = gate_decision([_result(tmp_path / "c.json", None)], 1.1)
+    assert not none["pass"] and "no accept length" in none["reason"]
+
+
+def test_gated_command_runs_when_open_and_writes_skips_when_closed(tmp_path):
+    gate = tmp_path / "gate.json"
+    marker = tmp_path / "ran.txt"
+    cmd = [sys.executable, "-c", f"open({str(marker)!r}, 'w').write('x')"]
+    gate.write_text(json.dumps({"pass": True, "reason": "ok"}))
+    assert run_gated(cmd, gate=str(gate), unless_skipped=None) == 0 and marker.exists()
+    marker.unlink()
+    gate.write_text(json.dumps({"pass": False, "reason": "probe accept length 1.000 < 1.1"}))
+    run = tmp_path / "train" / "scratch"
+    assert run_gated(cmd, gate=str(gate), unless_skipped=None, skip_dirs=[str(run)],
+                     skip_files=[str(tmp_path / "doctor.json")]) == 0
+    assert not marker.exists()
+    skipped = json.loads((run / SKIP_MARKER).read_text())
+    assert skipped["skipped"] and "1.000 < 1.1" in skipped["reason"] and skipped["command"] == cmd
+    # a later gated step of the same job sees the skip marker and does not run either
+    gate.write_text(json.dumps({"pass": True, "reason": "ok"}))
+    assert run_gated(cmd, gate=None, unless_skipped=str(run)) == 0 and not marker.exists()
+    # the command's failure is the job's failure
+    assert run_gated([sys.executable, "-c", "raise SystemExit(3)"], gate=str(gate), unless_skipped=None) == 3
+
+
+def test_gate_cli_writes_the_decision(tmp_path):
+    res = _result(tmp_path / "probe.json", 1.02)
+    out = subprocess.run([sys.executable, "-m", "draftlab.cli", "gate", str(res), "--min-accept-length", "1.1",
+                          "--out", str(tmp_path / "gate.json")], capture_output=True, text=True)
+    assert out.returncode == 0
+    assert "probe gate: SKIP" in out.stderr
+    assert json.loads((tmp_path / "gate.json").read_text())["pass"] is False
+
+
+def test_serve_bench_refuses_a_drafter_whose_gate_flipped(tmp_path):
+    gate = tmp_path / "gate.json"
+    run = tmp_path / "train" / "finetune-keep"
+    (run / "drafter").mkdir(parents=True)
+    plan = {"gate": str(gate), "train_dir": str(run)}
+    gate.write_text(json.dumps({"pass": False, "reason": "closed"}))
+    with pytest.raises(DraftlabError, match="gate is now closed"):
+        skip_reason(plan)
+    gate.write_text(json.dumps({"pass": True, "reason": "open"}))
+    assert skip_reason(plan) is None
+    (run / SKIP_MARKER).write_text(json.dumps({"skipped": True, "reason": "closed"}))
+    with pytest.raises(DraftlabError, match="gate is now open"):
+        skip_reason(plan)
+    gate.write_text(json.dumps({"pass": False, "reason": "closed"}))
+    assert skip_reason(plan) == "closed"
