@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default=None)
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     ap.add_argument("--out", help="also write the JSON result here")
+    ap.add_argument("--profile", action="store_true", help="print the top kernels of two profiled steps")
     args = ap.parse_args(argv)
 
     s = shape(args.tiny)
@@ -126,6 +127,15 @@ def main(argv: list[str] | None = None) -> int:
         step()
         sync()
         times.append(time.perf_counter() - t0)
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            step()
+            step()
+            sync()
+        print(prof.key_averages().table(sort_by="cuda_time_total" if dev.type == "cuda" else "cpu_time_total",
+                                        row_limit=30, max_name_column_width=60), file=sys.stderr)
     times.sort()
     median = times[len(times) // 2]
     flops = step_flops(s, b)

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 from factories import tiny_drafter_config, write_drafter
 from safetensors.torch import load_file
 from tiny_models import tiny_chat_data, tiny_target
@@ -198,3 +199,28 @@ def test_cli_train_json_and_bad_checkpoint(setup, tmp_path, capsys):
                "--init", "checkpoint", "--checkpoint", str(tmp_path / "nope")])
     assert rc == 2
     assert "config.json" in capsys.readouterr().err
+
+
+def test_flex_cross_step_attention_matches_the_dense_mask():
+    """The GPU path (flex attention, block-sparse TTT mask) computes what the dense-mask SDPA path does."""
+    import warnings
+
+    from draftlab.train import cross_step_attend
+
+    class Attn:
+        n_heads, n_kv, hd = 4, 2, 16
+
+        def attend(self, q, k, v, mask, causal=False):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], 64)
+
+    gen = torch.Generator().manual_seed(0)
+    t = 256
+    q = torch.randn(1, 4, t, 16, generator=gen)
+    keys = [torch.randn(1, 2, t, 16, generator=gen) for _ in range(3)]
+    values = [torch.randn(1, 2, t, 16, generator=gen) for _ in range(3)]
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dense = cross_step_attend(Attn(), q, keys, values, 2, "sdpa")
+        flex = cross_step_attend(Attn(), q, keys, values, 2, "flex")
+    torch.testing.assert_close(flex, dense, atol=1e-5, rtol=1e-5)

@@ -62,6 +62,49 @@ def ttt_mask(t: int, step: int, device: torch.device | str = "cpu") -> Tensor:
     return torch.cat([causal] + [eye] * step, dim=1)
 
 
+_FLEX: dict[str, Any] = {}
+
+
+def ttt_attention_backend(device: torch.device) -> str:
+    """``flex`` on CUDA (block-sparse: only the diagonal blocks of later steps' keys are computed),
+    ``sdpa`` with a dense boolean mask elsewhere. ``DRAFTLAB_TTT_ATTENTION=sdpa|flex`` overrides."""
+    choice = os.environ.get("DRAFTLAB_TTT_ATTENTION", "auto")
+    if choice in ("sdpa", "flex"):
+        return choice
+    return "flex" if device.type == "cuda" else "sdpa"
+
+
+def _flex_block_mask(t: int, step: int, device: torch.device):
+    """The TTT mask as a flex-attention block mask (cached per shape): causal over step-0 keys,
+    the diagonal over each later step's keys."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    key = (t, step, str(device))
+    if key not in _FLEX:
+        def mask_mod(b, h, q_idx, kv_idx):
+            return torch.where(kv_idx < t, kv_idx <= q_idx, (kv_idx % t) == q_idx)
+
+        _FLEX[key] = create_block_mask(mask_mod, B=None, H=None, Q_LEN=t, KV_LEN=(step + 1) * t, device=device)
+    return _FLEX[key]
+
+
+def cross_step_attend(attn, q: Tensor, keys: list[Tensor], values: list[Tensor], step: int, backend: str) -> Tensor:
+    """Attention of TTT step ``step`` (> 0) over step-0 keys (causal) and later steps' keys (diagonal)."""
+    t = q.shape[2]
+    k, v = torch.cat(keys, 2), torch.cat(values, 2)
+    if backend != "flex":
+        return attn.attend(q, k, v, ttt_mask(t, step, q.device))
+    from torch.nn.attention.flex_attention import flex_attention
+
+    fn = flex_attention
+    if q.is_cuda:  # compiled into fused Triton kernels; eager flex (CPU, tests) is the reference path
+        fn = _FLEX.setdefault("compiled", torch.compile(flex_attention, dynamic=False))
+    out = fn(q, k, v, block_mask=_flex_block_mask(t, step, q.device),
+                      enable_gqa=attn.n_kv != attn.n_heads)
+    b = q.shape[0]
+    return out.transpose(1, 2).reshape(b, t, attn.n_heads * attn.hd)
+
+
 def target_distribution(drafter: Eagle3Drafter, target_logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(probs over the draft vocab [B,T,M], target argmax id [B,T], argmax-in-draft-vocab [B,T])."""
     draft_tids = drafter.d2t + torch.arange(drafter.draft_vocab_size, device=drafter.d2t.device)
@@ -84,6 +127,7 @@ def ttt_forward(drafter: Eagle3Drafter, input_ids: Tensor, loss_mask: Tensor, au
         probs, t_arg, in_draft = target if target is not None else target_distribution(drafter, target_logits)
     draft_tids = drafter.d2t + torch.arange(drafter.draft_vocab_size, device=input_ids.device)
     layer, attn = drafter.midlayer, drafter.midlayer.self_attn
+    backend = ttt_attention_backend(input_ids.device)
     hidden = drafter.fuse(aux)
     positions = torch.arange(t, device=input_ids.device).expand(b, t)
     keys: list[Tensor] = []
@@ -104,7 +148,7 @@ def ttt_forward(drafter: Eagle3Drafter, input_ids: Tensor, loss_mask: Tensor, au
         if i == 0:
             out = attn.attend(q, k, v, None, causal=True)
         else:
-            out = attn.attend(q, torch.cat(keys, 2), torch.cat(values, 2), ttt_mask(t, i, q.device))
+            out = cross_step_attend(attn, q, keys, values, i, backend)
         hidden = layer.finish(out, hidden)
         logits = drafter.logits(hidden).float()
         if collect is not None:
