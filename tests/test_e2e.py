@@ -1,0 +1,182 @@
+"""One real smoke run of the whole workflow, then what a user relies on: caching, invalidation, one
+launch per server configuration, records and report, and a reproducible clean rerun.
+
+The run happens once per module (fixture ``smoke``) in a temporary copy of the workflow; the demo
+models are built once into the repository's ``resources/demo`` (git-ignored) and reused, as the
+embedded default does. Marked slow (a few minutes on 2 cores) but part of the default test run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from draftlab.records import RUN_COLUMNS, TIMING_COLUMNS
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+EXP = "demo-k2-to-k25"
+DEMO_OUT = ROOT / "resources" / "demo"
+RUN_TIMEOUT_S = 1500
+
+
+def _copy_workflow(dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("Snakefile", "workflow", "config", "profiles"):
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, dest / name)
+    (dest / "smoke.yaml").write_text(yaml.safe_dump({"size": "smoke", "demo": {"out": str(DEMO_OUT)}}))
+    return dest
+
+
+def snakemake(wd: Path, *args: str, extra_config: Path | None = None, timeout: int = 300,
+              check: bool = True) -> subprocess.CompletedProcess:
+    files = ["smoke.yaml"] + ([str(extra_config)] if extra_config else [])
+    cmd = [sys.executable, "-m", "snakemake", "--cores", "2", *args, "--configfile", *files]
+    out = subprocess.run(cmd, cwd=wd, capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if check:
+        assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    return out
+
+
+def dry_run_jobs(wd: Path, extra: dict | None = None) -> list[tuple[str, str]]:
+    """(rule, wildcards) of every job a dry run of `all` would run."""
+    path = None
+    if extra is not None:
+        path = wd / "extra.yaml"
+        path.write_text(yaml.safe_dump(extra))
+    out = snakemake(wd, "-n", "all", extra_config=path)
+    jobs = []
+    for block in out.stdout.split("\n\n"):
+        m = re.search(r"^(?:local)?rule (\w+):", block, re.M)
+        if m:
+            w = re.search(r"^\s+wildcards: (.*)$", block, re.M)
+            jobs.append((m.group(1), w.group(1) if w else ""))
+    return [j for j in jobs if j[0] != "all"]
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> Path:
+    wd = _copy_workflow(tmp_path_factory.mktemp("smoke"))
+    snakemake(wd, "all", timeout=RUN_TIMEOUT_S)
+    return wd
+
+
+def _smoke_config() -> dict:
+    from draftlab.config import deep_merge, load_config, read_yaml
+
+    return load_config(deep_merge(read_yaml(ROOT / "config/config.yaml"), {"size": "smoke"}))
+
+
+def test_full_run_produces_records_and_report(smoke):
+    res = smoke / "results" / EXP
+    md = (res / "report" / "summary.md").read_text()
+    assert "## Decision" in md and "**Decision:**" in md
+    gate = json.loads((res / "gate" / "gate.json").read_text())
+    records = pd.read_csv(res / "records" / "records.csv")
+    cfg = _smoke_config()
+    n_specs, n_arms = len(cfg["speculative"]), 4
+    assert len(records) == (1 + (1 + n_arms) * n_specs) * len(cfg["bench"]["clients"])
+    probe = records[records.variant == "probe"]
+    assert (probe.status == "ok").all() and (probe.accept_length >= 1.0).all()
+    assert records[records.variant == "baseline"].accept_length.isna().all()
+    trained = records[records.variant.isin(["finetune-keep", "finetune-remap", "finetune-regenerate", "scratch"])]
+    if gate["pass"]:
+        assert (trained.status == "ok").all() and trained.val_acc_per_step.notna().all()
+        assert "TTT per-step" in md and "| finetune-remap |" in md
+    else:
+        assert (trained.status == "skipped").all() and "skipped" in md
+    glob = pd.read_csv(smoke / "results" / "records.csv")
+    assert set(records.row_id) <= set(glob.row_id)
+    assert len(pd.read_parquet(smoke / "results" / "records.parquet")) == len(glob)
+    for png in ("accept_length.png", "throughput.png", "ttt_accuracy.png"):
+        assert (res / "report" / png).read_bytes()[:4] == b"\x89PNG"
+    # every rule logged under results/<experiment>/logs/
+    assert (res / "logs" / "serve_bench" / "probe-s2-k1-d3.log").exists()
+    assert (res / "logs" / "server" / "probe-s2-k1-d3.log").exists()
+
+
+def test_launches_equal_distinct_server_configurations(smoke):
+    res = smoke / "results" / EXP
+    serves = [json.loads(p.read_text()) for p in sorted((res / "bench").glob("*/*/serve.json"))]
+    launched = [s for s in serves if not s.get("skipped")]
+    assert sum(s["launches"] for s in serves) == len(launched)
+    fingerprints = [s["fingerprint"] for s in launched]
+    assert len(set(fingerprints)) == len(fingerprints)  # one launch per distinct server configuration
+    # the server logs agree: one "listening" line per launched server
+    logs = list((res / "logs" / "server").glob("*.log"))
+    listening = sum(p.read_text(errors="replace").count("draftlab-serve listening on") for p in logs)
+    assert listening == len(launched)
+    # and every client result names the server it ran against
+    for p in (res / "bench").glob("*/*/*.json"):
+        if p.name not in ("serve.json", "plan.json"):
+            data = json.loads(p.read_text())
+            serve = json.loads((p.parent / "serve.json").read_text())
+            assert data["server"]["fingerprint"] == serve["fingerprint"], p
+
+
+def test_second_run_has_nothing_to_do(smoke):
+    out = snakemake(smoke, "-n", "all")
+    assert "Nothing to be done" in out.stdout + out.stderr
+
+
+def test_benchmark_only_change_reruns_only_benchmarks_records_report(smoke):
+    cfg = _smoke_config()
+    client = dict(cfg["bench"]["clients"][0], max_new_tokens=cfg["bench"]["clients"][0]["max_new_tokens"] + 4)
+    jobs = dry_run_jobs(smoke, {"sizes": {"smoke": {"bench": {"clients": [client]}}}})
+    rules = {r for r, _ in jobs}
+    assert rules == {"bench_plan", "serve_bench", "probe_gate", "records", "records_merge", "report"}
+    assert sum(r == "serve_bench" for r, _ in jobs) == 1 + 5 * len(cfg["speculative"])
+
+
+def test_drafter_revision_change_reruns_everything_downstream_of_acquire(smoke):
+    commit = json.loads((smoke / "results" / EXP / "models/drafter/acquire.json").read_text())["resolved_commit"]
+    jobs = dry_run_jobs(smoke, {"drafter": {"revision": commit}})
+    rules = [r for r, _ in jobs]
+    assert "acquire" in rules and "patch_config" in rules and "vocab_mapping" in rules
+    assert rules.count("train") == 4 and rules.count("doctor") == 5
+    assert {"demo_models", "resolve_target", "generate_data", "tokenize"}.isdisjoint(rules)
+    benches = [w for r, w in jobs if r == "serve_bench"]
+    assert len(benches) == 5 * len(_smoke_config()["speculative"])
+    assert not any("variant=baseline" in w for w in benches)  # the baseline does not use the drafter
+
+
+def test_finetune_change_does_not_rerun_the_probe(smoke):
+    jobs = dry_run_jobs(smoke, {"sizes": {"smoke": {"train": {"lr": 0.0005}}}})
+    rules = {r for r, _ in jobs}
+    assert "train" in rules
+    assert not any(r == "serve_bench" and "variant=probe" in w for r, w in jobs)
+    assert not any(r == "serve_bench" and "variant=baseline" in w for r, w in jobs)
+    assert {"probe_gate", "acquire", "patch_config", "tokenize", "generate_data"}.isdisjoint(rules)
+
+
+def test_snakemake_html_report(smoke):
+    snakemake(smoke, "all", "--report", "report.html", timeout=300)
+    html = (smoke / "report.html").read_text(errors="replace")
+    assert "summary.md" in html and "accept_length.png" in html
+
+
+def test_clean_rerun_is_reproducible(smoke, tmp_path):
+    again = _copy_workflow(tmp_path / "again")
+    snakemake(again, "all", timeout=RUN_TIMEOUT_S)
+    a, b = smoke / "results" / EXP, again / "results" / EXP
+    arms = sorted(p.name for p in (a / "train").iterdir())
+    for arm in arms:
+        wa, wb = a / "train" / arm / "drafter" / "model.safetensors", b / "train" / arm / "drafter" / "model.safetensors"
+        if wa.exists():
+            assert wa.read_bytes() == wb.read_bytes(), arm
+    ra = pd.read_csv(a / "records" / "records.csv")
+    rb = pd.read_csv(b / "records" / "records.csv")
+    volatile = [c for c in (*TIMING_COLUMNS, *RUN_COLUMNS) if c in ra.columns]
+    pd.testing.assert_frame_equal(ra.drop(columns=volatile), rb.drop(columns=volatile))
