@@ -88,14 +88,14 @@ class DemoSize:
 
 SIZES: dict[str, DemoSize] = {
     "smoke": DemoSize(
-        name="smoke", source_files=24, topics=40, vocab_size=768, hidden_size=64, num_layers=8,
+        name="smoke", source_files=10, topics=30, vocab_size=768, hidden_size=64, num_layers=8,
         num_heads=4, num_kv_heads=2, intermediate_size=192, block=128, batch=8,
-        v1_steps=220, v1_lr=3e-3, v2_steps=100, v2_lr=3e-3,
+        v1_steps=220, v1_lr=4e-3, v2_steps=100, v2_lr=3e-3,
         drafter_steps=150, drafter_lr=3e-3, drafter_block=128, draft_vocab_size=512,
         ttt_length=3, chunk_chars=600,
     ),
     "default": DemoSize(
-        name="default", source_files=60, topics=79, vocab_size=2048, hidden_size=128, num_layers=8,
+        name="default", source_files=24, topics=79, vocab_size=2048, hidden_size=128, num_layers=8,
         num_heads=4, num_kv_heads=2, intermediate_size=320, block=256, batch=8,
         v1_steps=420, v1_lr=2e-3, v2_steps=160, v2_lr=2e-3,
         drafter_steps=300, drafter_lr=2e-3, drafter_block=256, draft_vocab_size=1024,
@@ -188,7 +188,10 @@ def conversations(docs: list[Document], chunk_chars: int) -> list[list[dict[str,
         for k, chunk in enumerate(_chunks(d.text, chunk_chars)):
             lines = chunk.splitlines(keepends=True)
             head_n = 2 if len(lines) > 3 else 1
-            head, rest = "".join(lines[:head_n]), "".join(lines[head_n:])
+            # no blank lines at either end: otherwise "\n" -> "<|im_end|>" becomes the most common
+            # bigram and a greedy target ends every answer at once
+            head = "".join(lines[:head_n]).strip("\n")
+            rest = "".join(lines[head_n:]).strip("\n")
             if not rest.strip():
                 continue
             what = f"the Python documentation topic '{d.name}'" if d.kind == "doc" else f"the file {d.name}"
