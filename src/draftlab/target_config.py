@@ -34,7 +34,34 @@ def load_json_config(path: str | os.PathLike) -> dict[str, Any]:
         raise DraftlabError(f"{path}: invalid JSON ({exc})") from None
     if not isinstance(cfg, dict):
         raise DraftlabError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
+    check_config_types(cfg, path)
     return cfg
+
+
+# Keys that every transformers / EAGLE-3 config holds as integers. A string ("131072") parses as
+# JSON and slips past comparisons, then breaks SGLang or transformers far from the cause.
+INT_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "num_hidden_layers",
+            "vocab_size", "max_position_embeddings", "draft_vocab_size", "target_hidden_size", "head_dim")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def check_config_types(cfg: dict[str, Any], path: str | os.PathLike, prefix: str = "") -> None:
+    """Fail, naming the file and the key, when a size key or the aux layer ids are not integers."""
+    for key in INT_KEYS:
+        v = cfg.get(key)
+        if v is not None and not _is_int(v):
+            raise DraftlabError(f"{path}: key '{prefix}{key}': expected an integer, got {v!r} ({type(v).__name__})")
+    eagle = cfg.get("eagle_config")
+    ids = eagle.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle, dict) else None
+    if ids is not None and not (isinstance(ids, list) and all(_is_int(i) for i in ids)):
+        raise DraftlabError(f"{path}: key '{prefix}eagle_config.eagle_aux_hidden_state_layer_ids': "
+                            f"expected a list of integers, got {ids!r}")
+    for key in NESTED_TEXT_KEYS:
+        if isinstance(cfg.get(key), dict):
+            check_config_types(cfg[key], path, f"{prefix}{key}.")
 
 
 def resolve_config_path(source: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
