@@ -16,6 +16,7 @@ from typing import Any
 
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import atomic_dir, to_json
+from draftlab.safetensors_header import read_header
 from draftlab.target_config import load_json_config, nested_text_key, read_config, resolve_config_path, text_config
 
 CONTEXT_KEY = "max_position_embeddings"
@@ -127,6 +128,9 @@ def patch_config(
     )
     if not any(p.suffix == ".safetensors" for p in files):
         raise DraftlabError(f"{drafter}: no .safetensors weights to link")
+    for p in files:  # a truncated or corrupt weight file fails here, before a patched folder appears
+        if p.suffix == ".safetensors":
+            read_header(p)
     record = {
         "drafter": str(drafter),
         "target": str(target),
