@@ -361,13 +361,26 @@ def _mapping_from(tensors: dict[str, torch.Tensor], where: str, vocab_size: int 
     if d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
         raise DraftlabError(f"{where}: 'd2t' has dtype {d2t.dtype}; expected integer offsets (I64)")
     d2t = d2t.to(torch.int64)
+    ids = torch.arange(d2t.numel()) + d2t
     if "t2d" in tensors:
         t2d = tensors["t2d"]
         if t2d.dim() != 1:
             raise DraftlabError(f"{where}: 't2d' has shape {list(t2d.shape)}; expected one dimension [vocab_size]")
+        _check_d2t_range(ids, t2d.numel(), where)
         return VocabMapping(d2t=d2t, t2d=t2d.to(torch.bool))
     assert vocab_size is not None
-    ids = torch.arange(d2t.numel()) + d2t
+    _check_d2t_range(ids, int(vocab_size), where)
     t2d = torch.zeros(int(vocab_size), dtype=torch.bool)
-    t2d[ids[(ids >= 0) & (ids < vocab_size)]] = True
+    t2d[ids] = True
     return VocabMapping(d2t=d2t, t2d=t2d)
+
+
+def _check_d2t_range(ids: torch.Tensor, vocab_size: int, where: str) -> None:
+    """Refuse a d2t that sends draft ids outside the target vocabulary: every use of it would be wrong."""
+    bad = ((ids < 0) | (ids >= vocab_size)).nonzero().flatten()
+    if bad.numel():
+        i = int(bad[0])
+        raise DraftlabError(
+            f"{where}: key 'd2t': {bad.numel()} draft ids map outside the target vocabulary [0, {vocab_size}) "
+            f"(first: draft id {i} -> target id {int(ids[i])}); rebuild the mapping (draftlab d2t build)"
+        )
