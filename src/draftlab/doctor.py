@@ -287,7 +287,7 @@ def check_non_finite(s: Subject) -> list[Finding]:
     bad = scan_non_finite(floats)
     if not bad:
         return []
-    parts = [f"{n} ({c['nan']} NaN, {c['inf']} inf)" for n, c in bad.items()]
+    parts = [f"{n} ({c['nan']} NaN, {c['inf']} inf) in {floats[n].file}" for n, c in bad.items()]
     return [_err("non-finite-weights", (
         f"{len(bad)} tensors hold NaN/inf values: {', '.join(parts[:8])}; the checkpoint is corrupt or was "
         "saved after a diverged step: use an earlier checkpoint"
