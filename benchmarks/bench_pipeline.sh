@@ -9,7 +9,7 @@ CORES="${2:-2}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 WORK="$(mktemp -d /tmp/draftlab-bench-pipeline.XXXXXX)"
 trap 'rm -rf "$WORK"' EXIT
-cp -r "$ROOT/Snakefile" "$ROOT/workflow" "$ROOT/config" "$ROOT/profiles" "$WORK/"
+cp -r "$ROOT/Snakefile" "$ROOT/workflow" "$ROOT/config" "$ROOT/profiles" "$ROOT/envs" "$WORK/"
 cd "$WORK"
 echo "# $(date -u +%FT%TZ) size=$SIZE cores=$CORES nproc=$(nproc) load=$(cut -d' ' -f1-3 /proc/loadavg)"
 

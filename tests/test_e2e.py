@@ -32,7 +32,7 @@ RUN_TIMEOUT_S = 1500
 
 def _copy_workflow(dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
-    for name in ("Snakefile", "workflow", "config", "profiles"):
+    for name in ("Snakefile", "workflow", "config", "profiles", "envs"):
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, dest / name)
     (dest / "smoke.yaml").write_text(yaml.safe_dump({"size": "smoke", "demo": {"out": str(DEMO_OUT)}}))

@@ -48,7 +48,7 @@ def job_counts(text: str) -> dict[str, int]:
 def workdir(tmp_path_factory) -> Path:
     """A copy of the workflow, so dry runs never touch the repository's .snakemake/ or results/."""
     d = tmp_path_factory.mktemp("wf")
-    for name in ("Snakefile", "workflow", "config", "profiles"):
+    for name in ("Snakefile", "workflow", "config", "profiles", "envs"):
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, d / name)
     os.symlink("profiles/gpu8", d / "gpu8")

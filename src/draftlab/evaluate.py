@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import write_json
+from draftlab.fsutil import write_json, write_text
 
 SKIP_MARKER = "SKIPPED.json"
 PLAN_VERSION = 1
@@ -275,8 +275,6 @@ def run_plan(plan: Mapping[str, Any], argv: Sequence[str] | None = None, progres
 
 
 def _write_skipped_csv(path: str, reason: str) -> None:
-    from draftlab.fsutil import write_text
-
     write_text(path, f"# skipped: {reason}\n")
 
 
@@ -371,5 +369,8 @@ def run_gated(cmd: Sequence[str], *, gate: str | None, unless_skipped: str | Non
         Path(d).mkdir(parents=True, exist_ok=True)
         write_json(Path(d) / SKIP_MARKER, payload)
     for f in skip_files:
-        write_json(f, payload)
+        if str(f).endswith(".json"):
+            write_json(f, payload)
+        else:
+            write_text(f, f"**skipped**: {reason}\n")
     return 0
