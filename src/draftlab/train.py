@@ -217,6 +217,7 @@ class TrainConfig:
     stop_after: int | None = None          # exit after this many steps, as if preempted (tests, debugging)
     progress: bool = True
     trust_remote_code: bool = False
+    compile: bool = False                  # torch.compile the TTT step (GPU throughput; see benchmarks/)
 
     RESUME_KEYS = ("target", "tokens", "data", "hidden_states", "vocab_mapping", "init", "checkpoint",
                    "vocab_mode", "ttt_length", "epochs", "max_steps", "batch_size", "max_length", "lr",
@@ -729,8 +730,11 @@ def _run(cfg: TrainConfig) -> dict[str, Any]:
     model: nn.Module = module
     if world > 1:
         model = nn.parallel.DistributedDataParallel(module, device_ids=[dev.index] if dev.type == "cuda" else None)
+    if cfg.compile:
+        model = torch.compile(model)
     params = [p for p in drafter.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95),
+                            fused=dev.type == "cuda")
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, cfg.warmup_ratio))
 
     start = 0

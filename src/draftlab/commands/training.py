@@ -67,6 +67,7 @@ def register(sub) -> None:
     p.add_argument("--log", dest="log_file", help="append per-step JSON lines here")
     p.add_argument("--stop-after", type=int, help="stop after N steps as if preempted (resume later)")
     p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--compile", action="store_true", help="torch.compile the TTT step (GPU throughput)")
     add_json_flag(p)
     p.set_defaults(func=_train)
 
@@ -117,7 +118,7 @@ def _train(args: argparse.Namespace) -> int:
     keys = ("target", "out", "tokens", "data", "hidden_states", "vocab_mapping", "init", "checkpoint", "vocab_mode",
             "draft_vocab_size", "ttt_length", "epochs", "max_steps", "batch_size", "max_length", "lr", "warmup_ratio",
             "grad_clip", "weight_decay", "seed", "precision", "checkpoint_every", "keep_checkpoints", "resume",
-            "val_samples", "device", "log_file", "stop_after", "trust_remote_code")
+            "val_samples", "device", "log_file", "stop_after", "trust_remote_code", "compile")
     r = train_drafter(**{k: getattr(args, k) for k in keys}, aux_layer_ids=_ids(args.aux_layer_ids),
                       drafter_overrides=overrides)
     if "stopped_at" in r:
