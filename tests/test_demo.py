@@ -57,12 +57,16 @@ def test_snapshots_load_offline_through_huggingface_hub_and_transformers(smoke, 
     from huggingface_hub import hf_hub_download
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from huggingface_hub import constants
+
+    # offline: huggingface_hub reads HF_HUB_OFFLINE at import, so set its constant too
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     cache = smoke["result"]["hf_cache"]
-    cfg_path = hf_hub_download("draftlab-demo/target-v2", "config.json", cache_dir=cache)
+    cfg_path = hf_hub_download("draftlab-demo/target-v2", "config.json", cache_dir=cache, local_files_only=True)
     assert json.loads(Path(cfg_path).read_text())["max_position_embeddings"] == 1024
-    v1 = AutoModelForCausalLM.from_pretrained("draftlab-demo/target-v1", cache_dir=cache)
-    tok = AutoTokenizer.from_pretrained("draftlab-demo/target-v1", cache_dir=cache)
+    v1 = AutoModelForCausalLM.from_pretrained("draftlab-demo/target-v1", cache_dir=cache, local_files_only=True)
+    tok = AutoTokenizer.from_pretrained("draftlab-demo/target-v1", cache_dir=cache, local_files_only=True)
     assert v1.config.max_position_embeddings == 512
     assert len(tok) == v1.config.vocab_size
     # the target learnt something: its held-out loss is far below uniform guessing
