@@ -363,8 +363,24 @@ def _reuse(out: Path, args: dict[str, Any]) -> dict[str, Any] | None:
     return dict(manifest["result"], reused=True)
 
 
+class _StageTimes(dict):
+    """Stage timings that also report each finished stage on stderr and in an optional log file."""
+
+    def __init__(self, log_file: str | os.PathLike | None):
+        super().__init__()
+        self.log_file = log_file
+
+    def __setitem__(self, key: str, seconds: float) -> None:
+        super().__setitem__(key, seconds)
+        line = f"demo-models: {key.removesuffix('_s')} took {seconds:.1f} s"
+        print(line, file=sys.stderr)
+        if self.log_file:
+            with open(self.log_file, "a", encoding="utf-8") as fh:
+                fh.write(line + "\n")
+
+
 def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", seed: int = 0, threads: int = 1,
-                      force: bool = False) -> dict[str, Any]:
+                      force: bool = False, log_file: str | os.PathLike | None = None) -> dict[str, Any]:
     """Build (or reuse) the demo pair under ``out``; returns the snapshot folders and the corpus hash.
 
     ``size`` names one of :data:`SIZES` (or is a :class:`DemoSize`, for tests and experiments).
@@ -381,7 +397,7 @@ def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", se
         return hit
 
     t0 = time.perf_counter()
-    timings: dict[str, float] = {}
+    timings = _StageTimes(log_file)
     corpus = load_corpus(spec)
     sha = corpus_sha256(corpus)
     slices = split_corpus(corpus)
@@ -471,7 +487,7 @@ def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", se
             "tokens": {k: int(len(v)) for k, v in streams.items()},
         },
         "metrics": held,
-        "timings": timings,
+        "timings": dict(timings),
         "threads": threads,
     })
     return dict(result, reused=False)

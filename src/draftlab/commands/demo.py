@@ -18,6 +18,7 @@ def register(sub) -> None:
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads while building (1: robust on a shared machine; same threads, same weights)")
     p.add_argument("--force", action="store_true", help="rebuild even when the manifest matches")
+    p.add_argument("--log", default=None, help="append one line per finished stage to this file")
     add_json_flag(p)
     p.set_defaults(func=_demo_models)
 
@@ -66,7 +67,8 @@ def register(sub) -> None:
 def _demo_models(args: argparse.Namespace) -> int:
     from draftlab.demo import build_demo_models
 
-    result = build_demo_models(args.out, size=args.size, seed=args.seed, threads=args.threads, force=args.force)
+    result = build_demo_models(args.out, size=args.size, seed=args.seed, threads=args.threads, force=args.force,
+                               log_file=args.log)
     emit(args, result, lambda r: "\n".join(f"{k}: {v}" for k, v in r.items()))
     return 0
 
