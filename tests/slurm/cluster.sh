@@ -7,7 +7,13 @@
 #   tests/slurm/cluster.sh stop [STATE_DIR]    # stops the three daemons by the PIDs in their pid files
 #
 # Nothing outside STATE_DIR (default /tmp/draftlab-slurm) is written, apart from munge's own socket
-# directory; the daemons are stopped by PID, never by name.
+# directory and slurmd's configless link /run/slurm/conf (removed again by `stop`); the daemons are
+# stopped by PID, never by name.
+#
+# The cluster runs "configless", like most modern clusters: slurmd fetches its configuration from
+# slurmctld and links the copy at /run/slurm/conf, where every client command (sbatch, srun,
+# squeue) finds it without SLURM_CONF. That matters: the Snakemake SLURM plugin's job step drops
+# every SLURM_* variable, SLURM_CONF included, before it calls `srun` inside the allocation.
 set -euo pipefail
 
 cmd=${1:-}
@@ -37,6 +43,7 @@ SlurmUser=root
 SlurmdUser=root
 SlurmctldPort=${SLURMCTLD_PORT:-16817}
 SlurmdPort=${SLURMD_PORT:-16818}
+SlurmctldParameters=enable_configless
 AuthType=auth/munge
 CryptoType=crypto/munge
 MpiDefault=none
@@ -130,7 +137,8 @@ case "$cmd" in
     write_config
     start_munge
     SLURM_CONF=$conf slurmctld -f "$conf" -i
-    SLURM_CONF=$conf slurmd -f "$conf"
+    # configless slurmd: fetches slurm.conf/gres.conf from slurmctld, links them at /run/slurm/conf
+    env -u SLURM_CONF slurmd --conf-server "$(hostname -s):${SLURMCTLD_PORT:-16817}"
     wait_for_node
     echo "export SLURM_CONF=$conf"
     ;;
@@ -141,6 +149,11 @@ case "$cmd" in
     stop_pidfile "$state/run/slurmd.pid"
     stop_pidfile "$state/run/slurmctld.pid"
     stop_pidfile "$state/run/munged.pid"
+    # slurmd's configless link, only when it points into this cluster's state
+    if [ -L /run/slurm/conf ] && [ "$(readlink /run/slurm/conf)" = "$state/spool/d/conf-cache" ]; then
+      rm -f /run/slurm/conf
+      rmdir /run/slurm 2>/dev/null || true
+    fi
     ;;
   *)
     echo "usage: $0 install|start|env|stop [STATE_DIR]" >&2

@@ -1,0 +1,275 @@
+"""The slurm profile on a real one-node SLURM cluster (tests/slurm/cluster.sh, started by .ci/run).
+
+One smoke slice of the pipeline (acquire -> inspect -> patch config -> doctor -> serve + benchmark)
+runs twice in temporary copies of the workflow: once with Snakemake's local executor, once through
+`--profile profiles/slurm`. Both copies share one demo build, so the only difference is where the
+jobs ran; the SLURM run must make the same files with the same deterministic content.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+WORKFLOW_FILES = ["Snakefile", "workflow", "config", "profiles"]
+# The smoke slice's serve_bench jobs ask SLURM for one (fake) GPU each, as a GPU config would.
+CONFIG = ["size=smoke", "serve={gpus: 1}"]
+# Sized for a laptop or a 2-core CI runner; a user's own settings win.
+SMALL_CLUSTER_ENV = {
+    "DRAFTLAB_SLURM_JOBS": "4",
+    "DRAFTLAB_SLURM_MEM_MB": "1000",
+    "DRAFTLAB_SLURM_RUNTIME": "30",
+    "DRAFTLAB_SLURM_GPU_MEM_MB": "3000",
+    "DRAFTLAB_SLURM_GPU_RUNTIME": "30",
+    "DRAFTLAB_SLURM_GPU_CPUS": "1",
+}
+SLURM_BUDGET_S = 300  # issue 6: the SLURM part stays within 5 minutes
+
+
+def _cluster_problem() -> str | None:
+    if not os.environ.get("SLURM_CONF"):
+        return "SLURM_CONF is unset: start the test cluster with `eval \"$(tests/slurm/cluster.sh start)\"`"
+    if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
+        return "sinfo/sbatch not found: install the cluster with `tests/slurm/cluster.sh install`"
+    try:
+        out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20)
+    except subprocess.TimeoutExpired:
+        return "sinfo timed out: is slurmctld running?"
+    if out.returncode != 0:
+        return f"sinfo failed (exit {out.returncode}): {out.stderr.strip()[:300]}"
+    if not re.search(r"^(idle|mixed|allocated)", out.stdout, re.M):
+        return f"no usable SLURM node: sinfo says {out.stdout.strip()!r}"
+    try:
+        import snakemake_executor_plugin_slurm  # noqa: F401
+    except ImportError:
+        return "snakemake-executor-plugin-slurm is not installed (pip install -e '.[test]')"
+    return None
+
+
+_PROBLEM = _cluster_problem()
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.skipif(_PROBLEM is not None, reason=_PROBLEM or "")]
+
+
+def _default_partition() -> str:
+    out = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, check=True).stdout
+    names = out.split()
+    return next((p.rstrip("*") for p in names if p.endswith("*")), names[0].rstrip("*"))
+
+
+def _slice(workdir: Path) -> tuple[str, list[str], str, str]:
+    """(results dir, target files, client name, spec id) of the smoke slice, read from the config."""
+    import yaml
+    from draftlab.config import load_config, spec_id
+
+    raw = yaml.safe_load((workdir / "config/config.yaml").read_text())
+    raw["size"] = "smoke"
+    cfg = load_config(raw, source="config/config.yaml")
+    r = f"results/{cfg['experiment']}"
+    client = cfg["bench"]["clients"][0]["name"]
+    spec = spec_id(cfg["speculative"][0])
+    targets = [
+        f"{r}/static/inspect-target.json",
+        f"{r}/static/inspect-drafter.json",
+        f"{r}/static/doctor-probe.json",
+        f"{r}/bench/baseline/plain/{client}.json",
+        f"{r}/bench/probe/{spec}/{client}.json",
+    ]
+    return r, targets, client, spec
+
+
+def _copy_workflow(dest: Path) -> Path:
+    dest.mkdir(parents=True)
+    for name in WORKFLOW_FILES:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, symlinks=True)
+        else:
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def _snakemake(workdir: Path, args: list[str], env: dict[str, str], log: Path, timeout: int) -> float:
+    """Run snakemake in `workdir`; fail with the tail of its output. Returns the wall time."""
+    cmd = [sys.executable, "-m", "snakemake", *args, "--config", *CONFIG]
+    t0 = time.monotonic()
+    with open(log, "w") as fh:
+        # own process group: a timeout kills snakemake and everything it started, nothing else
+        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 15)
+            proc.wait(timeout=30)
+            rc = None
+    seconds = time.monotonic() - t0
+    if rc != 0:
+        tail = log.read_text()[-4000:]
+        pytest.fail(f"snakemake {' '.join(args)} {'timed out' if rc is None else f'exit {rc}'} "
+                    f"after {seconds:.0f} s in {workdir}:\n{tail}")
+    return seconds
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The smoke slice run locally, then through the slurm profile; yields both work dirs and timings."""
+    base = tmp_path_factory.mktemp("slurm")
+    local = _copy_workflow(base / "local")
+    r, targets, client, spec = _slice(local)
+    env = dict(os.environ)
+    env.pop("SLURM_JOB_ID", None)  # the plugin refuses to nest inside an allocation
+
+    # 1. local executor: builds the demo pair, then the slice
+    local_s = _snakemake(local, [*targets, "--cores", "2"], env, base / "local.log", timeout=1200)
+
+    # 2. the slurm profile, in a fresh copy that reuses the demo build (inputs, not results)
+    remote = _copy_workflow(base / "slurm")
+    shutil.copytree(local / "resources", remote / "resources", symlinks=True)
+    partition = _default_partition()
+    slurm_env = {**env, **{k: v for k, v in SMALL_CLUSTER_ENV.items() if k not in os.environ}}
+    slurm_env["DRAFTLAB_SLURM_PARTITION"] = partition
+    slurm_s = _snakemake(remote, [*targets, "--profile", "profiles/slurm", "--latency-wait", "5"],
+                         slurm_env, base / "slurm.log", timeout=SLURM_BUDGET_S + 120)
+    print(f"\nsmoke slice: local {local_s:.1f} s, slurm {slurm_s:.1f} s")
+    yield {
+        "local": local, "slurm": remote, "r": r, "client": client, "spec": spec, "targets": targets,
+        "local_s": local_s, "slurm_s": slurm_s, "slurm_log": (base / "slurm.log").read_text(),
+        "partition": partition,
+    }
+
+
+def _files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() or p.is_symlink()}
+
+
+def _normalised(path: Path, workdir: Path) -> str:
+    """File text with the work dir replaced, so two copies of the workflow compare equal."""
+    return path.read_text().replace(str(workdir.resolve()), "<workdir>").replace(str(workdir), "<workdir>")
+
+
+def _shape(obj):
+    """The key structure of a JSON value (keys and types, not values)."""
+    if isinstance(obj, dict):
+        return {k: _shape(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_shape(v) for v in obj[:1]]
+    return type(obj).__name__ if obj is not None else "null"
+
+
+def test_slurm_run_makes_the_same_result_files_as_a_local_run(runs):
+    local, remote, r = runs["local"], runs["slurm"], runs["r"]
+    for t in runs["targets"]:
+        assert (remote / t).is_file(), f"{t} missing after the slurm run"
+    assert _files(remote / r) == _files(local / r)
+    assert runs["slurm_s"] <= SLURM_BUDGET_S, f"slurm part took {runs['slurm_s']:.0f} s"
+
+
+def test_static_analysis_is_byte_for_byte_the_same(runs):
+    local, remote, r = runs["local"], runs["slurm"], runs["r"]
+    static = sorted(p.name for p in (local / r / "static").iterdir())
+    assert {"inspect-target.json", "inspect-drafter.json", "doctor-probe.json"} <= set(static)
+    for name in static:
+        assert _normalised(remote / r / "static" / name, remote) == _normalised(local / r / "static" / name, local), name
+    doctor = json.loads((remote / r / "static/doctor-probe.json").read_text())
+    assert doctor, "doctor report is empty"
+    assert _normalised(remote / r / "drafter/patched/patch.json", remote) == \
+        _normalised(local / r / "drafter/patched/patch.json", local)
+
+
+def _token_counts(result: dict) -> dict:
+    """Everything in a benchmark result that is a token or cycle count (deterministic: greedy decoding)."""
+    out = {}
+
+    def walk(obj, path):
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                walk(v, f"{path}.{k}")
+        elif isinstance(obj, list):
+            for i, v in enumerate(obj):
+                walk(v, f"{path}[{i}]")
+        elif re.search(r"(tokens|_ct|verify|accept_length|prompts|requests)$", path.rsplit(".", 1)[-1]) \
+                and isinstance(obj, (int, float)) and not isinstance(obj, bool):
+            out[path] = obj
+
+    walk(result, "")
+    return out
+
+
+def test_benchmarks_have_the_same_keys_and_token_counts(runs):
+    local, remote, r, client = runs["local"], runs["slurm"], runs["r"], runs["client"]
+    for sub in ("baseline/plain", f"probe/{runs['spec']}"):
+        a = json.loads((local / r / "bench" / sub / f"{client}.json").read_text())
+        b = json.loads((remote / r / "bench" / sub / f"{client}.json").read_text())
+        assert _shape(b) == _shape(a), sub
+        counts = _token_counts(a)
+        assert any("completion_tokens" in k for k in counts), f"no completion token count in {sub}: {sorted(a)}"
+        assert _token_counts(b) == counts, sub
+
+
+def _slurm_jobs(log: str) -> dict[str, list[str]]:
+    """rule -> SLURM job ids, from the plugin's 'submitted with SLURM jobid N (log: .../rule_X/...)' lines."""
+    jobs: dict[str, list[str]] = {}
+    for jobid, rule in re.findall(r"submitted with SLURM jobid (\d+) \(log: \S*/rule_([A-Za-z0-9_]+)/", log):
+        jobs.setdefault(rule, []).append(jobid)
+    return jobs
+
+
+def _scontrol(jobid: str) -> str:
+    return subprocess.run(["scontrol", "-d", "show", "job", jobid], capture_output=True, text=True).stdout
+
+
+def test_each_server_and_its_benchmarks_ran_in_one_gpu_allocation(runs):
+    jobs = _slurm_jobs(runs["slurm_log"])
+    assert "bench_plan" not in jobs, "bench_plan is a local rule"
+    assert {"acquire", "inspect", "patch_config", "doctor", "serve_bench"} <= set(jobs), jobs
+    # one SLURM job per server configuration: the server and every client share it (127.0.0.1)
+    assert len(jobs["serve_bench"]) == 2, jobs["serve_bench"]
+    for jobid in jobs["serve_bench"]:
+        info = _scontrol(jobid)
+        if not info:  # finished jobs leave slurmctld after MinJobAge (300 s by default)
+            pytest.skip(f"SLURM job {jobid} already purged by slurmctld")
+        assert "JobState=COMPLETED" in info, info
+        assert re.search(r"gres/gpu=1\b", info), f"serve_bench job {jobid} got no GPU:\n{info}"
+        assert f"Partition={runs['partition']}" in info
+    for jobid in jobs["inspect"]:
+        assert "gres/gpu" not in _scontrol(jobid), "a CPU job asked for a GPU"
+    r, spec, client = runs["r"], runs["spec"], runs["client"]
+    serve = json.loads((runs["slurm"] / r / "bench/probe" / spec / "serve.json").read_text())
+    assert "127.0.0.1" in json.dumps(serve), "the benchmark client did not talk to a server on its own node"
+
+
+GPU_PROBE = """
+rule all:
+    input: "gpu.txt", "cpu.txt"
+
+rule serve_bench:  # same name as the real rule, so the profile's GPU-job settings apply
+    output: "gpu.txt"
+    resources: gpu=2
+    shell: "echo ${{CUDA_VISIBLE_DEVICES:-unset}} > {output}"
+
+rule cpu:
+    output: "cpu.txt"
+    shell: "echo ${{CUDA_VISIBLE_DEVICES:-unset}} > {output}"
+"""
+
+
+def test_gpu_resource_becomes_cuda_visible_devices_in_the_job(tmp_path):
+    (tmp_path / "Snakefile").write_text(GPU_PROBE)
+    shutil.copytree(REPO / "profiles/slurm", tmp_path / "profiles/slurm")
+    env = {**os.environ, **{k: v for k, v in SMALL_CLUSTER_ENV.items() if k not in os.environ}}
+    env.pop("SLURM_JOB_ID", None)
+    proc = subprocess.run([sys.executable, "-m", "snakemake", "--profile", "profiles/slurm", "--latency-wait", "5"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    gpus = (tmp_path / "gpu.txt").read_text().strip()
+    assert len(gpus.split(",")) == 2 and all(g.isdigit() for g in gpus.split(",")), gpus
+    assert (tmp_path / "cpu.txt").read_text().strip() == "unset"
