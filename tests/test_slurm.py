@@ -56,7 +56,14 @@ def _cluster_problem() -> str | None:
 
 
 _PROBLEM = _cluster_problem()
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.skipif(_PROBLEM is not None, reason=_PROBLEM or "")]
+# Tests that submit jobs: marked `slurm` (and `slow`), skipped with the reason when no cluster answers.
+on_cluster = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.skipif(_PROBLEM is not None, reason=_PROBLEM or "")]
+
+
+def cluster_test(fn):
+    for mark in reversed(on_cluster):
+        fn = mark(fn)
+    return fn
 
 
 def _default_partition() -> str:
@@ -165,6 +172,7 @@ def _shape(obj):
     return type(obj).__name__ if obj is not None else "null"
 
 
+@cluster_test
 def test_slurm_run_makes_the_same_result_files_as_a_local_run(runs):
     local, remote, r = runs["local"], runs["slurm"], runs["r"]
     for t in runs["targets"]:
@@ -173,6 +181,7 @@ def test_slurm_run_makes_the_same_result_files_as_a_local_run(runs):
     assert runs["slurm_s"] <= SLURM_BUDGET_S, f"slurm part took {runs['slurm_s']:.0f} s"
 
 
+@cluster_test
 def test_static_analysis_is_byte_for_byte_the_same(runs):
     local, remote, r = runs["local"], runs["slurm"], runs["r"]
     static = sorted(p.name for p in (local / r / "static").iterdir())
@@ -204,6 +213,7 @@ def _token_counts(result: dict) -> dict:
     return out
 
 
+@cluster_test
 def test_benchmarks_have_the_same_keys_and_token_counts(runs):
     local, remote, r, client = runs["local"], runs["slurm"], runs["r"], runs["client"]
     for sub in ("baseline/plain", f"probe/{runs['spec']}"):
@@ -227,6 +237,7 @@ def _scontrol(jobid: str) -> str:
     return subprocess.run(["scontrol", "-d", "show", "job", jobid], capture_output=True, text=True).stdout
 
 
+@cluster_test
 def test_each_server_and_its_benchmarks_ran_in_one_gpu_allocation(runs):
     jobs = _slurm_jobs(runs["slurm_log"])
     assert "bench_plan" not in jobs, "bench_plan is a local rule"
@@ -262,6 +273,7 @@ rule cpu:
 """
 
 
+@cluster_test
 def test_gpu_resource_becomes_cuda_visible_devices_in_the_job(tmp_path):
     (tmp_path / "Snakefile").write_text(GPU_PROBE)
     shutil.copytree(REPO / "profiles/slurm", tmp_path / "profiles/slurm")
@@ -273,3 +285,32 @@ def test_gpu_resource_becomes_cuda_visible_devices_in_the_job(tmp_path):
     gpus = (tmp_path / "gpu.txt").read_text().strip()
     assert len(gpus.split(",")) == 2 and all(g.isdigit() for g in gpus.split(",")), gpus
     assert (tmp_path / "cpu.txt").read_text().strip() == "unset"
+
+
+def test_profile_resolves_partition_account_and_gpu_settings_from_the_environment(tmp_path):
+    """No cluster needed: a dry run shows the resources each job would be submitted with."""
+    (tmp_path / "Snakefile").write_text(GPU_PROBE)
+    shutil.copytree(REPO / "profiles/slurm", tmp_path / "profiles/slurm")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("DRAFTLAB_SLURM_", "SBATCH_"))}
+
+    def dry(**env) -> dict[str, str]:
+        proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--profile", "profiles/slurm"],
+                              cwd=tmp_path, env={**base, **env}, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        out = proc.stdout + proc.stderr
+        rules = re.findall(r"^rule (\w+):.*?^\s+resources: (.*?)$", out, re.M | re.S)
+        return {rule: res for rule, res in rules}
+
+    plain = dry()
+    assert "slurm_partition" not in plain["cpu"] and "slurm_account" not in plain["cpu"]
+    assert "mem_mb=4000" in plain["cpu"] and "runtime=60" in plain["cpu"]
+    assert "gpu=2" in plain["serve_bench"] and "cpus_per_task=16" in plain["serve_bench"]
+    assert "gpu_model" not in plain["serve_bench"]
+
+    # a partition named like a Python builtin stays a string; GPU jobs get their own partition and model
+    site = dry(DRAFTLAB_SLURM_PARTITION="all", DRAFTLAB_SLURM_GPU_PARTITION="gpu-h100", DRAFTLAB_SLURM_GPU_MODEL="h100",
+               SBATCH_ACCOUNT="proj42", DRAFTLAB_SLURM_MEM_MB="2000", DRAFTLAB_SLURM_GPU_CPUS="8")
+    assert "slurm_partition=all" in site["cpu"] and "slurm_account=proj42" in site["cpu"]
+    assert "mem_mb=2000" in site["cpu"]
+    assert "slurm_partition=gpu-h100" in site["serve_bench"] and "gpu_model=h100" in site["serve_bench"]
+    assert "cpus_per_task=8" in site["serve_bench"]

@@ -4,6 +4,12 @@
 #   tests/slurm/cluster.sh install            # Debian packages: slurmctld slurmd munge slurm-client (root)
 #   tests/slurm/cluster.sh start [STATE_DIR]   # writes slurm.conf + gres.conf (8 fake GPUs), starts munged, slurmctld, slurmd
 #   tests/slurm/cluster.sh env [STATE_DIR]     # prints `export SLURM_CONF=...` for clients (sbatch, squeue, snakemake)
+#                                              # and job sizes that fit this node for profiles/slurm
+#
+# Try the slurm profile on a laptop (as root):
+#   eval "$(tests/slurm/cluster.sh start)"
+#   snakemake --profile profiles/slurm --config size=smoke all
+#   tests/slurm/cluster.sh stop
 #   tests/slurm/cluster.sh stop [STATE_DIR]    # stops the three daemons by the PIDs in their pid files
 #
 # Nothing outside STATE_DIR (default /tmp/draftlab-slurm) is written, apart from munge's own socket
@@ -116,6 +122,13 @@ wait_for_node() {
   return 1
 }
 
+print_env() {
+  echo "export SLURM_CONF=$conf"
+  # profiles/slurm's defaults describe a real GPU node (16 CPUs, 128 GB per GPU job); shrink them to this one.
+  echo "export DRAFTLAB_SLURM_JOBS=4 DRAFTLAB_SLURM_MEM_MB=1000 DRAFTLAB_SLURM_RUNTIME=30"
+  echo "export DRAFTLAB_SLURM_GPU_MEM_MB=3000 DRAFTLAB_SLURM_GPU_CPUS=1 DRAFTLAB_SLURM_GPU_RUNTIME=30"
+}
+
 stop_pidfile() {
   local f=$1 pid i
   [ -f "$f" ] || return 0
@@ -140,10 +153,10 @@ case "$cmd" in
     # configless slurmd: fetches slurm.conf/gres.conf from slurmctld, links them at /run/slurm/conf
     env -u SLURM_CONF slurmd --conf-server "$(hostname -s):${SLURMCTLD_PORT:-16817}"
     wait_for_node
-    echo "export SLURM_CONF=$conf"
+    print_env
     ;;
   env)
-    echo "export SLURM_CONF=$conf"
+    print_env
     ;;
   stop)
     stop_pidfile "$state/run/slurmd.pid"
