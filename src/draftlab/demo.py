@@ -396,6 +396,7 @@ def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", se
     if not force and (hit := _reuse(out, args)) is not None:
         return hit
 
+    (out / "manifest.json").unlink(missing_ok=True)  # a half-done rebuild must not look complete
     t0 = time.perf_counter()
     timings = _StageTimes(log_file)
     corpus = load_corpus(spec)
@@ -494,6 +495,7 @@ def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", se
 
 
 def _save_target(model, tokenizer, folder: Path) -> None:
+    tokenizer.model_max_length = int(model.config.max_position_embeddings)
     with atomic_dir(folder) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
