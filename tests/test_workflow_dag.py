@@ -147,3 +147,8 @@ def test_gpu8_profile_resolves_from_the_repository_root():
     assert prof["printshellcmds"] is True
     # profiles/default would be merged into every run (and override gpu8); there must not be one
     assert not (ROOT / "profiles" / "default").exists()
+
+
+def test_local_profile_runs_the_default(workdir):
+    out = _run(["--profile", "profiles/local", "-n", "all"], cwd=workdir)
+    assert job_counts(out.stdout)["serve_bench"] == 11
