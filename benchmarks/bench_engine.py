@@ -23,8 +23,11 @@ Efficiency (see docs/serving.md):
     predicted = L_cycle * t_plain_step / (t_verify + k * t_draft)
     measured  = spec decode tok/s / plain decode tok/s        (prefill excluded from both)
     efficiency = measured / predicted
-with per-call times measured inside the same runs and L_cycle = tokens emitted by verify cycles
-per verify (the SGLang accept length minus the prefill token's share).
+with t_* the median times of the bare forwards (target 1 token, target k+1 tokens with hidden
+states, drafter 1 step) at a context of prompt + max_new/2 tokens, measured apart from the engine,
+and L_cycle = tokens emitted by verify cycles per verify (the SGLang accept length minus the
+prefill token's share). Everything the engine does besides those forwards (its own drafter extend
+over m+1 tokens, argmax transfers, the acceptance loop, cache crops) shows up as efficiency < 1.
 """
 
 from __future__ import annotations
@@ -47,12 +50,12 @@ from draftlab.eagle3_format import default_aux_layer_ids, drafter_config
 SIZES = {
     # demo-like: the shape of the demo "default" target (draftlab.demo.SIZES["default"])
     "cpu": dict(hidden_size=128, num_layers=8, heads=4, kv_heads=2, intermediate_size=384, vocab_size=2048,
-                draft_vocab_size=1024, embed_std=0.08, prompts_train=48, train_len=96, train_steps=300,
-                lr=3e-3, eval_prompts=8, max_new_tokens=96),
+                draft_vocab_size=1024, embed_std=0.1, prompts_train=128, train_len=80, train_steps=200,
+                lr=3e-3, eval_prompts=8, max_new_tokens=96, batch=16),
     # GPU-sized: 12 x 768 Llama, vocab 32000 -> ~134M parameters
     "gpu": dict(hidden_size=768, num_layers=12, heads=12, kv_heads=4, intermediate_size=2048, vocab_size=32000,
-                draft_vocab_size=16000, embed_std=0.08, prompts_train=256, train_len=128, train_steps=800,
-                lr=2e-3, eval_prompts=16, max_new_tokens=256),
+                draft_vocab_size=16000, embed_std=0.35, prompts_train=512, train_len=128, train_steps=800,
+                lr=2e-3, eval_prompts=16, max_new_tokens=256, batch=32),
 }
 
 
@@ -141,7 +144,7 @@ def train_drafter(target, size: dict, device, seed: int = 0, steps: int | None =
     opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=size["lr"])
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=size["lr"], total_steps=steps, pct_start=0.05)
     b, t = seqs.shape
-    batch = min(b, 32)
+    batch = min(b, size["batch"])
     t0 = time.perf_counter()
     for step in range(steps):
         idx = torch.randint(0, b, (batch,), device=device)
@@ -166,6 +169,50 @@ def train_drafter(target, size: dict, device, seed: int = 0, steps: int | None =
     return drafter.eval().requires_grad_(False)
 
 
+@torch.inference_mode()
+def forward_costs(target, drafter, k: int, ctx: int, reps: int = 30) -> dict:
+    """Median time of the bare forwards at context ``ctx``: target 1 token, target k+1 tokens, drafter 1 step."""
+    from transformers import DynamicCache
+
+    from draftlab.engine import _cache_kwarg, crop_cache
+    from draftlab.model import DrafterCache
+
+    dev = next(target.parameters()).device
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    kw = _cache_kwarg(target)
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(1, target.config.vocab_size, (1, ctx), generator=g).to(dev)
+    cache = DynamicCache(config=target.config)
+    out = target(input_ids=ids, use_cache=True, output_hidden_states=True, **{kw: cache})
+    dcache = DrafterCache()
+    layer_ids = default_aux_layer_ids(target.config.num_hidden_layers)
+    aux = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
+    _, hid = drafter(ids, aux, torch.arange(ctx, device=dev).unsqueeze(0), dcache)
+
+    def median(fn, undo) -> float:
+        times = []
+        for i in range(reps + 3):
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            if i >= 3:
+                times.append(time.perf_counter() - t0)
+            undo()
+        return sorted(times)[len(times) // 2]
+
+    one, many = ids[:, -1:], ids[:, -(k + 1):]
+    pos = torch.full((1, 1), ctx, device=dev)
+    return {
+        "context": ctx,
+        "t_plain_step_s": median(lambda: target(input_ids=one, use_cache=True, **{kw: cache}),
+                                 lambda: crop_cache(cache, ctx)),
+        "t_verify_s": median(lambda: target(input_ids=many, use_cache=True, output_hidden_states=True, **{kw: cache}),
+                             lambda: crop_cache(cache, ctx)),
+        "t_draft_s": median(lambda: drafter(one, hid[:, -1:], pos, dcache), lambda: dcache.crop(ctx)),
+    }
+
+
 def run_mode(engine: Engine, prompts: list[list[int]], max_new: int) -> dict:
     engine.generate(prompts[0], min(16, max_new), ignore_eos=True)  # warm-up
     rows = [engine.generate(p, max_new, ignore_eos=True) for p in prompts]
@@ -179,13 +226,13 @@ def run_mode(engine: Engine, prompts: list[list[int]], max_new: int) -> dict:
         "outputs": [r.output_ids for r in rows],
     }
     verify_calls = sum(r.verify_calls for r in rows)
-    out["t_verify_s"] = sum(r.verify_time for r in rows) / verify_calls
+    out["engine_t_verify_s"] = sum(r.verify_time for r in rows) / verify_calls  # per call, overhead included
     if engine.speculative:
         vct = sum(r.spec_verify_ct for r in rows)
         out["spec_verify_ct"] = vct
         out["accept_length"] = comp / vct  # SGLang: completion_tokens / spec_verify_ct
         out["accept_length_cycle"] = (comp - len(rows)) / vct
-        out["t_draft_s"] = sum(r.draft_time for r in rows) / sum(r.draft_calls for r in rows)
+        out["engine_t_draft_s"] = sum(r.draft_time for r in rows) / sum(r.draft_calls for r in rows)
         hist = [sum(col) for col in zip(*(r.accept_histogram for r in rows))]
         out["accept_histogram"] = hist
     return out
@@ -259,12 +306,15 @@ def main(argv: list[str] | None = None) -> int:
     plain = run_mode(Engine(target, None, eos_token_ids=()), prompts, max_new)
     result["plain"] = {k: v for k, v in plain.items() if k != "outputs"}
     result["speculative"] = []
+    ctx = len(prompts[0]) + max_new // 2
     for k in ks:
         spec = run_mode(Engine(target, drafter, num_steps=k, eos_token_ids=()), prompts, max_new)
-        predicted = spec["accept_length_cycle"] * plain["t_verify_s"] / (spec["t_verify_s"] + k * spec["t_draft_s"])
+        costs = forward_costs(target, drafter, k, ctx)
+        predicted = spec["accept_length_cycle"] * costs["t_plain_step_s"] / (costs["t_verify_s"] + k * costs["t_draft_s"])
         measured = spec["decode_tok_per_s"] / plain["decode_tok_per_s"]
         same = sum(a == b for a, b in zip(spec["outputs"], plain["outputs"])) / len(prompts)
         row = {"num_steps": k, **{key: v for key, v in spec.items() if key != "outputs"},
+               "forward_costs": costs,
                "speedup_e2e": spec["tok_per_s"] / plain["tok_per_s"], "speedup_decode": measured,
                "predicted_speedup": predicted, "efficiency": measured / predicted,
                "identical_outputs": same}
