@@ -58,7 +58,7 @@ def dry_run_jobs(wd: Path, extra: dict | None = None) -> list[tuple[str, str]]:
         path.write_text(yaml.safe_dump(extra))
     out = snakemake(wd, "-n", "all", extra_config=path)
     jobs = []
-    for block in out.stdout.split("\n\n"):
+    for block in re.split(r"^\[\w{3} \w{3} .*\]$", out.stdout, flags=re.M)[1:]:
         m = re.search(r"^(?:local)?rule (\w+):", block, re.M)
         if m:
             w = re.search(r"^\s+wildcards: (.*)$", block, re.M)

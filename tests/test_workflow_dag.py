@@ -32,6 +32,11 @@ def _run(args: list[str], cwd: Path = ROOT, check: bool = True) -> subprocess.Co
     return out
 
 
+def job_blocks(text: str) -> list[str]:
+    """The text of each job of a dry run (Snakemake starts every job with a [date] line)."""
+    return [b for b in re.split(r"^\[\w{3} \w{3} .*\]$", text, flags=re.M)[1:] if re.search(r"rule \w+:", b)]
+
+
 def job_counts(text: str) -> dict[str, int]:
     """The 'Job stats' table of a dry run as {rule: count}."""
     counts: dict[str, int] = {}
@@ -90,10 +95,14 @@ def test_kimi_dag_on_gpu8_prints_real_sglang_and_training_commands():
                in l and "draftlab import-specforge" in l for l in train)
     assert any("--ckpt-dir results/kimi-k25/drafter/patched" in l for l in train)
     # the doctor report precedes every launch of a drafter; GPU jobs reserve the whole host
-    assert "doctor-probe.json" in text.split("bench/probe/s2-k1-d3/plan.json -- python")[0]
-    for block in text.split("\n\n"):
-        if "rule serve_bench:" in block or "rule train:" in block:
-            assert re.search(r"\bgpu=8\b", block), block
+    probe_job = next(b for b in job_blocks(text) if "rule serve_bench:" in b and "bench/probe/" in b)
+    assert re.search(r"input: .*results/kimi-k25/static/doctor-probe\.json", probe_job)
+    gpu_jobs = [b for b in job_blocks(text) if re.search(r"^rule (serve_bench|train):", b.strip())]
+    assert len(gpu_jobs) == 5 + 3
+    for block in gpu_jobs:
+        assert re.search(r"resources: .*\bgpu=8\b", block), block
+    cpu_jobs = [b for b in job_blocks(text) if re.search(r"^(local)?rule (doctor|inspect|records):", b.strip())]
+    assert cpu_jobs and all(not re.search(r"\bgpu=[1-9]", b) for b in cpu_jobs)
 
 
 def test_sweep_shares_one_launch_per_server_configuration(workdir, tmp_path):
@@ -112,7 +121,7 @@ def test_sweep_shares_one_launch_per_server_configuration(workdir, tmp_path):
     assert counts["acquire"] == 2 and counts["compare"] == 2
     # every result of a server comes from that server's single job
     assert out.stdout.count("bench/probe/s2-k1-d3/a.json") >= 1
-    job = next(b for b in out.stdout.split("\n\n") if "rule serve_bench:" in b and "probe/s2-k1-d3" in b)
+    job = next(b for b in job_blocks(out.stdout) if "rule serve_bench:" in b and "probe/s2-k1-d3" in b)
     assert all(f"probe/s2-k1-d3/{c}.json" in job for c in "abc")
 
 
