@@ -125,6 +125,10 @@ def server_dict(cfg: Mapping[str, Any], target: str, drafter: str | None, spec: 
             d[key] = s[key]
     if s["backend"] == "builtin":
         d["device"] = s["device"]
+    else:
+        # `python` from PATH: inside a conda job that is the serving env's interpreter, which has
+        # SGLang; it is also exactly what the printed command says.
+        d["python"] = "python"
     if drafter is not None:
         d["drafter"] = drafter
         if spec is not None:
