@@ -213,9 +213,7 @@ def forward_costs(target, drafter, k: int, ctx: int, reps: int = 30) -> dict:
     }
 
 
-def run_mode(engine: Engine, prompts: list[list[int]], max_new: int) -> dict:
-    engine.generate(prompts[0], min(16, max_new), ignore_eos=True)  # warm-up
-    rows = [engine.generate(p, max_new, ignore_eos=True) for p in prompts]
+def summarize(rows: list, speculative: bool) -> dict:
     comp = sum(r.completion_tokens for r in rows)
     e2e = sum(r.e2e_time for r in rows)
     decode = sum(r.e2e_time - r.prefill_time for r in rows)
@@ -224,18 +222,28 @@ def run_mode(engine: Engine, prompts: list[list[int]], max_new: int) -> dict:
         "tok_per_s": comp / e2e,
         "decode_tok_per_s": (comp - len(rows)) / decode,
         "outputs": [r.output_ids for r in rows],
+        # per call, everything inside the engine's timers included
+        "engine_t_verify_s": sum(r.verify_time for r in rows) / sum(r.verify_calls for r in rows),
     }
-    verify_calls = sum(r.verify_calls for r in rows)
-    out["engine_t_verify_s"] = sum(r.verify_time for r in rows) / verify_calls  # per call, overhead included
-    if engine.speculative:
+    if speculative:
         vct = sum(r.spec_verify_ct for r in rows)
         out["spec_verify_ct"] = vct
         out["accept_length"] = comp / vct  # SGLang: completion_tokens / spec_verify_ct
         out["accept_length_cycle"] = (comp - len(rows)) / vct
         out["engine_t_draft_s"] = sum(r.draft_time for r in rows) / sum(r.draft_calls for r in rows)
-        hist = [sum(col) for col in zip(*(r.accept_histogram for r in rows))]
-        out["accept_histogram"] = hist
+        out["accept_histogram"] = [sum(col) for col in zip(*(r.accept_histogram for r in rows))]
     return out
+
+
+def run_interleaved(engines: dict, prompts: list[list[int]], max_new: int) -> dict:
+    """Each prompt through every engine in turn, so load drift on a shared machine hits all alike."""
+    for eng in engines.values():
+        eng.generate(prompts[0], min(16, max_new), ignore_eos=True)  # warm-up
+    rows: dict = {key: [] for key in engines}
+    for p in prompts:
+        for key, eng in engines.items():
+            rows[key].append(eng.generate(p, max_new, ignore_eos=True))
+    return {key: summarize(rows[key], engines[key].speculative) for key in engines}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -303,12 +311,16 @@ def main(argv: list[str] | None = None) -> int:
                           "drafter_train_steps": size["train_steps"], "target_f_agreement": round(agree, 3)}
 
     max_new = size["max_new_tokens"]
-    plain = run_mode(Engine(target, None, eos_token_ids=()), prompts, max_new)
+    engines = {0: Engine(target, None, eos_token_ids=())}
+    for k in ks:
+        engines[k] = Engine(target, drafter, num_steps=k, eos_token_ids=())
+    runs = run_interleaved(engines, prompts, max_new)
+    plain = runs[0]
     result["plain"] = {k: v for k, v in plain.items() if k != "outputs"}
     result["speculative"] = []
     ctx = len(prompts[0]) + max_new // 2
     for k in ks:
-        spec = run_mode(Engine(target, drafter, num_steps=k, eos_token_ids=()), prompts, max_new)
+        spec = runs[k]
         costs = forward_costs(target, drafter, k, ctx)
         predicted = spec["accept_length_cycle"] * costs["t_plain_step_s"] / (costs["t_verify_s"] + k * costs["t_draft_s"])
         measured = spec["decode_tok_per_s"] / plain["decode_tok_per_s"]

@@ -123,6 +123,8 @@ class Engine:
             drafter.load_target_embeddings(target.get_input_embeddings().weight.detach())
             drafter.to(device=self.device, dtype=next(target.parameters()).dtype)
             drafter.eval()
+            # draft id -> target id in one gather: hot[i] = i + d2t[i] (SGLang's hot_token_id)
+            self._hot = drafter.d2t + torch.arange(drafter.d2t.numel(), device=drafter.d2t.device)
         self.trace: list[dict[str, Any]] | None = None  # set to [] to record every cycle (tests, debugging)
         self._sync = self.device.type == "cuda"
 
@@ -241,7 +243,7 @@ class Engine:
             t0 = self._tick()
             drafts = []
             for j in range(k_eff):
-                d_tok = drafter.draft_to_target(d_logits.argmax(-1, keepdim=True))  # [1, 1]
+                d_tok = self._hot[d_logits.argmax(-1, keepdim=True)]  # [1, 1] target id
                 drafts.append(d_tok)
                 if j + 1 < k_eff:
                     pos = torch.full((1, 1), L + j, device=dev, dtype=torch.long)
