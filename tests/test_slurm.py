@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-WORKFLOW_FILES = ["Snakefile", "workflow", "config", "profiles"]
-# The smoke slice's serve_bench jobs ask SLURM for one (fake) GPU each, as a GPU config would.
-CONFIG = ["size=smoke", "serve={gpus: 1}"]
+WORKFLOW_FILES = ["Snakefile", "workflow", "config", "profiles", "envs"]
+# Laid over config/config.yaml: the smoke size, and serve_bench jobs that ask SLURM for one (fake)
+# GPU each, as a GPU config would (the builtin server still runs on the CPU).
+OVERLAY = "size: smoke\nserve:\n  gpus: 1\n"
 # Sized for a laptop or a 2-core CI runner; a user's own settings win.
 SMALL_CLUSTER_ENV = {
     "DRAFTLAB_SLURM_JOBS": "4",
@@ -72,8 +73,8 @@ def _default_partition() -> str:
     return next((p.rstrip("*") for p in names if p.endswith("*")), names[0].rstrip("*"))
 
 
-def _slice(workdir: Path) -> tuple[str, list[str], str, str]:
-    """(results dir, target files, client name, spec id) of the smoke slice, read from the config."""
+def _slice(workdir: Path) -> tuple[str, list[str], str, str, str]:
+    """(results dir, target files, client name, spec id, demo dir) of the smoke slice, from the config."""
     import yaml
     from draftlab.config import load_config, spec_id
 
@@ -90,7 +91,7 @@ def _slice(workdir: Path) -> tuple[str, list[str], str, str]:
         f"{r}/bench/baseline/plain/{client}.json",
         f"{r}/bench/probe/{spec}/{client}.json",
     ]
-    return r, targets, client, spec
+    return r, targets, client, spec, f"{cfg['demo']['out']}/{cfg['size']}"
 
 
 def _copy_workflow(dest: Path) -> Path:
@@ -106,7 +107,8 @@ def _copy_workflow(dest: Path) -> Path:
 
 def _snakemake(workdir: Path, args: list[str], env: dict[str, str], log: Path, timeout: int) -> float:
     """Run snakemake in `workdir`; fail with the tail of its output. Returns the wall time."""
-    cmd = [sys.executable, "-m", "snakemake", *args, "--config", *CONFIG]
+    (workdir / "overlay.yaml").write_text(OVERLAY)
+    cmd = [sys.executable, "-m", "snakemake", *args, "--configfile", "config/config.yaml", "overlay.yaml"]
     t0 = time.monotonic()
     with open(log, "w") as fh:
         # own process group: a timeout kills snakemake and everything it started, nothing else
@@ -131,16 +133,20 @@ def runs(tmp_path_factory):
     """The smoke slice run locally, then through the slurm profile; yields both work dirs and timings."""
     base = tmp_path_factory.mktemp("slurm")
     local = _copy_workflow(base / "local")
-    r, targets, client, spec = _slice(local)
+    r, targets, client, spec, demo = _slice(local)
     env = dict(os.environ)
     env.pop("SLURM_JOB_ID", None)  # the plugin refuses to nest inside an allocation
 
-    # 1. local executor: builds the demo pair, then the slice
+    # 1. local executor: builds the demo pair (or takes a finished smoke build from
+    #    $DRAFTLAB_TEST_DEMO_DIR, a developer shortcut: the demo is an input here, not under test), then the slice
+    prebuilt = os.environ.get("DRAFTLAB_TEST_DEMO_DIR")
+    if prebuilt and (Path(prebuilt) / "demo.json").is_file():
+        shutil.copytree(prebuilt, local / demo, symlinks=True)
     local_s = _snakemake(local, [*targets, "--cores", "2"], env, base / "local.log", timeout=1200)
 
     # 2. the slurm profile, in a fresh copy that reuses the demo build (inputs, not results)
     remote = _copy_workflow(base / "slurm")
-    shutil.copytree(local / "resources", remote / "resources", symlinks=True)
+    shutil.copytree(local / demo, remote / demo, symlinks=True)
     partition = _default_partition()
     slurm_env = {**env, **{k: v for k, v in SMALL_CLUSTER_ENV.items() if k not in os.environ}}
     slurm_env["DRAFTLAB_SLURM_PARTITION"] = partition
@@ -249,12 +255,13 @@ def test_each_server_and_its_benchmarks_ran_in_one_gpu_allocation(runs):
         if not info:  # finished jobs leave slurmctld after MinJobAge (300 s by default)
             pytest.skip(f"SLURM job {jobid} already purged by slurmctld")
         assert "JobState=COMPLETED" in info, info
-        assert re.search(r"gres/gpu=1\b", info), f"serve_bench job {jobid} got no GPU:\n{info}"
+        assert re.search(r"JOB_GRES=gpu:1\b", info), f"serve_bench job {jobid} got no GPU:\n{info}"
         assert f"Partition={runs['partition']}" in info
     for jobid in jobs["inspect"]:
-        assert "gres/gpu" not in _scontrol(jobid), "a CPU job asked for a GPU"
+        assert "JOB_GRES=(null)" in _scontrol(jobid), f"CPU job {jobid} (inspect) held a GPU"
     r, spec, client = runs["r"], runs["spec"], runs["client"]
     serve = json.loads((runs["slurm"] / r / "bench/probe" / spec / "serve.json").read_text())
+    assert serve["launches"] == 1, "one server launch per serve_bench job"
     assert "127.0.0.1" in json.dumps(serve), "the benchmark client did not talk to a server on its own node"
 
 

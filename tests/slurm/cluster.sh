@@ -5,16 +5,17 @@
 #   tests/slurm/cluster.sh start [STATE_DIR]   # writes slurm.conf + gres.conf (8 fake GPUs), starts munged, slurmctld, slurmd
 #   tests/slurm/cluster.sh env [STATE_DIR]     # prints `export SLURM_CONF=...` for clients (sbatch, squeue, snakemake)
 #                                              # and job sizes that fit this node for profiles/slurm
+#   tests/slurm/cluster.sh stop [STATE_DIR]    # stops the three daemons by the PIDs in their pid files
 #
 # Try the slurm profile on a laptop (as root):
 #   eval "$(tests/slurm/cluster.sh start)"
 #   snakemake --profile profiles/slurm --config size=smoke all
 #   tests/slurm/cluster.sh stop
-#   tests/slurm/cluster.sh stop [STATE_DIR]    # stops the three daemons by the PIDs in their pid files
 #
 # Nothing outside STATE_DIR (default /tmp/draftlab-slurm) is written, apart from munge's own socket
 # directory and slurmd's configless link /run/slurm/conf (removed again by `stop`); the daemons are
-# stopped by PID, never by name.
+# stopped by PID, never by name. One cluster per machine: `start` refuses when the ports
+# (SLURMCTLD_PORT 16817, SLURMD_PORT 16818) are taken.
 #
 # The cluster runs "configless", like most modern clusters: slurmd fetches its configuration from
 # slurmctld and links the copy at /run/slurm/conf, where every client command (sbatch, srun,
@@ -122,6 +123,29 @@ wait_for_node() {
   return 1
 }
 
+check_ports_free() {
+  local port
+  for port in "${SLURMCTLD_PORT:-16817}" "${SLURMD_PORT:-16818}"; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then   # something accepts connections there
+      echo "port $port is in use (another cluster running? stop it with \`$0 stop DIR\`, or set SLURMCTLD_PORT/SLURMD_PORT)" >&2
+      exit 1
+    fi
+  done
+}
+
+wait_for_pidfile() {
+  local f=$1 name=$2 i
+  for i in $(seq 1 50); do
+    if [ -s "$f" ] && kill -0 "$(cat "$f")" 2>/dev/null; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  echo "$name did not start; its log: $state/log/$name.log" >&2
+  tail -n 20 "$state/log/$name.log" >&2 || true
+  exit 1
+}
+
 print_env() {
   echo "export SLURM_CONF=$conf"
   # profiles/slurm's defaults describe a real GPU node (16 CPUs, 128 GB per GPU job); shrink them to this one.
@@ -147,11 +171,14 @@ case "$cmd" in
     ;;
   start)
     install_packages
+    check_ports_free
     write_config
     start_munge
     SLURM_CONF=$conf slurmctld -f "$conf" -i
+    wait_for_pidfile "$state/run/slurmctld.pid" slurmctld
     # configless slurmd: fetches slurm.conf/gres.conf from slurmctld, links them at /run/slurm/conf
     env -u SLURM_CONF slurmd --conf-server "$(hostname -s):${SLURMCTLD_PORT:-16817}"
+    wait_for_pidfile "$state/run/slurmd.pid" slurmd
     wait_for_node
     print_env
     ;;
