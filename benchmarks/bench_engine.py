@@ -24,10 +24,11 @@ Efficiency (see docs/serving.md):
     measured  = spec decode tok/s / plain decode tok/s        (prefill excluded from both)
     efficiency = measured / predicted
 with t_* the median times of the bare forwards (target 1 token, target k+1 tokens with hidden
-states, drafter 1 step) at a context of prompt + max_new/2 tokens, measured apart from the engine,
+states; t_draft = per-call mean of the drafter's k calls in a cycle, k-1 chain steps and one extend
+over L_cycle tokens) at a context of prompt + max_new/2 tokens, measured apart from the engine,
 and L_cycle = tokens emitted by verify cycles per verify (the SGLang accept length minus the
-prefill token's share). Everything the engine does besides those forwards (its own drafter extend
-over m+1 tokens, argmax transfers, the acceptance loop, cache crops) shows up as efficiency < 1.
+prefill token's share). Everything the engine does besides those forwards (argmax transfers, the
+acceptance loop, aux slicing, cache crops, Python) shows up as efficiency < 1.
 """
 
 from __future__ import annotations
@@ -170,13 +171,16 @@ def train_drafter(target, size: dict, device, seed: int = 0, steps: int | None =
 
 
 @torch.inference_mode()
-def forward_costs(target, drafter, k: int, ctx: int, reps: int = 30) -> dict:
-    """Median time of the bare forwards at context ``ctx``: target 1 token, target k+1 tokens, drafter 1 step."""
+def forward_costs(target, drafter, k: int, ctx: int, extend: int, reps: int = 60) -> dict:
+    """Median times of the bare forwards at context ``ctx``: target 1 token, target k+1 tokens, drafter 1
+    chain step, drafter extend over ``extend`` tokens (fusing aux states); ``t_draft_s`` = their per-call
+    mean in a cycle, ((k-1) chain steps + 1 extend) / k."""
     from transformers import DynamicCache
 
     from draftlab.engine import _cache_kwarg, crop_cache
     from draftlab.model import DrafterCache
 
+    clock = Engine.clock
     dev = next(target.parameters()).device
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     kw = _cache_kwarg(target)
@@ -189,28 +193,32 @@ def forward_costs(target, drafter, k: int, ctx: int, reps: int = 30) -> dict:
     aux = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
     _, hid = drafter(ids, aux, torch.arange(ctx, device=dev).unsqueeze(0), dcache)
 
-    def median(fn, undo) -> float:
-        times = []
-        for i in range(reps + 3):
+    one, many = ids[:, -1:], ids[:, -(k + 1):]
+    pos = torch.full((1, 1), ctx, device=dev)
+    ext_pos = torch.arange(ctx, ctx + extend, device=dev).unsqueeze(0)
+    calls = {  # name -> (forward, undo); timed in rounds, one of each per round, against load drift
+        "t_plain_step_s": (lambda: target(input_ids=one, use_cache=True, **{kw: cache}), lambda: crop_cache(cache, ctx)),
+        "t_verify_s": (lambda: target(input_ids=many, use_cache=True, output_hidden_states=True, **{kw: cache}),
+                       lambda: crop_cache(cache, ctx)),
+        "t_draft_step_s": (lambda: drafter(one, hid[:, -1:], pos, dcache), lambda: dcache.crop(ctx)),
+        "t_draft_extend_s": (lambda: drafter(ids[:, -extend:], aux[:, -extend:], ext_pos, dcache),
+                             lambda: dcache.crop(ctx)),
+    }
+    times: dict = {name: [] for name in calls}
+    for i in range(reps + 3):
+        for name, (fn, undo) in calls.items():
             sync()
-            t0 = time.perf_counter()
+            t0 = clock()
             fn()
             sync()
             if i >= 3:
-                times.append(time.perf_counter() - t0)
+                times[name].append(clock() - t0)
             undo()
-        return sorted(times)[len(times) // 2]
-
-    one, many = ids[:, -1:], ids[:, -(k + 1):]
-    pos = torch.full((1, 1), ctx, device=dev)
-    return {
-        "context": ctx,
-        "t_plain_step_s": median(lambda: target(input_ids=one, use_cache=True, **{kw: cache}),
-                                 lambda: crop_cache(cache, ctx)),
-        "t_verify_s": median(lambda: target(input_ids=many, use_cache=True, output_hidden_states=True, **{kw: cache}),
-                             lambda: crop_cache(cache, ctx)),
-        "t_draft_s": median(lambda: drafter(one, hid[:, -1:], pos, dcache), lambda: dcache.crop(ctx)),
-    }
+    out = {"context": ctx}
+    out.update({name: sorted(ts)[len(ts) // 2] for name, ts in times.items()})
+    out["extend_tokens"] = extend
+    out["t_draft_s"] = ((k - 1) * out["t_draft_step_s"] + out["t_draft_extend_s"]) / k
+    return out
 
 
 def summarize(rows: list, speculative: bool) -> dict:
@@ -261,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", default=None, help="use an existing target folder instead of building one")
     ap.add_argument("--drafter", default=None, help="with --target: an existing EAGLE-3 drafter folder")
     ap.add_argument("--prompt-file", default=None, help="with --target: text prompts, one per line")
+    ap.add_argument("--clock", choices=["wall", "cpu"], default=None,
+                    help="timer: cpu = this thread's CPU time (default on CPU with 1 thread: immune to other "
+                         "processes on a shared machine), wall = perf_counter (default on cuda)")
     ap.add_argument("--out", default=None, help="also write the JSON here")
     args = ap.parse_args(argv)
 
@@ -273,9 +284,13 @@ def main(argv: list[str] | None = None) -> int:
         if val is not None:
             size[key] = val
     dtype = resolve_dtype(args.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    clock = args.clock or ("cpu" if device.type == "cpu" and args.threads == 1 else "wall")
+    if clock == "cpu":
+        Engine.clock = staticmethod(time.thread_time)
     ks = args.num_steps or ([2, 3, 4, 5] if args.gpu_pair else [1, 2, 3, 5])
     t_start = time.perf_counter()
     result: dict = {"device": str(device), "dtype": str(dtype).removeprefix("torch."), "threads": args.threads,
+                    "clock": clock,
                     "machine": platform.machine(), "torch": torch.__version__}
     if device.type == "cuda":
         result["gpu"] = torch.cuda.get_device_name(device)
@@ -321,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = len(prompts[0]) + max_new // 2
     for k in ks:
         spec = runs[k]
-        costs = forward_costs(target, drafter, k, ctx)
+        costs = forward_costs(target, drafter, k, ctx, extend=max(1, round(spec["accept_length_cycle"])))
         predicted = spec["accept_length_cycle"] * costs["t_plain_step_s"] / (costs["t_verify_s"] + k * costs["t_draft_s"])
         measured = spec["decode_tok_per_s"] / plain["decode_tok_per_s"]
         same = sum(a == b for a, b in zip(spec["outputs"], plain["outputs"])) / len(prompts)
