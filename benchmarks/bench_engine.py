@@ -258,13 +258,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--gpu-pair", action="store_true", help="GPU-sized target (~134M params)")
-    ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    ap.add_argument("--dtype", default="float32",
+                    help="float32 (default: greedy outputs stay bit-identical to plain decoding) or bfloat16 (the "
+                         "k+1-token verify and the 1-token plain step round differently, so a near-tie can flip)")
     ap.add_argument("--num-steps", type=int, nargs="+", default=None, help="k values (default: 1 2 3 5 CPU, 2 3 4 5 GPU)")
     ap.add_argument("--threads", type=int, default=1,
                     help="torch CPU threads (default 1: on a shared machine OpenMP spin-waits make 2+ threads far slower)")
     ap.add_argument("--embed-std", type=float, default=None)
     ap.add_argument("--train-steps", type=int, default=None)
     ap.add_argument("--prompts", type=int, default=None, help="held-out prompts per mode")
+    ap.add_argument("--train-prompts", type=int, default=None, help="prompts whose greedy outputs train the drafter")
+    ap.add_argument("--train-len", type=int, default=None, help="greedy tokens per training prompt")
     ap.add_argument("--max-new-tokens", type=int, default=None)
     ap.add_argument("--target", default=None, help="use an existing target folder instead of building one")
     ap.add_argument("--drafter", default=None, help="with --target: an existing EAGLE-3 drafter folder")
@@ -280,10 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     size = dict(SIZES["gpu" if args.gpu_pair else "cpu"])
     for key, val in (("embed_std", args.embed_std), ("train_steps", args.train_steps),
-                     ("eval_prompts", args.prompts), ("max_new_tokens", args.max_new_tokens)):
+                     ("eval_prompts", args.prompts), ("max_new_tokens", args.max_new_tokens),
+                     ("prompts_train", args.train_prompts), ("train_len", args.train_len)):
         if val is not None:
             size[key] = val
-    dtype = resolve_dtype(args.dtype) or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = resolve_dtype(args.dtype)
     clock = args.clock or ("cpu" if device.type == "cpu" and args.threads == 1 else "wall")
     if clock == "cpu":
         Engine.clock = staticmethod(time.thread_time)
