@@ -57,14 +57,11 @@ def _cluster_problem() -> str | None:
 
 
 _PROBLEM = _cluster_problem()
-# Tests that submit jobs: marked `slurm` (and `slow`), skipped with the reason when no cluster answers.
-on_cluster = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.skipif(_PROBLEM is not None, reason=_PROBLEM or "")]
 
 
 def cluster_test(fn):
-    for mark in reversed(on_cluster):
-        fn = mark(fn)
-    return fn
+    """A test that submits jobs: marked `slurm` and `slow`, skipped with the reason when no cluster answers."""
+    return pytest.mark.slurm(pytest.mark.slow(pytest.mark.skipif(_PROBLEM is not None, reason=_PROBLEM or "")(fn)))
 
 
 def _default_partition() -> str:
@@ -132,21 +129,27 @@ def _snakemake(workdir: Path, args: list[str], env: dict[str, str], log: Path, t
 def runs(tmp_path_factory):
     """The smoke slice run locally, then through the slurm profile; yields both work dirs and timings."""
     base = tmp_path_factory.mktemp("slurm")
-    local = _copy_workflow(base / "local")
-    r, targets, client, spec, demo = _slice(local)
+    build = _copy_workflow(base / "demo")
+    r, targets, client, spec, demo = _slice(build)
     env = dict(os.environ)
     env.pop("SLURM_JOB_ID", None)  # the plugin refuses to nest inside an allocation
 
-    # 1. local executor: builds the demo pair (or takes a finished smoke build from
-    #    $DRAFTLAB_TEST_DEMO_DIR, a developer shortcut: the demo is an input here, not under test), then the slice
+    # 0. the demo pair: an input of the slice, built once (locally) and copied into both runs, so
+    #    neither run builds it. $DRAFTLAB_TEST_DEMO_DIR may name a finished smoke build to reuse.
     prebuilt = os.environ.get("DRAFTLAB_TEST_DEMO_DIR")
     if prebuilt and (Path(prebuilt) / "demo.json").is_file():
-        shutil.copytree(prebuilt, local / demo, symlinks=True)
-    local_s = _snakemake(local, [*targets, "--cores", "2"], env, base / "local.log", timeout=1200)
+        shutil.copytree(prebuilt, build / demo, symlinks=True)
+    else:
+        _snakemake(build, [f"{demo}/demo.json", "--cores", "2"], env, base / "demo.log", timeout=1800)
 
-    # 2. the slurm profile, in a fresh copy that reuses the demo build (inputs, not results)
+    # 1. the local executor
+    local = _copy_workflow(base / "local")
+    shutil.copytree(build / demo, local / demo, symlinks=True)
+    local_s = _snakemake(local, [*targets, "--cores", "2"], env, base / "local.log", timeout=900)
+
+    # 2. the slurm profile
     remote = _copy_workflow(base / "slurm")
-    shutil.copytree(local / demo, remote / demo, symlinks=True)
+    shutil.copytree(build / demo, remote / demo, symlinks=True)
     partition = _default_partition()
     slurm_env = {**env, **{k: v for k, v in SMALL_CLUSTER_ENV.items() if k not in os.environ}}
     slurm_env["DRAFTLAB_SLURM_PARTITION"] = partition
