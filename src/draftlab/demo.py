@@ -80,6 +80,7 @@ class DemoSize:
     v2_lr: float
     drafter_steps: int
     drafter_lr: float
+    drafter_batch: int
     drafter_block: int
     draft_vocab_size: int
     ttt_length: int
@@ -91,14 +92,14 @@ SIZES: dict[str, DemoSize] = {
         name="smoke", source_files=10, topics=30, vocab_size=768, hidden_size=64, num_layers=8,
         num_heads=4, num_kv_heads=2, intermediate_size=192, block=128, batch=8,
         v1_steps=220, v1_lr=4e-3, v2_steps=100, v2_lr=3e-3,
-        drafter_steps=150, drafter_lr=3e-3, drafter_block=128, draft_vocab_size=512,
+        drafter_steps=150, drafter_lr=3e-3, drafter_batch=8, drafter_block=128, draft_vocab_size=512,
         ttt_length=3, chunk_chars=600,
     ),
     "default": DemoSize(
-        name="default", source_files=24, topics=79, vocab_size=2048, hidden_size=128, num_layers=8,
-        num_heads=4, num_kv_heads=2, intermediate_size=320, block=256, batch=8,
-        v1_steps=420, v1_lr=2e-3, v2_steps=160, v2_lr=2e-3,
-        drafter_steps=300, drafter_lr=2e-3, drafter_block=256, draft_vocab_size=1024,
+        name="default", source_files=16, topics=79, vocab_size=2048, hidden_size=128, num_layers=8,
+        num_heads=4, num_kv_heads=2, intermediate_size=320, block=256, batch=16,
+        v1_steps=360, v1_lr=4e-3, v2_steps=150, v2_lr=3e-3,
+        drafter_steps=300, drafter_lr=3e-3, drafter_batch=8, drafter_block=256, draft_vocab_size=1024,
         ttt_length=3, chunk_chars=900,
     ),
 }
@@ -541,7 +542,7 @@ def train_demo_drafter(spec: DemoSize, target_dir: Path, data_dir: Path, run_dir
     return train_drafter(
         target=str(target_dir), out=str(run_dir), tokens=str(tokens),
         vocab_mapping=str(data_dir / "v1.mapping.safetensors"), init="scratch",
-        ttt_length=spec.ttt_length, max_steps=spec.drafter_steps, batch_size=spec.batch,
+        ttt_length=spec.ttt_length, max_steps=spec.drafter_steps, batch_size=spec.drafter_batch,
         max_length=spec.drafter_block, lr=spec.drafter_lr, warmup_ratio=0.05, grad_clip=0.5,
         seed=seed, precision="fp32", device="cpu", val_samples=16,
     )
