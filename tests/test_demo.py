@@ -34,6 +34,7 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+@pytest.mark.slow  # shares one smoke build: ~40 s on an idle 2-core machine
 def test_smoke_build_lays_out_three_hub_repos(smoke):
     r = smoke["result"]
     assert r["reused"] is False
@@ -53,6 +54,7 @@ def test_smoke_build_lays_out_three_hub_repos(smoke):
     print(f"smoke build: {smoke['seconds']:.1f} s, timings {manifest['timings']}")
 
 
+@pytest.mark.slow  # shares one smoke build: ~40 s on an idle 2-core machine
 def test_snapshots_load_offline_through_huggingface_hub_and_transformers(smoke, monkeypatch):
     from huggingface_hub import hf_hub_download
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -74,6 +76,7 @@ def test_snapshots_load_offline_through_huggingface_hub_and_transformers(smoke, 
     assert m["v1_heldout_loss"] < 0.8 * torch.log(torch.tensor(float(len(tok)))).item()
 
 
+@pytest.mark.slow  # shares one smoke build: ~40 s on an idle 2-core machine
 def test_chat_template_matches_the_fast_renderer_and_masks_the_answer(smoke):
     from transformers import AutoTokenizer
 
@@ -88,6 +91,7 @@ def test_chat_template_matches_the_fast_renderer_and_masks_the_answer(smoke):
     assert masked.startswith("import sys\nimport stat\n") and "Continue" not in masked
 
 
+@pytest.mark.slow  # shares one smoke build: ~40 s on an idle 2-core machine
 def test_drafter_follows_v1_and_drops_on_v2(smoke):
     from draftlab.doctor import run_doctor
     from draftlab.model import Eagle3Drafter
@@ -107,6 +111,7 @@ def test_drafter_follows_v1_and_drops_on_v2(smoke):
     assert acc["v2"][0] < acc["v1"][0] - 0.05, acc  # and transfers worse to v2
 
 
+@pytest.mark.slow  # shares one smoke build: ~40 s on an idle 2-core machine
 def test_rebuild_with_same_args_reuses(smoke, capsys):
     manifest = smoke["out"] / "manifest.json"
     before = manifest.stat().st_mtime_ns
