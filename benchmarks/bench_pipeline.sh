@@ -14,12 +14,12 @@ cd "$WORK"
 echo "# $(date -u +%FT%TZ) size=$SIZE cores=$CORES nproc=$(nproc) load=$(cut -d' ' -f1-3 /proc/loadavg)"
 
 t0=$(date +%s.%N)
-snakemake --cores "$CORES" --config size="$SIZE" all > full.log 2>&1 || { tail -50 full.log; exit 1; }
+snakemake --cores "$CORES" all --config size="$SIZE" > full.log 2>&1 || { tail -50 full.log; exit 1; }
 t1=$(date +%s.%N)
 echo "full run from clean: $(echo "$t1 - $t0" | bc) s ($(grep -c '^Finished jobid' full.log) jobs)"
 
 t0=$(date +%s.%N)
-snakemake --cores "$CORES" --config size="$SIZE" all > noop.log 2>&1
+snakemake --cores "$CORES" all --config size="$SIZE" > noop.log 2>&1
 t1=$(date +%s.%N)
 grep -q "Nothing to be done" noop.log || { echo "no-op run did something:"; tail -20 noop.log; exit 1; }
 echo "no-op snakemake all: $(echo "$t1 - $t0" | bc) s"
