@@ -15,11 +15,14 @@ Public entry point: :func:`train_drafter` (signature stable; the demo builder an
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import math
 import os
 import random
+import re
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -208,7 +211,8 @@ class TrainConfig:
     precision: str = "auto"                # auto (bf16 on a bf16 GPU, else fp32) | bf16 | fp32
     checkpoint_every: int = 0
     keep_checkpoints: int = 2
-    resume: bool = False
+    resume: bool | str = False             # False | True (strict: refuse other settings) | "auto"
+    state_dir: str | None = None           # checkpoints + run.json; default <out>/checkpoints
     val_samples: int | None = None         # held out; default max(1, 5%) capped at 64
     device: str | None = None
     log_file: str | None = None
@@ -220,8 +224,13 @@ class TrainConfig:
     compile: bool = False                  # torch.compile the TTT step (GPU throughput; see benchmarks/)
 
     RESUME_KEYS = ("target", "tokens", "data", "hidden_states", "vocab_mapping", "init", "checkpoint",
-                   "vocab_mode", "ttt_length", "epochs", "max_steps", "batch_size", "max_length", "lr",
-                   "warmup_ratio", "grad_clip", "weight_decay", "seed", "precision")
+                   "vocab_mode", "draft_vocab_size", "ttt_length", "epochs", "max_steps", "batch_size",
+                   "max_length", "lr", "warmup_ratio", "grad_clip", "weight_decay", "seed", "precision",
+                   "val_samples", "aux_layer_ids", "drafter_overrides")
+
+    def state_path(self) -> Path:
+        """Where checkpoints and run.json live (outside ``out`` when a workflow deletes ``out`` on failure)."""
+        return Path(self.state_dir) if self.state_dir else Path(self.out) / "checkpoints"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -512,10 +521,14 @@ def _rng_tensors() -> dict[str, Tensor]:
     return out
 
 
-def save_checkpoint(folder: Path, drafter: Eagle3Drafter, opt, sched, state: dict[str, Any]) -> None:
-    """One resumable checkpoint: drafter folder, optimizer + RNG tensors (safetensors), state.json."""
+def save_checkpoint(folder: Path, drafter: Eagle3Drafter, opt, sched, state: dict[str, Any],
+                    metrics_csv: Path | None = None) -> None:
+    """One resumable checkpoint: drafter folder, optimizer + RNG tensors (safetensors), state.json, and a
+    copy of ``metrics_csv`` as it stands at this step (so a resume does not need the run folder)."""
     with atomic_dir(folder) as tmp:
         drafter.save_pretrained(tmp / "drafter")
+        if metrics_csv is not None and metrics_csv.is_file():
+            shutil.copyfile(metrics_csv, tmp / "metrics.csv")
         tensors, meta = _optimizer_tensors(opt)
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp / "optimizer.safetensors"))
         rng = _rng_tensors()
@@ -526,8 +539,9 @@ def save_checkpoint(folder: Path, drafter: Eagle3Drafter, opt, sched, state: dic
         (tmp / "state.json").write_text(to_json(state), encoding="utf-8")
 
 
-def latest_checkpoint(out: Path) -> Path | None:
-    found = sorted((out / "checkpoints").glob("step-*/state.json"))
+def latest_checkpoint(state_dir: Path) -> Path | None:
+    """The newest complete ``step-*`` folder of a state folder (half-written ``.step-*.tmp`` are not seen)."""
+    found = sorted(Path(state_dir).glob("step-*/state.json"))
     return found[-1].parent if found else None
 
 
@@ -543,19 +557,169 @@ def _restore_rng(folder: Path, state: dict[str, Any]) -> None:
     random.setstate(ast.literal_eval(state["python_random"]))
 
 
+# ----------------------------------------------------------------------------------------------
+# the state folder: which run its checkpoints belong to
+# ----------------------------------------------------------------------------------------------
+SMALL_FILE_BYTES = 64 << 20        # hashed whole below this size
+SAMPLE_BYTES = 1 << 20             # else size + mtime + sha256 of the first and last MiB
+INPUT_KEYS = ("target", "tokens", "data", "hidden_states", "vocab_mapping", "checkpoint")
+# Modules whose code decides the numbers a run produces; a checkpoint from other code is another run.
+CODE_MODULES = ("train", "model", "eagle3_format", "vocab", "data", "target", "hidden_states")
+
+
+def file_fingerprint(path: Path) -> dict[str, Any]:
+    """Identity of one input file, cheap for big ones: sha256 of a small file; size, mtime and the
+    sha256 of its first and last MiB for a big one. A file in an HF cache (a link to
+    ``blobs/<sha256>``) is named by its hash, which costs nothing."""
+    real = Path(path).resolve()
+    st = real.stat()
+    if re.fullmatch(r"[0-9a-f]{64}", real.name):
+        return {"size": st.st_size, "sha256": real.name}
+    h = hashlib.sha256()
+    with open(real, "rb") as fh:
+        if st.st_size <= SMALL_FILE_BYTES:
+            for chunk in iter(lambda: fh.read(8 << 20), b""):
+                h.update(chunk)
+            return {"size": st.st_size, "sha256": h.hexdigest()}
+        h.update(fh.read(SAMPLE_BYTES))
+        fh.seek(-SAMPLE_BYTES, os.SEEK_END)
+        h.update(fh.read(SAMPLE_BYTES))
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "head_tail_sha256": h.hexdigest()}
+
+
+def path_fingerprint(path: str | os.PathLike) -> dict[str, Any]:
+    """A file's fingerprint, or ``{relative path: fingerprint}`` over a folder's files (hidden ones skipped)."""
+    p = Path(path)
+    if not p.exists():
+        return {"missing": str(p)}
+    if p.is_file():
+        return file_fingerprint(p)
+    files = sorted(f for f in p.rglob("*") if f.is_file()
+                   and not any(part.startswith(".") for part in f.relative_to(p).parts))
+    return {str(f.relative_to(p)): file_fingerprint(f) for f in files}
+
+
+def code_fingerprint() -> str:
+    """sha256 over the trainer's own source (and the torch version): what computes the numbers."""
+    h = hashlib.sha256(torch.__version__.encode())
+    here = Path(__file__).resolve().parent
+    for name in CODE_MODULES:
+        h.update(name.encode() + b"\0" + (here / f"{name}.py").read_bytes())
+    return h.hexdigest()
+
+
+def run_identity(cfg: TrainConfig, world: int) -> dict[str, Any]:
+    """What makes two runs the same run: the resume settings, the inputs' content, the world size, the code."""
+    conf = asdict(cfg)
+    inputs = {k: path_fingerprint(conf[k]) for k in INPUT_KEYS
+              if conf[k] and (k != "checkpoint" or cfg.init == "checkpoint")}
+    ident = {"config": {k: conf[k] for k in TrainConfig.RESUME_KEYS}, "inputs": inputs, "world_size": world,
+             "code": code_fingerprint()}
+    ident["run_id"] = hashlib.sha256(to_json(ident).encode()).hexdigest()
+    return ident
+
+
+def identity_changes(saved: dict[str, Any] | None, now: dict[str, Any]) -> list[str]:
+    """Names of what differs between two identities, e.g. ``["lr", "inputs.tokens"]``."""
+    if not saved:
+        return ["(no run.json: state of unknown origin)"]
+    out = [k for k in now["config"] if saved.get("config", {}).get(k) != now["config"][k]]
+    out += [f"inputs.{k}" for k in sorted(set(now["inputs"]) | set(saved.get("inputs", {})))
+            if saved.get("inputs", {}).get(k) != now["inputs"].get(k)]
+    out += [k for k in ("world_size", "code") if saved.get(k) != now[k]]
+    return out or ["run_id"]
+
+
+def _read_identity(state: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((state / "run.json").read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def move_aside(state: Path) -> Path:
+    """Rename a stale state folder to ``<name>.stale-<time>`` beside it (kept, in case it is wanted)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    dest = state.with_name(f"{state.name}.stale-{stamp}")
+    n = 1
+    while dest.exists():
+        n += 1
+        dest = state.with_name(f"{state.name}.stale-{stamp}-{n}")
+    os.replace(state, dest)
+    return dest
+
+
+def resume_point(cfg: TrainConfig, ident: dict[str, Any] | None, say) -> Path | None:
+    """The checkpoint to continue from, or None to start fresh; ``say`` gets one line per decision.
+
+    ``resume=False``: refuse when the state folder holds checkpoints. ``True``: continue from the
+    latest, refusing changed settings or inputs. ``"auto"``: continue only when the latest
+    checkpoint was written by this same run (same ``run_id``), else move the stale state aside.
+    """
+    state, out = cfg.state_path(), Path(cfg.out)
+    latest = latest_checkpoint(state)
+    if cfg.resume == "auto":
+        if latest is None:
+            saved = _read_identity(state)
+            if saved is not None and saved.get("run_id") != ident["run_id"]:
+                say(f"train: {state} holds no checkpoint, only the run.json of another run; starting fresh")
+            else:
+                say(f"train: no checkpoint in {state}; starting fresh")
+            return None
+        step_id = json.loads((latest / "state.json").read_text(encoding="utf-8")).get("run_id")
+        if step_id == ident["run_id"]:
+            say(f"train: resuming from checkpoint {latest} (step {int(latest.name.split('-')[1])}); "
+                f"same settings and inputs (run {ident['run_id'][:12]})")
+            return latest
+        changed = identity_changes(_read_identity(state), ident)
+        dest = move_aside(state)
+        say(f"train: {state} holds checkpoints of another run (changed: {', '.join(changed)}); "
+            f"moved it aside to {dest}; starting fresh")
+        return None
+    if cfg.resume:
+        if latest is None:
+            say(f"train: --resume found no checkpoint in {state}; starting fresh")
+            return None
+        saved = _read_identity(state)
+        if saved is not None:
+            where, conf = state / "run.json", saved.get("config", {})
+        else:  # checkpoints written before run.json existed
+            where, conf = out / "train_config.json", json.loads((out / "train_config.json").read_text())
+        changed = [k for k in TrainConfig.RESUME_KEYS if k in conf and conf[k] != asdict(cfg)[k]]
+        if changed:
+            raise DraftlabError(f"{where}: --resume with changed settings {changed}; "
+                                f"use the same arguments, a new --out / --state-dir, or --resume auto")
+        if saved is not None and ident is not None:
+            moved = [c for c in identity_changes(saved, ident) if c.startswith("inputs.") or c == "world_size"]
+            if moved:
+                raise DraftlabError(f"{where}: --resume with changed inputs {moved}; the checkpoints in {state} "
+                                    f"were trained on other data; use --resume auto to start fresh")
+        say(f"train: resuming from checkpoint {latest} (step {int(latest.name.split('-')[1])})")
+        return latest
+    if latest is not None:
+        raise DraftlabError(f"{state}: has checkpoints from an earlier run; pass --resume (or --resume auto), "
+                            f"or choose a new --out / --state-dir")
+    return None
+
+
 def metric_columns(k: int) -> list[str]:
     return (["step", "epoch", "loss"] + [f"loss_{i}" for i in range(k)] + [f"acc_{i}" for i in range(k)]
             + ["tokens", "tokens_per_s", "lr"])
 
 
 class MetricsCSV:
-    """metrics.csv: header written atomically, then one flushed + fsynced line per step (one write each)."""
+    """metrics.csv: header written atomically, then one flushed + fsynced line per step (one write each).
 
-    def __init__(self, path: Path, k: int, resume_step: int | None):
+    On resume the rows up to the checkpoint's step are kept, read from the checkpoint's own snapshot
+    (``snapshot``) when it has one, else from ``path`` (checkpoints written before snapshots existed).
+    """
+
+    def __init__(self, path: Path, k: int, resume_step: int | None, snapshot: Path | None = None):
         self.path, self.cols = path, metric_columns(k)
         keep: list[str] = []
-        if resume_step is not None and path.is_file():
-            with path.open(encoding="utf-8") as f:
+        source = snapshot if snapshot is not None and snapshot.is_file() else path
+        if resume_step is not None and source.is_file():
+            with source.open(encoding="utf-8") as f:
                 rows = list(csv.reader(f))
             keep = [",".join(r) for r in rows[1:] if r and r[0].isdigit() and int(r[0]) <= resume_step]
         with atomic_path(path) as tmp:
@@ -679,15 +843,17 @@ def _run(cfg: TrainConfig) -> dict[str, Any]:
     if cfg.precision not in ("auto", "bf16", "fp32"):
         raise DraftlabError(f"train: precision {cfg.precision!r}: expected auto, bf16 or fp32")
 
-    resume_from = latest_checkpoint(out) if cfg.resume else None
-    if cfg.resume and resume_from is not None:
-        saved = json.loads((out / "train_config.json").read_text())
-        changed = [k for k in TrainConfig.RESUME_KEYS if saved.get(k) != asdict(cfg).get(k)]
-        if changed:
-            raise DraftlabError(f"{out}/train_config.json: --resume with changed settings {changed}; "
-                                f"use the same arguments or a new --out")
-    elif rank == 0 and (out / "checkpoints").exists() and not cfg.resume:
-        raise DraftlabError(f"{out}: has checkpoints from an earlier run; pass --resume or choose a new --out")
+    if cfg.resume not in (False, True, "auto"):
+        raise DraftlabError(f"train: resume {cfg.resume!r}: expected false, true or 'auto'")
+    state_dir = cfg.state_path()
+    messages: list[str] = []
+
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+        messages.append(msg)
+
+    ident = run_identity(cfg, world) if (cfg.resume or cfg.checkpoint_every) and rank == 0 else None
+    resume_from = _agree(lambda: resume_point(cfg, ident, say), rank, world)
 
     target_cfg = read_config(cfg.target)
     vsize = int(text_config(target_cfg)["vocab_size"])
@@ -738,21 +904,29 @@ def _run(cfg: TrainConfig) -> dict[str, Any]:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, cfg.warmup_ratio))
 
     start = 0
+    last: dict[str, Any] = {}
     if resume_from is not None:
         st = json.loads((resume_from / "state.json").read_text())
         _load_optimizer(opt, load_file(str(resume_from / "optimizer.safetensors"), device=str(dev)), st["optimizer"])
         sched.load_state_dict(st["scheduler"])
         _restore_rng(resume_from, st)
         start = int(st["step"])
+        last = dict(st.get("last_step") or {})
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / "train_config.json", asdict(cfg))
-    metrics = MetricsCSV(out / "metrics.csv", cfg.ttt_length, start if resume_from is not None else None) if rank == 0 else None
+        if ident is not None and cfg.checkpoint_every:
+            write_json(state_dir / "run.json", ident)
+    metrics = MetricsCSV(out / "metrics.csv", cfg.ttt_length, start if resume_from is not None else None,
+                         resume_from / "metrics.csv" if resume_from is not None else None) if rank == 0 else None
     log = open(cfg.log_file, "a", encoding="utf-8") if (cfg.log_file and rank == 0) else None
+    if log:
+        for msg in messages:
+            log.write(json.dumps({"event": "state", "message": msg}) + "\n")
+        log.flush()
 
     bar = tqdm(total=total, initial=start, desc="train", unit="step", disable=(rank != 0 or not cfg.progress) or None,
                file=sys.stderr)
-    last: dict[str, Any] = {}
     t0 = time.perf_counter()
     step = start
     while step < total:
@@ -797,12 +971,14 @@ def _run(cfg: TrainConfig) -> dict[str, Any]:
                 log.flush()
             bar.update(1)
             bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['acc_0']:.2f}")
-        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0 and step < total:
+        # Every N steps and at the end: a finished run's state resumes to zero further steps.
+        if cfg.checkpoint_every and (step % cfg.checkpoint_every == 0 or step == total):
             if rank == 0:
-                save_checkpoint(out / "checkpoints" / f"step-{step:08d}", drafter, opt, sched,
+                save_checkpoint(state_dir / f"step-{step:08d}", drafter, opt, sched,
                                 {"step": step, "epoch": epoch, "position": (within + 1) * per_step,
-                                 "vocab_note": note, "world_size": world})
-                _prune(out / "checkpoints", cfg.keep_checkpoints)
+                                 "vocab_note": note, "world_size": world, "run_id": ident["run_id"],
+                                 "last_step": row}, metrics_csv=metrics.path)
+                _prune(state_dir, cfg.keep_checkpoints)
             if world > 1:
                 dist.barrier()
     bar.close()
@@ -819,7 +995,8 @@ def _run(cfg: TrainConfig) -> dict[str, Any]:
                "train_samples": len(train_idx), "val_samples": len(val_idx), "world_size": world,
                "aux_layer_ids": aux_ids, "draft_vocab_size": drafter.draft_vocab_size, "vocab": note,
                "precision": "bf16" if use_bf16 else "fp32", "last_step": last, "validation": validation,
-               "param_checksums": sums, "ranks_in_sync": in_sync}
+               "param_checksums": sums, "ranks_in_sync": in_sync, "state_dir": str(state_dir),
+               "resumed_from_step": start if resume_from is not None else None}
     if rank == 0:
         drafter.save_pretrained(out / "drafter")
         write_json(out / "validation.json", validation)
@@ -831,9 +1008,24 @@ def _run(cfg: TrainConfig) -> dict[str, Any]:
     return summary
 
 
-def _prune(folder: Path, keep: int) -> None:
-    import shutil
+def _agree(decide, rank: int, world: int):
+    """Rank 0 runs ``decide()`` (it may move folders); every rank gets its result or its error."""
+    result, error = None, None
+    if rank == 0:
+        try:
+            result = decide()
+        except DraftlabError as exc:
+            error = str(exc)
+    if world > 1:
+        box = [None if result is None else str(result), error]
+        dist.broadcast_object_list(box, src=0)
+        result, error = (None if box[0] is None else Path(box[0])), box[1]
+    if error is not None:
+        raise DraftlabError(error)
+    return result
 
+
+def _prune(folder: Path, keep: int) -> None:
     if keep <= 0:
         return
     for old in sorted(folder.glob("step-*"))[:-keep]:

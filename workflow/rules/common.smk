@@ -178,8 +178,18 @@ def get_trust_remote_code():
     return "--trust-remote-code" if config["target"]["trust_remote_code"] else ""
 
 
+def get_train_state_dir(arm):
+    """Checkpoints of one arm: outside the rule's output, which Snakemake deletes after a failure."""
+    return f"{R}/train-state/{arm}"
+
+
 def get_train_command(arm):
-    """The training command of one arm (builtin trainer or SpecForge), as it will run."""
+    """The training command of one arm (builtin trainer or SpecForge), as it will run.
+
+    The builtin trainer checkpoints every train.checkpoint_every steps into get_train_state_dir(arm)
+    and, with `--resume auto`, continues a killed job from there when the settings, input files and
+    code are the same (else it moves the stale state aside and starts fresh).
+    """
     t = config["train"]
     run = f"{R}/train/{arm}"
     mapping = f"{R}/data/vocab.safetensors"
@@ -214,6 +224,9 @@ def get_train_command(arm):
     ]
     cmd += ["--lr", repr(float(t["lr"])), "--ttt-length", str(t["ttt_length"])]
     cmd += ["--max-length", str(t["max_length"]), "--seed", str(t["seed"])]
+    if t["checkpoint_every"]:
+        cmd += ["--checkpoint-every", str(t["checkpoint_every"])]
+    cmd += ["--state-dir", get_train_state_dir(arm), "--resume", "auto"]
     if config["target"]["trust_remote_code"]:
         cmd += ["--trust-remote-code"]
     cmd += list(t["extra_args"])

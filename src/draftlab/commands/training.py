@@ -36,7 +36,7 @@ def register(sub) -> None:
 
     p = sub.add_parser("train", help="train an EAGLE-3 drafter with the builtin TTT trainer (torchrun-ready)")
     p.add_argument("--target", required=True, help="target model folder")
-    p.add_argument("--out", required=True, help="run folder (drafter/, metrics.csv, validation.json, checkpoints/)")
+    p.add_argument("--out", required=True, help="run folder (drafter/, metrics.csv, validation.json, summary.json)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--tokens", help="tokens.jsonl from draftlab tokenize")
     src.add_argument("--data", help="raw training data (tokenized on the fly)")
@@ -59,7 +59,12 @@ def register(sub) -> None:
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
     p.add_argument("--checkpoint-every", type=int, default=0, help="save a resumable checkpoint every N steps")
     p.add_argument("--keep-checkpoints", type=int, default=2)
-    p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint under --out")
+    p.add_argument("--resume", nargs="?", const=True, default=False, choices=["auto"],
+                   help="continue from the latest checkpoint in the state folder (refusing other settings or "
+                        "inputs); '--resume auto': continue only if that checkpoint is this same run (settings, "
+                        "input files, code), else move the stale state aside and start fresh")
+    p.add_argument("--state-dir", help="checkpoints and run.json (default: <out>/checkpoints); keep it outside "
+                                       "--out when a workflow deletes --out after a failure")
     p.add_argument("--val-samples", type=int, help="held-out samples for validation.json (default 5%%, <= 64)")
     p.add_argument("--aux-layer-ids", help="comma-separated target layer ids (default: drafter's, else 1,N/2-1,N-4)")
     p.add_argument("--drafter-config", help="JSON object of drafter config overrides for --init scratch")
@@ -118,11 +123,11 @@ def _train(args: argparse.Namespace) -> int:
     keys = ("target", "out", "tokens", "data", "hidden_states", "vocab_mapping", "init", "checkpoint", "vocab_mode",
             "draft_vocab_size", "ttt_length", "epochs", "max_steps", "batch_size", "max_length", "lr", "warmup_ratio",
             "grad_clip", "weight_decay", "seed", "precision", "checkpoint_every", "keep_checkpoints", "resume",
-            "val_samples", "device", "log_file", "stop_after", "trust_remote_code", "compile")
+            "state_dir", "val_samples", "device", "log_file", "stop_after", "trust_remote_code", "compile")
     r = train_drafter(**{k: getattr(args, k) for k in keys}, aux_layer_ids=_ids(args.aux_layer_ids),
                       drafter_overrides=overrides)
     if "stopped_at" in r:
-        emit(args, r, lambda r: f"stopped after step {r['stopped_at']}; continue with --resume")
+        emit(args, r, lambda r: f"stopped after step {r['stopped_at']}; continue with --resume (or --resume auto)")
         return 3
     emit(args, r, _human_summary)
     return 0
