@@ -684,7 +684,11 @@ def resume_point(cfg: TrainConfig, ident: dict[str, Any] | None, say) -> Path | 
         if saved is not None:
             where, conf = state / "run.json", saved.get("config", {})
         else:  # checkpoints written before run.json existed
-            where, conf = out / "train_config.json", json.loads((out / "train_config.json").read_text())
+            where = out / "train_config.json"
+            if not where.is_file():
+                raise DraftlabError(f"{state}/run.json: missing, and so is {where}; cannot tell which run the "
+                                    f"checkpoints in {state} belong to; use --resume auto (starts fresh)")
+            conf = json.loads(where.read_text())
         changed = [k for k in TrainConfig.RESUME_KEYS if k in conf and conf[k] != asdict(cfg)[k]]
         if changed:
             raise DraftlabError(f"{where}: --resume with changed settings {changed}; "
