@@ -10,7 +10,7 @@ For each size:
    starts at t accepts 1 + (leading correct steps) tokens. Cycles are simulated left to right over
    each answer; accept length = tokens / cycles (bonus token included, as SGLang reports it).
 
-Usage: python benchmarks/bench_demo.py --out /tmp/demo-bench [--sizes smoke default] [--prompts 24]
+Usage: python benchmarks/bench_demo.py --out /tmp/demo-bench [--sizes smoke default] [--prompts 24] [--threads 2]
 Prints a Markdown block for benchmarks/RESULTS.md and writes OUT/bench_demo.json.
 """
 
@@ -90,10 +90,10 @@ def accept_length(drafter_dir: str, target_dir: str, tokens_path: Path, k: int) 
     return {"accept_length": round(tokens / max(cycles, 1), 3), "tokens": tokens, "cycles": cycles}
 
 
-def bench_size(size: str, out: Path, prompts: int, max_new: int) -> dict:
+def bench_size(size: str, out: Path, prompts: int, max_new: int, threads: int = 1) -> dict:
     load_before = os.getloadavg()
     t0 = time.perf_counter()
-    r = demo.build_demo_models(out / size, size=size, force=True)
+    r = demo.build_demo_models(out / size, size=size, threads=threads, force=True)
     wall = time.perf_counter() - t0
     load_after = os.getloadavg()
     manifest = json.loads((out / size / "manifest.json").read_text())
@@ -125,12 +125,15 @@ def bench_size(size: str, out: Path, prompts: int, max_new: int) -> dict:
 
 
 def markdown(results: list[dict]) -> str:
-    lines = ["| size | build wall (s) | stages (s) | load avg before → after | held-out acc per TTT step vs v1 | vs v2 "
-             "| accept length k=3 on v1 | on v2 |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| size | threads | build wall (s) | build CPU (s) | stages (s) | load avg before → after "
+             "| held-out acc per TTT step vs v1 | vs v2 | accept length k=3 on v1 | on v2 |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         st = r["stage_s"]
-        stages = f"tok {st['tokenizer_s']}, v1 {st['target_v1_s']}, v2 {st['target_v2_s']}, drafter {st['drafter_s']}"
-        lines.append(f"| {r['size']} | {r['wall_s']} | {stages} | {r['load_before'][0]} → {r['load_after'][0]} "
+        stages = (f"tok {st['tokenizer_s']}, v1 {st['target_v1_s']}, v2 {st['target_v2_s']}, "
+                  f"drafter {st['drafter_s']} (v2 ∥ drafter {st['v2_and_drafter_s']}), eval {st['eval_s']}")
+        lines.append(f"| {r['size']} | {r['threads']} | {r['wall_s']} | {st['cpu_s']} | {stages} "
+                     f"| {r['load_before'][0]} → {r['load_after'][0]} "
                      f"| {r['acc']['v1']} | {r['acc']['v2']} | {r['accept']['v1']['accept_length']} "
                      f"| {r['accept']['v2']['accept_length']} |")
     return "\n".join(lines)
@@ -142,10 +145,12 @@ def main() -> int:
     ap.add_argument("--sizes", nargs="+", default=["smoke", "default"], choices=sorted(demo.SIZES))
     ap.add_argument("--prompts", type=int, default=24)
     ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="demo-models --threads: 2 trains v2 and the drafter side by side (the pipeline's setting)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     out = Path(args.out)
-    results = [bench_size(s, out, args.prompts, args.max_new_tokens) for s in args.sizes]
+    results = [bench_size(s, out, args.prompts, args.max_new_tokens, args.threads) for s in args.sizes]
     write_json(out / "bench_demo.json", results)
     print(json.dumps(results, indent=1), file=sys.stderr)
     print(markdown(results))

@@ -11,6 +11,10 @@ same arguments and the same Python minor version give the same weights:
 - target **v2**: v1 continued on a different slice (mostly other source files), context 1024;
 - an EAGLE-3 drafter for v1 trained by the builtin trainer, with its own d2t, context 512.
 
+v2 and the drafter both start from v1 alone, so with ``threads >= 2`` they train side by side in two
+processes. Every process runs torch with one thread: small matmuls gain little from OpenMP and lose
+badly when other processes compete for the cores, and the weights then do not depend on ``threads``.
+
 The three models are published as Hugging Face repos into an HF cache under the output folder, so
 ``acquire`` treats them exactly like Hub repos. A manifest (arguments + corpus hash) makes a rebuild
 with the same arguments a no-op.
@@ -23,8 +27,10 @@ import dataclasses
 import hashlib
 import json
 import math
+import multiprocessing
 import os
 import random
+import resource
 import sys
 import sysconfig
 import time
@@ -37,7 +43,8 @@ from tqdm import tqdm
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import atomic_dir, write_json
 
-DEMO_FORMAT = 1  # bump when the recipe changes: old manifests then no longer match
+DEMO_FORMAT = 2  # bump when the recipe changes: old manifests then no longer match
+# 2: every process trains with 1 torch thread; --threads N = stages run side by side
 ORG = "draftlab-demo"
 REPO_IDS = {
     "target_v1": f"{ORG}/target-v1",
@@ -330,7 +337,7 @@ def manifest_args(size: DemoSize, seed: int, threads: int) -> dict[str, Any]:
         "demo_format": DEMO_FORMAT,
         "size": dataclasses.asdict(size),
         "seed": seed,
-        "threads": threads,  # CPU float reductions may differ with the thread count
+        "threads": threads,  # processes side by side; recorded, though every process runs 1 torch thread
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
     }
 
@@ -398,14 +405,14 @@ def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", se
         return hit
 
     (out / "manifest.json").unlink(missing_ok=True)  # a half-done rebuild must not look complete
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _cpu_seconds()
     timings = _StageTimes(log_file)
     corpus = load_corpus(spec)
     sha = corpus_sha256(corpus)
     slices = split_corpus(corpus)
     convs = {k: conversations(v, spec.chunk_chars) for k, v in slices.items()}
     work = out / "work"
-    with _threads(threads):
+    with _threads(1):
         torch.manual_seed(seed)
         random.seed(seed)
 
@@ -435,31 +442,40 @@ def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", se
         _save_target(v1, tokenizer, v1_dir)
         timings["target_v1_s"] = time.perf_counter() - t
 
-        # target v2 ("K2.5"): v1 continued on another slice, context 512 -> 1024
-        t = time.perf_counter()
-        v2 = LlamaForCausalLM.from_pretrained(str(v1_dir), max_position_embeddings=V2_CONTEXT)
-        v2_losses = train_lm(v2, streams["v2"], steps=spec.v2_steps, lr=spec.v2_lr, block=spec.block,
-                             batch=spec.batch, seed=seed + 2, desc="target v2")
-        v2_dir = work / "target-v2"
-        _save_target(v2, tokenizer, v2_dir)
-        timings["target_v2_s"] = time.perf_counter() - t
-
-        held = {
-            "v1_heldout_loss": eval_lm_loss(v1, streams["heldout"], spec.block),
-            "v2_heldout_loss": eval_lm_loss(v2, streams["heldout"], spec.block),
-            "v1_final_train_loss": sum(v1_losses[-20:]) / len(v1_losses[-20:]),
-            "v2_final_train_loss": sum(v2_losses[-20:]) / len(v2_losses[-20:]),
-        }
-
-        # drafter for v1, trained by the builtin trainer on v1's slice
-        t = time.perf_counter()
+        held = {"v1_heldout_loss": eval_lm_loss(v1, streams["heldout"], spec.block),
+                "v1_final_train_loss": sum(v1_losses[-20:]) / len(v1_losses[-20:])}
         data_dir = work / "data"
         with atomic_dir(data_dir) as tmp:
             for name in ("v1", "v2", "heldout"):
                 _write_jsonl(tmp / f"{name}.jsonl", [{"messages": c} for c in convs[name]])
-        run = train_demo_drafter(spec, v1_dir, data_dir, work / "drafter-run", seed=seed + 3)
+
+        # target v2 ("K2.5", v1 continued on another slice, context 512 -> 1024) and the v1 drafter
+        # (builtin trainer on v1's slice) both need only v1: side by side when there are 2 cores
+        t = time.perf_counter()
+        drafter_args = (spec, v1_dir, data_dir, work / "drafter-run", seed + 3)
+        with contextlib.ExitStack() as stack:
+            pending = None
+            if threads >= 2:
+                pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(1))  # exit terminates it
+                pending = pool.apply_async(_drafter_job, drafter_args)
+            v2 = LlamaForCausalLM.from_pretrained(str(v1_dir), max_position_embeddings=V2_CONTEXT)
+            v2_losses = train_lm(v2, streams["v2"], steps=spec.v2_steps, lr=spec.v2_lr, block=spec.block,
+                                 batch=spec.batch, seed=seed + 2, desc="target v2")
+            v2_dir = work / "target-v2"
+            _save_target(v2, tokenizer, v2_dir)
+            timings["target_v2_s"] = time.perf_counter() - t
+            if pending is None:
+                run, drafter_s = _drafter_job(*drafter_args)
+            else:
+                run, drafter_s = pending.get()
+                pool.close()  # a clean exit (no terminate: that leaks the pool's semaphore)
+                pool.join()
+        timings["drafter_s"] = drafter_s
+        timings["v2_and_drafter_s"] = time.perf_counter() - t
         drafter_dir = Path(run["drafter"])
-        timings["drafter_s"] = time.perf_counter() - t
+        held["v2_heldout_loss"] = eval_lm_loss(v2, streams["heldout"], spec.block)
+        held["v2_final_train_loss"] = sum(v2_losses[-20:]) / len(v2_losses[-20:])
+
         t = time.perf_counter()
         held["drafter_acc"] = heldout_accuracy(spec, drafter_dir, {"v1": v1_dir, "v2": v2_dir}, data_dir)
         held["drafter_train_validation_acc"] = (run.get("validation") or {}).get("acc")
@@ -474,6 +490,7 @@ def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", se
         publish_to_cache(folder, REPO_IDS[key], hf_cache)
         result[key] = str(snapshot_folder(hf_cache, REPO_IDS[key]))
     timings["total_s"] = time.perf_counter() - t0
+    timings["cpu_s"] = _cpu_seconds() - cpu0  # this process + its finished children (wall ≈ this on 1 idle core)
     result.update(
         hf_cache=str(hf_cache),
         corpus_sha256=sha,
@@ -493,6 +510,20 @@ def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", se
         "threads": threads,
     })
     return dict(result, reused=False)
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process and its waited-for children."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _drafter_job(spec: DemoSize, target_dir: Path, data_dir: Path, run_dir: Path, seed: int) -> tuple[dict, float]:
+    """The v1 drafter's training as one job (run in a worker process beside v2): (run result, seconds)."""
+    t = time.perf_counter()
+    with _threads(1):
+        run = train_demo_drafter(spec, target_dir, data_dir, run_dir, seed)
+    return run, time.perf_counter() - t
 
 
 def _save_target(model, tokenizer, folder: Path) -> None:
