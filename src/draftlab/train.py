@@ -857,7 +857,7 @@ def _run(cfg: TrainConfig) -> dict[str, Any]:
         messages.append(msg)
 
     ident = run_identity(cfg, world) if (cfg.resume or cfg.checkpoint_every) and rank == 0 else None
-    resume_from = _agree(lambda: resume_point(cfg, ident, say), rank, world)
+    resume_from = _agree(lambda: resume_point(cfg, ident, say), rank, world, dev)
 
     target_cfg = read_config(cfg.target)
     vsize = int(text_config(target_cfg)["vocab_size"])
@@ -1012,21 +1012,28 @@ def _run(cfg: TrainConfig) -> dict[str, Any]:
     return summary
 
 
-def _agree(decide, rank: int, world: int):
-    """Rank 0 runs ``decide()`` (it may move folders); every rank gets its result or its error."""
-    result, error = None, None
+def _agree(decide, rank: int, world: int, dev: torch.device) -> Path | None:
+    """Rank 0 runs ``decide()`` (it may move folders); every rank gets its result or its error.
+
+    Sent as JSON bytes in a tensor (no pickled objects between ranks)."""
+    box: dict[str, str | None] = {"path": None, "error": None}
     if rank == 0:
         try:
-            result = decide()
+            found = decide()
+            box["path"] = None if found is None else str(found)
         except DraftlabError as exc:
-            error = str(exc)
+            box["error"] = str(exc)
     if world > 1:
-        box = [None if result is None else str(result), error]
-        dist.broadcast_object_list(box, src=0)
-        result, error = (None if box[0] is None else Path(box[0])), box[1]
-    if error is not None:
-        raise DraftlabError(error)
-    return result
+        data = torch.tensor(list(json.dumps(box).encode()) if rank == 0 else [], dtype=torch.uint8, device=dev)
+        n = torch.tensor([data.numel()], dtype=torch.long, device=dev)
+        dist.broadcast(n, src=0)
+        if rank != 0:
+            data = torch.empty(int(n.item()), dtype=torch.uint8, device=dev)
+        dist.broadcast(data, src=0)
+        box = json.loads(bytes(data.cpu().tolist()).decode())
+    if box["error"] is not None:
+        raise DraftlabError(box["error"])
+    return None if box["path"] is None else Path(box["path"])
 
 
 def _prune(folder: Path, keep: int) -> None:
