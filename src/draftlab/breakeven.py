@@ -12,7 +12,6 @@ Pure functions, no I/O except :func:`drafter_standing`, which reads benchmark JS
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -166,13 +165,9 @@ def breakeven_table(
 def _load_bench(source: str | Path | Mapping[str, Any], what: str) -> tuple[dict, str]:
     if isinstance(source, Mapping):
         return dict(source), what
-    path = Path(source)
-    try:
-        return json.loads(path.read_text(encoding="utf-8")), str(path)
-    except FileNotFoundError:
-        raise DraftlabError(f"{path}: {what} benchmark result not found") from None
-    except json.JSONDecodeError as exc:
-        raise DraftlabError(f"{path}: not valid JSON ({exc})") from None
+    from draftlab.fsutil import read_json
+
+    return read_json(source, f"{what} benchmark result"), str(source)
 
 
 def _summary_number(data: dict, origin: str, key: str) -> float:

@@ -11,7 +11,6 @@ model folder the servers and data stages load.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import write_json, write_text
+from draftlab.fsutil import read_json, write_json, write_text
 
 SKIP_MARKER = "SKIPPED.json"
 PLAN_VERSION = 1
@@ -183,15 +182,6 @@ def build_plan(
         "server_log": server_log,
         "summary": f"{out_dir}/serve.json",
     }
-
-
-def read_json(path: str | os.PathLike, what: str) -> dict[str, Any]:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DraftlabError(f"{path}: {what} not found") from None
-    except json.JSONDecodeError as exc:
-        raise DraftlabError(f"{path}: {what} is not valid JSON ({exc})") from None
 
 
 def skip_reason(plan: Mapping[str, Any]) -> str | None:

@@ -69,6 +69,23 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
     write_text(path, to_json(obj))
 
 
+def read_json(path: str | os.PathLike, what: str = "JSON file") -> dict[str, Any]:
+    """Read a JSON object; a missing file, bad JSON or a non-object is a user error naming ``path``."""
+    from draftlab.errors import DraftlabError
+
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DraftlabError(f"{path}: {what} not found") from None
+    except IsADirectoryError:
+        raise DraftlabError(f"{path}: expected a {what} file, got a directory") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DraftlabError(f"{path}: {what} is not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise DraftlabError(f"{path}: {what}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
 def _json_default(obj: Any) -> Any:
     if isinstance(obj, Path):
         return str(obj)

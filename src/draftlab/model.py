@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from draftlab import eagle3_format as fmt
 from draftlab.errors import DraftlabError
+from draftlab.target_config import load_json_config
 from draftlab.fsutil import atomic_dir, to_json
 
 
@@ -289,12 +290,7 @@ class Eagle3Drafter(nn.Module):
         """Load a drafter folder (single, sharded or SpecForge-exported safetensors); embeddings are ignored."""
         folder = Path(folder)
         cfg_path = folder / "config.json"
-        if not cfg_path.is_file():
-            raise DraftlabError(f"{cfg_path}: not found (a drafter folder needs config.json)")
-        try:
-            cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise DraftlabError(f"{cfg_path}: not valid JSON ({exc})") from exc
+        cfg = load_json_config(cfg_path)
         for key in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size", "max_position_embeddings"):
             if key not in cfg:
                 raise DraftlabError(f"{cfg_path}: key {key!r} is missing (expected an EAGLE-3 drafter config)")

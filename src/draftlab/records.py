@@ -23,7 +23,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from draftlab.config import config_hash
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import atomic_path, write_json
+from draftlab.fsutil import atomic_path, read_json, write_json
 
 # Columns that legitimately differ between two identical runs (clock, machine load, run identity).
 TIMING_COLUMNS = ("tps_median", "tps_mean", "tps_ci_low", "tps_ci_high", "cycle_ms", "speedup",
@@ -33,12 +33,7 @@ VARIANT_ORDER = ("baseline", "probe", "reference", "finetune-keep", "finetune-re
 
 
 def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
-    except json.JSONDecodeError as exc:
-        raise DraftlabError(f"{path}: not valid JSON ({exc})") from None
+    return read_json(path) if path.exists() else None
 
 
 def draftlab_commit() -> str | None:

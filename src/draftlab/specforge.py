@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import os
 import re
 from pathlib import Path
@@ -37,7 +36,7 @@ import torch
 
 from draftlab import eagle3_format as fmt
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import atomic_dir, atomic_path, to_json, write_json
+from draftlab.fsutil import atomic_dir, atomic_path, read_json, to_json, write_json
 
 SPECFORGE_VERSION = "0.2.0"  # keep in step with envs/specforge.yaml
 TRAIN_SCRIPT = "scripts/train_eagle3.py"
@@ -191,7 +190,7 @@ def pin_vocab_mapping(job: SpecForgeJob) -> Path | None:
     from draftlab.vocab import load_mapping
 
     mapping = load_mapping(job.vocab_mapping)
-    cfg = _read_json(Path(job.draft_config_file()))
+    cfg = read_json(Path(job.draft_config_file()))
     want_m, want_v = fmt.draft_vocab_size(cfg), int(cfg["vocab_size"])
     if (mapping.draft_vocab_size, mapping.vocab_size) != (want_m, want_v):
         raise DraftlabError(
@@ -213,7 +212,7 @@ def prepare(job: SpecForgeJob, write: bool = True) -> dict[str, Any]:
     warnings = []
     cfg_file = Path(job.draft_config_file())
     if cfg_file.is_file():
-        cfg = _read_json(cfg_file)
+        cfg = read_json(cfg_file)
         ctx = int(cfg.get("max_position_embeddings") or 0)
         if ctx and ctx < job.max_length:
             warnings.append(f"{cfg_file}: max_position_embeddings={ctx} is below max_length={job.max_length}")
@@ -273,7 +272,7 @@ def import_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
     from draftlab.model import read_drafter_tensors
 
     ckpt = find_checkpoint(src)
-    cfg = _read_json(ckpt / "config.json")
+    cfg = read_json(ckpt / "config.json")
     for key in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"):
         if key not in cfg:
             raise DraftlabError(f"{ckpt / 'config.json'}: key {key!r} is missing (expected an EAGLE-3 drafter config)")
@@ -334,18 +333,6 @@ def _has_embeddings(folder: Path) -> bool:
             if any(k.endswith("embed_tokens.weight") for k in f.keys()):
                 return True
     return False
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise DraftlabError(f"{path}: not found")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise DraftlabError(f"{path}: not valid JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise DraftlabError(f"{path}: expected a JSON object")
-    return data
 
 
 def read_job_file(path: str | os.PathLike) -> dict[str, Any]:

@@ -7,7 +7,6 @@ transformers returns ``hidden_states`` with the embeddings first, so the *output
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -16,21 +15,12 @@ from torch import Tensor
 
 from draftlab import eagle3_format as fmt
 from draftlab.errors import DraftlabError
+from draftlab.target_config import load_json_config, text_config
 
 
 def read_config(folder: str | Path) -> dict[str, Any]:
-    path = Path(folder) / "config.json"
-    if not path.is_file():
-        raise DraftlabError(f"{path}: not found (expected a Hugging Face model folder)")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise DraftlabError(f"{path}: not valid JSON ({exc})") from exc
-
-
-def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The language-model part of a config (multimodal targets nest it under ``text_config``)."""
-    return cfg.get("text_config") or cfg
+    """A model folder's ``config.json`` (types checked by :mod:`draftlab.target_config`)."""
+    return load_json_config(Path(folder) / "config.json")
 
 
 def load_target(folder: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device | None = None,
