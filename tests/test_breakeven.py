@@ -178,3 +178,22 @@ def test_standing_refuses_a_drafter_run_without_speculation(tmp_path, capsys):
     assert main(["standing", "--baseline", str(base), "--drafter", f"x={off}", "--target-tps", "150"]) == 2
     err = capsys.readouterr().err
     assert "off.json: key 'summary.accept_length'" in err and "speculation active" in err
+
+
+def test_standing_reports_a_skipped_arm_without_numbers(tmp_path):
+    """A gated arm that never ran (probe gate closed) is listed as skipped, not as a failure or a zero."""
+    import json
+
+    from draftlab.breakeven import drafter_standing
+
+    base = tmp_path / "baseline.json"
+    base.write_text(json.dumps({"summary": {"output_tps_median": 100.0}}))
+    probe = tmp_path / "probe.json"
+    probe.write_text(json.dumps({"summary": {"accept_length": 1.6, "cycle_ms": 12.0, "output_tps_median": 130.0}}))
+    arm = tmp_path / "arm.json"
+    arm.write_text(json.dumps({"skipped": True, "reason": "probe accept length 1.02 < 1.1"}))
+    s = drafter_standing(base, {"probe": probe, "finetune-keep": arm}, [150])
+    rows = {d["name"]: d for d in s["drafters"]}
+    assert rows["probe"]["break_even_accept_length"] == 1.2 and rows["probe"]["above_break_even"]
+    assert rows["finetune-keep"] == {"name": "finetune-keep", "source": str(arm), "skipped": True,
+                                     "reason": "probe accept length 1.02 < 1.1"}

@@ -136,7 +136,7 @@ def test_benchmark_only_change_reruns_only_benchmarks_records_report(smoke):
     client = dict(cfg["bench"]["clients"][0], max_new_tokens=cfg["bench"]["clients"][0]["max_new_tokens"] + 4)
     jobs = dry_run_jobs(smoke, {"sizes": {"smoke": {"bench": {"clients": [client]}}}})
     rules = {r for r, _ in jobs}
-    assert rules == {"bench_plan", "serve_bench", "probe_gate", "records", "records_merge", "report"}
+    assert rules == {"bench_plan", "serve_bench", "probe_gate", "breakeven", "records", "records_merge", "report"}
     assert sum(r == "serve_bench" for r, _ in jobs) == 1 + 5 * len(cfg["speculative"])
 
 

@@ -69,6 +69,8 @@ def test_default_dag_has_every_stage(workdir):
     for rule in ("demo_models", "resolve_target", "acquire", "inspect", "patch_config", "compare", "d2t_diff",
                  "d2t_coverage", "generate_data", "tokenize", "vocab_mapping", "records", "records_merge", "report"):
         assert counts.get(rule) == (2 if rule == "inspect" else 1), rule
+    # break-even standing of every drafter: one job per (speculative setting, client variant)
+    assert counts["breakeven"] == 2
     assert "sglang" not in out.stdout
 
 

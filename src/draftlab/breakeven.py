@@ -199,6 +199,9 @@ def drafter_standing(
     out_rows = []
     for name, source in drafters.items():
         data, origin = _load_bench(source, f"drafter {name!r}")
+        if data.get("skipped"):  # a gated arm that never ran (probe gate closed): say so, no numbers
+            out_rows.append({"name": name, "source": origin, "skipped": True, "reason": data.get("reason")})
+            continue
         length = _summary_number(data, origin, "accept_length")
         cycle = _summary_number(data, origin, "cycle_ms")
         measured = (data.get("summary") or {}).get("output_tps_median")

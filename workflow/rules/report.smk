@@ -1,4 +1,32 @@
-# Report: a Markdown summary and plots per experiment (also in `snakemake --report report.html`).
+# Report: a Markdown summary and plots per experiment (also in `snakemake --report report.html`),
+# and where every drafter stands against break-even and the throughput goals (draftlab standing).
+
+
+rule breakeven:
+    """Each drafter's measured accept length against the baseline's break-even and the goals."""
+    input:
+        baseline=f"{R}/bench/baseline/plain/{{client}}.json",
+        drafters=lambda wildcards: [
+            f"{R}/bench/{v}/{wildcards.spec}/{wildcards.client}.json" for v in DRAFTED
+        ],
+    output:
+        standing=report(
+            f"{R}/report/breakeven/{{spec}}/{{client}}.json", category="Break-even"
+        ),
+    log:
+        f"{LOGS}/breakeven/{{spec}}-{{client}}.log",
+    conda:
+        "../../envs/analysis.yaml"
+    params:
+        drafters=lambda wildcards, input: " ".join(
+            f"{v}={path}" for v, path in zip(DRAFTED, input.drafters)
+        ),
+        target_tps=" ".join(str(t) for t in config["breakeven"]["target_tps"]),
+        num_steps=lambda wildcards: SPECS[wildcards.spec]["num_steps"],
+    shell:
+        "draftlab standing --baseline {input.baseline} --drafter {params.drafters}"
+        " --target-tps {params.target_tps} --num-steps {params.num_steps}"
+        " --out {output.standing} > {log} 2>&1"
 
 
 rule report:
@@ -13,6 +41,11 @@ rule report:
         + ([f"{R}/static/compare-patched-vs-reference.json"] if HAS_REFERENCE else []),
         inspect=[f"{R}/static/inspect-{w}.json" for w in ["target", "drafter"]],
         train=[f"{R}/train/{arm}" for arm in ARMS],
+        standing=expand(
+            f"{R}/report/breakeven/{{spec}}/{{client}}.json",
+            spec=SPECS,
+            client=CLIENTS,
+        ),
     output:
         summary=report(f"{R}/report/summary.md", category="Summary"),
         accept=report(f"{R}/report/accept_length.png", category="Plots"),

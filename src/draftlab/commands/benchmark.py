@@ -154,6 +154,9 @@ def _standing(args: argparse.Namespace) -> int:
 def _human_standing(s: dict) -> str:
     lines = [f"baseline {s['baseline_tps']:.2f} tok/s"]
     for d in s["drafters"]:
+        if d.get("skipped"):
+            lines.append(f"  {d['name']}: skipped ({d.get('reason')})")
+            continue
         lines.append(
             f"  {d['name']}: accept {d['accept_length']:.3f} vs break-even {d['break_even_accept_length']:.3f} "
             f"({'above' if d['above_break_even'] else 'BELOW'}), cycle {d['cycle_ms']:.2f} ms"
