@@ -19,12 +19,12 @@ rule breakeven:
         "../../envs/analysis.yaml"
     params:
         drafters=lambda wildcards, input: " ".join(
-            f"{v}={path}" for v, path in zip(DRAFTED, input.drafters)
+            f"--drafter {v}={path}" for v, path in zip(DRAFTED, input.drafters)
         ),
         target_tps=" ".join(str(t) for t in config["breakeven"]["target_tps"]),
         num_steps=lambda wildcards: SPECS[wildcards.spec]["num_steps"],
     shell:
-        "draftlab standing --baseline {input.baseline} --drafter {params.drafters}"
+        "draftlab standing --baseline {input.baseline} {params.drafters}"
         " --target-tps {params.target_tps} --num-steps {params.num_steps}"
         " --out {output.standing} > {log} 2>&1"
 
