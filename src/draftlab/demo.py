@@ -104,9 +104,9 @@ SIZES: dict[str, DemoSize] = {
     ),
     "default": DemoSize(
         name="default", source_files=16, topics=79, vocab_size=2048, hidden_size=128, num_layers=8,
-        num_heads=4, num_kv_heads=2, intermediate_size=320, block=256, batch=16,
-        v1_steps=360, v1_lr=4e-3, v2_steps=150, v2_lr=3e-3,
-        drafter_steps=300, drafter_lr=3e-3, drafter_batch=8, drafter_block=256, draft_vocab_size=1024,
+        num_heads=4, num_kv_heads=2, intermediate_size=320, block=256, batch=8,
+        v1_steps=360, v1_lr=4e-3, v2_steps=130, v2_lr=3e-3,
+        drafter_steps=200, drafter_lr=3e-3, drafter_batch=8, drafter_block=256, draft_vocab_size=1024,
         ttt_length=3, chunk_chars=900,
     ),
 }
