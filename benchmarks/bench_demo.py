@@ -143,7 +143,8 @@ def markdown(results: list[dict]) -> str:
     for r in results:
         st = r["stage_s"]
         stages = (f"tok {st['tokenizer_s']}, v1 {st['target_v1_s']}, v2 {st['target_v2_s']}, "
-                  f"drafter {st['drafter_s']} (v2 ∥ drafter {st['v2_and_drafter_s']}), eval {st['eval_s']}")
+                  f"drafter {st['drafter_s']} (v2 {'∥' if r['threads'] >= 2 else '+'} drafter {st['v2_and_drafter_s']}), "
+                  f"eval {st['eval_s']}")
         lines.append(f"| {r['size']} | {r['threads']} | {r['wall_s']} | {st['cpu_s']} | {stages} "
                      f"| {r['load_before'][0]} → {r['load_after'][0]} "
                      f"| {r['acc']['v1']} | {r['acc']['v2']} | {r['accept']['v1']['accept_length']} "

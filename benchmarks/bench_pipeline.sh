@@ -24,9 +24,15 @@ t1=$(date +%s.%N)
 grep -q "Nothing to be done" noop.log || { echo "no-op run did something:"; tail -20 noop.log; exit 1; }
 echo "no-op snakemake all: $(echo "$t1 - $t0" | bc) s"
 
+# per job: wall s and cpu_time from Snakemake's benchmark: files (CPU time is what load cannot inflate
+# much; on 2 idle cores a job's wall is about its CPU time / the cores it uses)
 for f in results/*/benchmarks/*.tsv results/*/benchmarks/*/*.tsv; do
-  printf '%-60s %s s\n' "${f#results/}" "$(awk 'NR==2 {print $1}' "$f")"
+  printf '%-60s %s\n' "${f#results/}" "$(awk -F'\t' 'NR==1 {for (i = 1; i <= NF; i++) if ($i == "cpu_time") c = i}
+    NR==2 {printf "%s s wall, %s s CPU", $1, $c}' "$f")"
 done
+awk -F'\t' 'FNR==1 {for (i = 1; i <= NF; i++) if ($i == "cpu_time") c = i} FNR==2 {s += $1; cpu += $c}
+  END {printf "all jobs: %.0f s wall summed, %.0f s CPU summed\n", s, cpu}' results/*/benchmarks/*.tsv results/*/benchmarks/*/*.tsv
+python -c 'import json, sys; m = json.load(open(sys.argv[1])); print("demo build stages:", {k: round(v, 1) for k, v in m["timings"].items()})' resources/demo/"$SIZE"/manifest.json
 echo "--- records"
 python - <<'PY'
 import pandas as pd
