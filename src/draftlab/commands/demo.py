@@ -16,7 +16,8 @@ def register(sub) -> None:
     p.add_argument("--size", choices=["smoke", "default"], default="default")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads while building (1: robust on a shared machine; same threads, same weights)")
+                   help="build stages that may run at once (>= 2: target v2 and the v1 drafter train side by "
+                        "side); every process uses one torch thread, so the weights do not depend on it")
     p.add_argument("--force", action="store_true", help="rebuild even when the manifest matches")
     p.add_argument("--log", default=None, help="append one line per finished stage to this file")
     add_json_flag(p)
