@@ -29,24 +29,32 @@ from draftlab.fsutil import atomic_path
 ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant"}
 
 
-def read_records(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
-    """Yield ``{"messages": [...]}`` or ``{"text": ...}`` for every sample of a data file."""
+def iter_lines(path: str | os.PathLike, what: str) -> Iterator[tuple[int, str | Any]]:
+    """``(line number, item)`` for every non-blank line: the parsed JSON value in a ``.jsonl``/``.json``
+    file, else the line's text (a plain-text file is one sample per line)."""
     path = Path(path)
     if not path.is_file():
-        raise DraftlabError(f"{path}: training data file not found")
+        raise DraftlabError(f"{path}: {what} not found")
     as_json = path.suffix in (".jsonl", ".json")
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
                 continue
             if not as_json:
-                yield {"text": line.rstrip("\n")}
+                yield lineno, line.rstrip("\n")
                 continue
             try:
-                obj = json.loads(line)
+                yield lineno, json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DraftlabError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
-            yield _normalise(obj, path, lineno)
+
+
+def read_records(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
+    """Yield ``{"messages": [...]}`` or ``{"text": ...}`` for every sample of a data file."""
+    path = Path(path)
+    as_json = path.suffix in (".jsonl", ".json")
+    for lineno, item in iter_lines(path, "training data file"):
+        yield _normalise(item, path, lineno) if as_json else {"text": item}
 
 
 def _normalise(obj: Any, path: Path, lineno: int) -> dict[str, Any]:

@@ -30,43 +30,34 @@ from draftlab.fsutil import atomic_path
 
 def read_prompts(path: str | os.PathLike) -> list[list[dict[str, str]]]:
     """Every prompt of ``path`` as a message list ending in a non-assistant turn."""
-    from draftlab.data import ROLE_ALIASES
+    from draftlab.data import ROLE_ALIASES, iter_lines
 
     path = Path(path)
-    if not path.is_file():
-        raise DraftlabError(f"{path}: prompt file not found")
     prompts: list[list[dict[str, str]]] = []
     as_json = path.suffix in (".jsonl", ".json")
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            if not as_json:
-                prompts.append([{"role": "user", "content": line.rstrip("\n")}])
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DraftlabError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
-            where = f"{path}:{lineno}"
-            if isinstance(obj, dict) and isinstance(obj.get("prompt", obj.get("text")), str):
-                prompts.append([{"role": "user", "content": obj.get("prompt", obj.get("text"))}])
-                continue
-            turns = obj.get("messages", obj.get("conversations")) if isinstance(obj, dict) else None
-            if not isinstance(turns, list):
-                raise DraftlabError(f"{where}: expected a key 'prompt' or 'text' (a string) or 'messages' (a list of turns)")
-            messages = []
-            for t in turns:
-                role = t.get("role", t.get("from")) if isinstance(t, dict) else None
-                content = t.get("content", t.get("value")) if isinstance(t, dict) else None
-                if not isinstance(role, str) or not isinstance(content, str):
-                    raise DraftlabError(f"{where}: each turn needs 'role' and 'content' strings, got {t!r:.80}")
-                messages.append({"role": ROLE_ALIASES.get(role, role), "content": content})
-            while messages and messages[-1]["role"] == "assistant":
-                messages.pop()
-            if not messages:
-                raise DraftlabError(f"{where}: 'messages' has no user turn to answer")
-            prompts.append(messages)
+    for lineno, obj in iter_lines(path, "prompt file"):
+        if not as_json:
+            prompts.append([{"role": "user", "content": obj}])
+            continue
+        where = f"{path}:{lineno}"
+        if isinstance(obj, dict) and isinstance(obj.get("prompt", obj.get("text")), str):
+            prompts.append([{"role": "user", "content": obj.get("prompt", obj.get("text"))}])
+            continue
+        turns = obj.get("messages", obj.get("conversations")) if isinstance(obj, dict) else None
+        if not isinstance(turns, list):
+            raise DraftlabError(f"{where}: expected a key 'prompt' or 'text' (a string) or 'messages' (a list of turns)")
+        messages = []
+        for t in turns:
+            role = t.get("role", t.get("from")) if isinstance(t, dict) else None
+            content = t.get("content", t.get("value")) if isinstance(t, dict) else None
+            if not isinstance(role, str) or not isinstance(content, str):
+                raise DraftlabError(f"{where}: each turn needs 'role' and 'content' strings, got {t!r:.80}")
+            messages.append({"role": ROLE_ALIASES.get(role, role), "content": content})
+        while messages and messages[-1]["role"] == "assistant":
+            messages.pop()
+        if not messages:
+            raise DraftlabError(f"{where}: 'messages' has no user turn to answer")
+        prompts.append(messages)
     if not prompts:
         raise DraftlabError(f"{path}: no prompts")
     return prompts
