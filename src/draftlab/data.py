@@ -64,15 +64,20 @@ def _normalise(obj: Any, path: Path, lineno: int) -> dict[str, Any]:
     if not isinstance(turns, list):
         raise DraftlabError(f"{path}:{lineno}: expected a key 'messages', 'conversations' (a list of turns) "
                             f"or 'text' (a string)")
+    return {"messages": parse_turns(turns, f"{path}:{lineno}")}
+
+
+def parse_turns(turns: list, where: str) -> list[dict[str, str]]:
+    """OpenAI-style (``role``/``content``) or ShareGPT-style (``from``/``value``) turns as messages."""
     messages = []
     for turn in turns:
         role = turn.get("role", turn.get("from")) if isinstance(turn, dict) else None
         content = turn.get("content", turn.get("value")) if isinstance(turn, dict) else None
         if not isinstance(role, str) or not isinstance(content, str):
-            raise DraftlabError(f"{path}:{lineno}: each turn needs 'role' and 'content' strings "
+            raise DraftlabError(f"{where}: each turn needs 'role' and 'content' strings "
                                 f"(or ShareGPT 'from' and 'value'), got {turn!r:.80}")
         messages.append({"role": ROLE_ALIASES.get(role, role), "content": content})
-    return {"messages": messages}
+    return messages
 
 
 def render_simple(messages: list[dict[str, str]]) -> str:

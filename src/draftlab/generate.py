@@ -30,7 +30,7 @@ from draftlab.fsutil import atomic_path
 
 def read_prompts(path: str | os.PathLike) -> list[list[dict[str, str]]]:
     """Every prompt of ``path`` as a message list ending in a non-assistant turn."""
-    from draftlab.data import ROLE_ALIASES, iter_lines
+    from draftlab.data import iter_lines, parse_turns
 
     path = Path(path)
     prompts: list[list[dict[str, str]]] = []
@@ -46,13 +46,7 @@ def read_prompts(path: str | os.PathLike) -> list[list[dict[str, str]]]:
         turns = obj.get("messages", obj.get("conversations")) if isinstance(obj, dict) else None
         if not isinstance(turns, list):
             raise DraftlabError(f"{where}: expected a key 'prompt' or 'text' (a string) or 'messages' (a list of turns)")
-        messages = []
-        for t in turns:
-            role = t.get("role", t.get("from")) if isinstance(t, dict) else None
-            content = t.get("content", t.get("value")) if isinstance(t, dict) else None
-            if not isinstance(role, str) or not isinstance(content, str):
-                raise DraftlabError(f"{where}: each turn needs 'role' and 'content' strings, got {t!r:.80}")
-            messages.append({"role": ROLE_ALIASES.get(role, role), "content": content})
+        messages = parse_turns(turns, where)
         while messages and messages[-1]["role"] == "assistant":
             messages.pop()
         if not messages:
