@@ -1,6 +1,10 @@
 # draftlab: probe, fine-tune and evaluate an EAGLE-3 drafter for a target model.
 # The DAG only; all logic lives in the draftlab package (src/draftlab). See docs/pipeline.md.
+from snakemake.utils import min_version
+
 from draftlab.config import load_config
+
+min_version("9.0")
 
 
 configfile: "config/config.yaml"

@@ -9,7 +9,6 @@ Pickle weights (``.bin``/``.pt``/``.pth``) are listed, never unpickled.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -251,8 +250,3 @@ def load_tensors(info: CheckpointInfo, names: Iterable[str]) -> dict[str, "torch
         except (OSError, RuntimeError, ValueError) as exc:
             raise DraftlabError(f"{file}: could not read tensor data ({exc})") from None
     return out
-
-
-def index_json(weight_map: dict[str, str], total_size: int) -> str:
-    """A ``model.safetensors.index.json`` body (used by writers of sharded checkpoints and tests)."""
-    return json.dumps({"metadata": {"total_size": total_size}, "weight_map": weight_map}, indent=2)

@@ -155,13 +155,6 @@ def spec_id(spec: Mapping[str, Any]) -> str:
     return f"s{spec['num_steps']}-k{spec['topk']}-d{spec['num_draft_tokens']}"
 
 
-def spec_by_id(cfg: Mapping[str, Any], sid: str) -> dict[str, Any]:
-    for spec in cfg["speculative"]:
-        if spec_id(spec) == sid:
-            return dict(spec)
-    raise DraftlabError(f"speculative setting {sid!r} is not in the config")
-
-
 def trained_arms(cfg: Mapping[str, Any]) -> list[str]:
     """``finetune-<mode>`` for every configured vocab mode, plus ``scratch`` (the control arm)."""
     arms = [f"finetune-{m}" for m in cfg["train"]["finetune_modes"]]

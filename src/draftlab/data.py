@@ -190,18 +190,3 @@ def tokenize_file(target: str | os.PathLike, data: str | os.PathLike, out: str |
         "loss_tokens": sum(sum(s["loss_mask"]) for s in samples),
         "chat_template": bool(getattr(tok, "chat_template", None)),
     }
-
-
-def is_tokens_file(path: str | os.PathLike) -> bool:
-    """Whether a JSONL file's first sample already is tokenized (has ``input_ids``)."""
-    path = Path(path)
-    if path.suffix not in (".jsonl", ".json"):
-        return False
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                try:
-                    return "input_ids" in json.loads(line)
-                except json.JSONDecodeError:
-                    return False
-    return False

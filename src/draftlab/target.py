@@ -79,7 +79,3 @@ def target_features(model, input_ids: Tensor, layer_ids: Sequence[int],
 
 def input_embeddings(model) -> Tensor:
     return model.get_input_embeddings().weight.detach()
-
-
-def output_embeddings(model) -> Tensor:
-    return model.get_output_embeddings().weight.detach()
