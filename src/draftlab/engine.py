@@ -21,7 +21,7 @@ import inspect
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -58,6 +58,27 @@ class GenerationResult:
     @property
     def spec_accept_length(self) -> float | None:
         return self.completion_tokens / self.spec_verify_ct if self.spec_verify_ct else None
+
+
+class GenerationStopped(Exception):
+    """``should_stop`` said so between two decode steps (client gone, server shutting down)."""
+
+    def __init__(self, tokens: int):
+        super().__init__(f"generation stopped after {tokens} tokens")
+        self.tokens = tokens
+
+
+def _never() -> bool:
+    return False
+
+
+def context_length_of(config) -> int | None:
+    """The target's context window in tokens (None when its config does not say)."""
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
 
 
 def resolve_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
@@ -150,6 +171,30 @@ class Engine:
     def speculative(self) -> bool:
         return self.drafter is not None
 
+    @property
+    def context_length(self) -> int | None:
+        return context_length_of(self.target.config)
+
+    def check_request(self, input_ids: Sequence[int], max_new_tokens: int) -> int:
+        """Refuse a request the model cannot serve; return ``max_new_tokens`` capped so prompt + new <= context.
+
+        Runs before a request waits for the engine, so a prompt beyond the context is refused at once
+        (SGLang's wording), and no request can grow the KV cache past the window.
+        """
+        if len(input_ids) == 0:
+            raise DraftlabError("request: the prompt is empty (expected at least one token)")
+        if max_new_tokens < 1:
+            raise DraftlabError(f"request: max_new_tokens must be >= 1, got {max_new_tokens}")
+        ctx = self.context_length
+        if ctx is not None and len(input_ids) >= ctx:
+            raise DraftlabError(f"The input ({len(input_ids)} tokens) is longer than the model's context length "
+                                f"({ctx} tokens).")
+        vocab = int(self.target.config.vocab_size)
+        bad = [t for t in input_ids if not 0 <= int(t) < vocab]
+        if bad:
+            raise DraftlabError(f"request: input_ids {bad[:5]} are outside the target vocabulary 0..{vocab - 1}")
+        return max_new_tokens if ctx is None else min(max_new_tokens, ctx - len(input_ids))
+
     # -- forwards ---------------------------------------------------------------------------------
     def _target(self, ids: Tensor, cache, hidden: bool, last_only: bool = False):
         kw = {self._cache_kw: cache, "use_cache": True, "output_hidden_states": hidden}
@@ -170,27 +215,24 @@ class Engine:
     # -- public -----------------------------------------------------------------------------------
     @torch.inference_mode()
     def generate(self, input_ids: Sequence[int], max_new_tokens: int, *, ignore_eos: bool = False,
-                 stop_token_ids: Iterable[int] = ()) -> GenerationResult:
-        """Greedy-decode up to ``max_new_tokens`` after ``input_ids``; stops at EOS unless ``ignore_eos``."""
-        if len(input_ids) == 0:
-            raise DraftlabError("request: the prompt is empty (expected at least one token)")
-        if max_new_tokens < 1:
-            raise DraftlabError(f"request: max_new_tokens must be >= 1, got {max_new_tokens}")
-        vocab = int(self.target.config.vocab_size)
-        bad = [t for t in input_ids if not 0 <= int(t) < vocab]
-        if bad:
-            raise DraftlabError(f"request: input_ids {bad[:5]} are outside the target vocabulary 0..{vocab - 1}")
+                 stop_token_ids: Iterable[int] = (),
+                 should_stop: Callable[[], bool] | None = None) -> GenerationResult:
+        """Greedy-decode up to ``max_new_tokens`` after ``input_ids`` (capped by the context window).
+
+        Stops at EOS unless ``ignore_eos``. ``should_stop`` is polled before every decode step or
+        speculative cycle; when it returns True, :class:`GenerationStopped` is raised.
+        """
+        budget = self.check_request(input_ids, max_new_tokens)
         stops = set(stop_token_ids) | (set() if ignore_eos else self.eos_token_ids)
-        if self.drafter is None:
-            return self._plain(list(map(int, input_ids)), max_new_tokens, stops)
-        return self._speculative(list(map(int, input_ids)), max_new_tokens, stops)
+        run = self._plain if self.drafter is None else self._speculative
+        return run(list(map(int, input_ids)), budget, stops, should_stop or _never)
 
     def _new_cache(self):
         from transformers import DynamicCache
 
         return DynamicCache(config=self.target.config)
 
-    def _plain(self, prompt: list[int], max_new: int, stops: set[int]) -> GenerationResult:
+    def _plain(self, prompt: list[int], max_new: int, stops: set[int], should_stop) -> GenerationResult:
         t_start = self._tick()
         cache = self._new_cache()
         ids = torch.tensor([prompt], device=self.device)
@@ -202,6 +244,8 @@ class Engine:
         res.prefill_time = t - t_start
         finished = tok in stops
         while not finished and len(res.output_ids) < max_new:
+            if should_stop():
+                raise GenerationStopped(len(res.output_ids))
             out = self._target(nxt, cache, hidden=False)
             nxt = out.logits[:, -1].argmax(-1, keepdim=True)
             tok = int(nxt.item())
@@ -214,7 +258,7 @@ class Engine:
         res.finish_reason = "stop" if finished else "length"
         return res
 
-    def _speculative(self, prompt: list[int], max_new: int, stops: set[int]) -> GenerationResult:
+    def _speculative(self, prompt: list[int], max_new: int, stops: set[int], should_stop) -> GenerationResult:
         drafter, k, dev = self.drafter, self.num_steps, self.device
         t_start = self._tick()
         n = len(prompt)
@@ -241,6 +285,8 @@ class Engine:
         t = self._tick()
         res.prefill_time = t - t_start
         while not finished and len(res.output_ids) < max_new:
+            if should_stop():
+                raise GenerationStopped(len(res.output_ids))
             k_eff = min(k, max_new - len(res.output_ids) - 1)
             # 1. draft a chain of k_eff tokens (target ids)
             t0 = self._tick()

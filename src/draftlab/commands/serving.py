@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -24,6 +25,11 @@ def register(sub) -> None:
     p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or float64 (default: float32)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom model code in the target folder")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--health-timeout", type=float, default=20.0,
+                   help="seconds /health_generate waits for a busy engine before answering 503 (default 20)")
+    p.add_argument("--read-timeout", type=float, default=30.0,
+                   help="seconds a client has to send a whole request (line, headers, body); also the idle "
+                        "keep-alive limit (default 30)")
     p.set_defaults(func=_serve)
 
 
@@ -35,6 +41,9 @@ def _serve(args: argparse.Namespace) -> int:
         raise DraftlabError(f"--port: expected 0-65535, got {args.port}")
     if args.drafter is not None and args.num_steps < 1:
         raise DraftlabError(f"--num-steps: expected an integer >= 1, got {args.num_steps}")
+    for flag, value in (("--health-timeout", args.health_timeout), ("--read-timeout", args.read_timeout)):
+        if not value > 0:
+            raise DraftlabError(f"{flag}: expected a number of seconds > 0, got {value}")
     if args.threads:
         import torch
 
@@ -43,5 +52,11 @@ def _serve(args: argparse.Namespace) -> int:
           + (f" and drafter {args.drafter} (num_steps {args.num_steps})" if args.drafter else " (plain decoding)"),
           file=sys.stderr, flush=True)
     state = load_state(args.target, args.drafter, num_steps=args.num_steps, device=args.device, dtype=args.dtype,
-                       trust_remote_code=args.trust_remote_code)
-    return serve(state, args.host, args.port)
+                       trust_remote_code=args.trust_remote_code, health_timeout_s=args.health_timeout,
+                       read_timeout_s=args.read_timeout)
+    code = serve(state, args.host, args.port)
+    # Skip the interpreter's teardown (torch/transformers finalization takes seconds on a busy host):
+    # a stopped server must be gone within seconds, and it has no files to flush.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
