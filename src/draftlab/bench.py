@@ -3,7 +3,7 @@
 One client for every server draftlab launches: the builtin server and SGLang through
 ``POST /generate`` (per-request ``meta_info`` counts), vLLM through ``POST /v1/completions`` plus the
 deltas of its Prometheus ``/metrics`` speculative counters. Only the standard library is used for
-HTTP (``urllib``) and concurrency (a thread pool), so importing this module is cheap.
+HTTP (``http.client``, under one deadline per request: ``draftlab.http_client``) and concurrency (a thread pool), so importing this module is cheap.
 
 Counting follows SGLang: accept length = sum(completion_tokens) / sum(spec_verify_ct), bonus token
 included; vLLM: 1 + accepted / drafts. Ratios are always computed from raw counts, never averaged
@@ -21,13 +21,13 @@ import statistics
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from draftlab import http_client
+from draftlab.bench_checks import Plausibility
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import atomic_path, write_json
 
@@ -161,24 +161,9 @@ def mean_ci95(values: Sequence[float]) -> tuple[float, float] | None:
 # --- HTTP -----------------------------------------------------------------------------------------
 
 
-# Proxies are bypassed: a benchmark measures the server, not a proxy in between (and an
-# http_proxy variable on a cluster node would otherwise capture requests to 127.0.0.1).
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
 def _request(url: str, payload: dict | None, timeout: float):
-    data = None if payload is None else json.dumps(payload).encode()
-    req = urllib.request.Request(url, data=data, method="GET" if data is None else "POST")
-    if data is not None:
-        req.add_header("Content-Type", "application/json")
-    try:
-        return _OPENER.open(req, timeout=timeout)
-    except urllib.error.HTTPError as exc:
-        body = exc.read()[:300].decode("utf-8", "replace")
-        raise DraftlabError(f"{url}: HTTP {exc.code} {exc.reason}: {body}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise DraftlabError(f"cannot reach the server at {url}: {reason} (is it running? check --url)") from None
+    """One request; ``timeout`` bounds all of it, body included (``draftlab.http_client``)."""
+    return http_client.request(url, payload, timeout)
 
 
 def _json_call(url: str, payload: dict | None, timeout: float) -> Any:
@@ -227,13 +212,17 @@ def _float_or_none(value: Any) -> float | None:
     return out if math.isfinite(out) else None
 
 
+def accept_count_keys(meta: dict) -> tuple[str, str] | None:
+    """The (accepted, proposed) draft-count pair this ``meta_info`` uses, if any."""
+    return next(((a, p) for a, p in ACCEPT_COUNT_KEYS if a in meta or p in meta), None)
+
+
 def parse_sglang_meta(meta: dict) -> dict[str, Any]:
     """Raw counts from an SGLang/builtin ``meta_info``, tolerating every known field naming."""
     accepted = proposed = None
-    for acc_key, prop_key in ACCEPT_COUNT_KEYS:
-        if acc_key in meta or prop_key in meta:
-            accepted, proposed = _int_or_none(meta.get(acc_key)), _int_or_none(meta.get(prop_key))
-            break
+    keys = accept_count_keys(meta)
+    if keys:
+        accepted, proposed = _int_or_none(meta.get(keys[0])), _int_or_none(meta.get(keys[1]))
     draft_t, verify_t = _float_or_none(meta.get("draft_time")), _float_or_none(meta.get("verify_time"))
     e2e = _float_or_none(meta.get("e2e_latency"))
     if draft_t is not None and verify_t is not None:
@@ -266,6 +255,7 @@ class _Client:
     ignore_eos: bool
     timeout: float
     model: str | None = None
+    checks: Plausibility | None = None
 
     def generate(self, prompt: Prompt, stream: bool = False) -> dict[str, Any]:
         send = self._sglang if self.api == "sglang" else self._vllm
@@ -305,7 +295,12 @@ class _Client:
             final = final[0] if final else {}
         if not isinstance(final, dict) or "meta_info" not in final:
             raise DraftlabError(f"{url}: response has no 'meta_info' (is this an SGLang-style server? try --api vllm)")
-        row = parse_sglang_meta(final["meta_info"])
+        meta = final["meta_info"]
+        if not isinstance(meta, dict):
+            raise DraftlabError(f"{url}: key 'meta_info': expected an object, got {type(meta).__name__}")
+        if self.checks is not None:
+            self.checks.check_sglang_meta(meta, url, accept_count_keys(meta))
+        row = parse_sglang_meta(meta)
         if row["completion_tokens"] is None:
             raise DraftlabError(f"{url}: key 'meta_info.completion_tokens' missing from the response")
         row.update(latency_s=latency, ttft_s=ttft, streamed=streamed)
@@ -339,6 +334,8 @@ class _Client:
                 body = json.loads(resp.read() or b"{}")
                 usage = body.get("usage") or {}
         latency = time.perf_counter() - start
+        if self.checks is not None and isinstance(usage, dict):
+            self.checks.check_usage(usage, url)
         completion = _int_or_none(usage.get("completion_tokens"))
         if completion is None:
             raise DraftlabError(f"{url}: key 'usage.completion_tokens' missing from the response")
@@ -561,6 +558,8 @@ def _server_info(url: str, timeout: float) -> dict[str, Any]:
     for path in ("/get_server_info", "/server_info"):
         try:
             info = _json_call(f"{url}{path}", None, timeout)
+        except http_client.RequestTimeout:
+            raise  # a server too slow to describe itself will not be benchmarked either
         except DraftlabError:
             continue
         if not isinstance(info, dict):
@@ -653,7 +652,10 @@ def run_benchmark(
 
     if api == "vllm" and model is None:
         model = _vllm_model(url, request_timeout_s)
-    client = _Client(url, api, max_new_tokens, ignore_eos, request_timeout_s, model)
+    # the server's speculative settings bound what its answers can say (bench_checks)
+    settings = _server_info(url, min(request_timeout_s, 30.0)) if api == "sglang" else {}
+    checks = Plausibility.from_server_info(max_new_tokens, settings)
+    client = _Client(url, api, max_new_tokens, ignore_eos, request_timeout_s, model, checks)
 
     from tqdm import tqdm  # noqa: PLC0415 - only when a run actually starts
 
@@ -717,6 +719,7 @@ def run_benchmark(
         delta = None
         if api == "vllm":
             delta = _metrics_delta(before or {}, _vllm_metrics(url, request_timeout_s))
+            checks.check_vllm_delta(delta, f"{url}/metrics")
             if require_speculation:
                 _guard_vllm(delta, repeats * len(prompt_list))
 
@@ -747,6 +750,7 @@ def run_benchmark(
         "limit": limit,
     }
     server = _server_info(url, min(request_timeout_s, 30.0)) if api == "sglang" else {}
+    checks.check_server_info(server, f"{url}{server.get('endpoint', '')}")
     summary["warnings"] = _warnings(summary, server)
     return BenchResult(summary=summary, rows=rows, config=config, prompt_set=prompt_set, server=server)
 

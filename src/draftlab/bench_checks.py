@@ -1,0 +1,150 @@
+"""Refuse numbers from a server that no correct server can produce, before anything is recorded.
+
+Why: a benchmark result is a claim about a drafter. A server that reports 12 tokens from one
+verify pass with 3 draft steps, a negative count, or more tokens than were asked for is broken (or
+not the server we think), and its figures must not become a record. Each check raises a one-line
+``DraftlabError`` naming the field, the value and the bound.
+
+Bounds, with SGLang's semantics (``spec_verify_ct`` counts target verify passes; the first token
+of a request comes from the prefill, not from a verify):
+
+- every count >= 0, every time >= 0;
+- ``completion_tokens <= max_new_tokens`` (the client's own request);
+- a verify pass emits at most ``T = min(num_steps + 1, num_draft_tokens)`` tokens: a chain of
+  ``num_steps`` drafts plus the bonus token, and a tree of depth ``num_steps`` accepts one path of
+  at most that length, never more than the ``num_draft_tokens`` it verifies. So
+  ``completion_tokens <= spec_verify_ct * T + 1`` and the server's cumulative
+  ``avg_spec_accept_length <= T``;
+- accepted drafts <= proposed drafts, and <= ``spec_verify_ct * num_steps``; per-position accept
+  counts <= ``spec_verify_ct``, at most ``num_steps`` positions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from draftlab.errors import DraftlabError
+
+COUNT_KEYS = ("prompt_tokens", "completion_tokens", "spec_verify_ct")
+TIME_KEYS = ("e2e_latency", "draft_time", "verify_time", "prefill_time")
+
+
+def _setting(info: dict[str, Any], key: str, low: int) -> int | None:
+    value = info.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        return None
+    return value
+
+
+def _count(where: str, key: str, value: Any) -> int | None:
+    """A reported count as an int (None when absent); negative or fractional counts are refused."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not value.is_integer()) or value < 0:
+        raise DraftlabError(f"{where}: {key} is {value!r}; expected an integer >= 0")
+    return int(value)
+
+
+@dataclass
+class Plausibility:
+    """The bounds of one benchmark run: its ``max_new_tokens`` and the server's speculative settings."""
+
+    max_new_tokens: int
+    num_steps: int | None = None
+    num_draft_tokens: int | None = None
+
+    @classmethod
+    def from_server_info(cls, max_new_tokens: int, info: dict[str, Any]) -> "Plausibility":
+        return cls(max_new_tokens, _setting(info, "speculative_num_steps", 0),
+                   _setting(info, "speculative_num_draft_tokens", 1))
+
+    @property
+    def per_verify(self) -> int | None:
+        """T: the most tokens one verify pass can emit (None when the server did not say)."""
+        bounds = [b for b in (None if self.num_steps is None else self.num_steps + 1, self.num_draft_tokens)
+                  if b is not None]
+        return min(bounds) if bounds else None
+
+    def _settings_text(self) -> str:
+        parts = [f"{k} {v}" for k, v in (("speculative_num_steps", self.num_steps),
+                                          ("speculative_num_draft_tokens", self.num_draft_tokens)) if v is not None]
+        return ", ".join(parts)
+
+    def check_sglang_meta(self, meta: dict[str, Any], where: str, accept_keys: tuple[str, str] | None) -> None:
+        """One ``/generate`` answer's ``meta_info``; ``accept_keys`` is the (accepted, proposed) pair it uses."""
+        counts = {k: _count(where, f"meta_info.{k}", meta.get(k)) for k in COUNT_KEYS}
+        for key in TIME_KEYS:
+            value = meta.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value < 0:
+                raise DraftlabError(f"{where}: meta_info.{key} is {value!r}; a duration cannot be negative")
+        completion, verify = counts["completion_tokens"], counts["spec_verify_ct"]
+        if completion is not None:
+            self._check_completion(completion, where, "meta_info.completion_tokens")
+        t = self.per_verify
+        if completion is not None and verify and t is not None and completion > verify * t + 1:
+            raise DraftlabError(
+                f"{where}: meta_info.completion_tokens {completion} is impossible with spec_verify_ct {verify}: "
+                f"at most {verify * t + 1} ({t} tokens per verify with {self._settings_text()}, plus the "
+                f"prefill token); refusing to record it")
+        if accept_keys:
+            acc_key, prop_key = accept_keys
+            accepted = _count(where, f"meta_info.{acc_key}", meta.get(acc_key))
+            proposed = _count(where, f"meta_info.{prop_key}", meta.get(prop_key))
+            if accepted is not None and proposed is not None and accepted > proposed:
+                raise DraftlabError(f"{where}: meta_info.{acc_key} {accepted} is above meta_info.{prop_key} "
+                                    f"{proposed}: more drafts accepted than proposed")
+            if accepted is not None and verify is not None and self.num_steps is not None \
+                    and accepted > verify * self.num_steps:
+                raise DraftlabError(f"{where}: meta_info.{acc_key} {accepted} is above spec_verify_ct {verify} x "
+                                    f"speculative_num_steps {self.num_steps} = {verify * self.num_steps}")
+        by_pos = meta.get("spec_accept_by_position")
+        if isinstance(by_pos, list):
+            for i, value in enumerate(by_pos):
+                n = _count(where, f"meta_info.spec_accept_by_position[{i}]", value)
+                if verify is not None and n is not None and n > verify:
+                    raise DraftlabError(f"{where}: meta_info.spec_accept_by_position[{i}] {n} is above "
+                                        f"spec_verify_ct {verify}")
+            if self.num_steps is not None and len(by_pos) > self.num_steps:
+                raise DraftlabError(f"{where}: meta_info.spec_accept_by_position has {len(by_pos)} positions; "
+                                    f"speculative_num_steps is {self.num_steps}")
+
+    def check_usage(self, usage: dict[str, Any], where: str) -> None:
+        """An OpenAI ``usage`` object (vLLM)."""
+        _count(where, "usage.prompt_tokens", usage.get("prompt_tokens"))
+        completion = _count(where, "usage.completion_tokens", usage.get("completion_tokens"))
+        if completion is not None:
+            self._check_completion(completion, where, "usage.completion_tokens", "max_tokens")
+
+    def _check_completion(self, completion: int, where: str, field: str, asked: str = "max_new_tokens") -> None:
+        if completion > self.max_new_tokens:
+            raise DraftlabError(f"{where}: {field} {completion} is above {asked} {self.max_new_tokens}, "
+                                f"which this benchmark asked for")
+
+    def check_server_info(self, info: dict[str, Any], where: str) -> None:
+        """SGLang's cumulative ``avg_spec_accept_length`` from ``/get_server_info``."""
+        value = info.get("avg_spec_accept_length")
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            return
+        t = self.per_verify
+        if value < 0 or (t is not None and value > t):
+            raise DraftlabError(f"{where}: internal_states[0].avg_spec_accept_length {value} is outside [0, {t}] "
+                                f"(at most {t} tokens per verify with {self._settings_text()})")
+
+    def check_vllm_delta(self, delta: dict[str, Any] | None, where: str) -> None:
+        """The change of vLLM's speculative counters over the measured passes."""
+        if delta is None:
+            return
+        for key in ("drafts", "draft_tokens", "accepted_tokens"):
+            if delta[key] < 0:
+                raise DraftlabError(f"{where}: counter {key} went down by {-delta[key]} during the benchmark "
+                                    f"(a restarted server?); refusing to record it")
+        if delta["accepted_tokens"] > delta["draft_tokens"]:
+            raise DraftlabError(f"{where}: accepted_tokens grew by {delta['accepted_tokens']}, more than "
+                                f"draft_tokens ({delta['draft_tokens']})")
+        for i, value in enumerate(delta.get("accepted_per_pos") or []):
+            if value < 0 or value > delta["drafts"]:
+                raise DraftlabError(f"{where}: accepted_tokens_per_pos[{i}] grew by {value}; expected 0.."
+                                    f"{delta['drafts']} (the number of drafts)")
