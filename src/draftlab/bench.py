@@ -630,6 +630,8 @@ def run_benchmark(
     ):
         if isinstance(value, bool) or int(value) != value or value < low:
             raise DraftlabError(f"{name}: expected an integer >= {low}, got {value!r}")
+    if not (isinstance(request_timeout_s, (int, float)) and math.isfinite(request_timeout_s) and request_timeout_s > 0):
+        raise DraftlabError(f"--timeout: expected a number of seconds > 0, got {request_timeout_s!r}")
     if limit is not None and limit < 1:
         raise DraftlabError(f"--limit: expected an integer >= 1, got {limit!r}")
     url = url.rstrip("/")

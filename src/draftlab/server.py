@@ -88,6 +88,8 @@ class ServerState:
         ctx = engine.context_length or 0
         self.max_body_bytes = int(max_body_bytes or max(MIN_BODY, BODY_BYTES_PER_TOKEN * ctx))
         self.stopping = threading.Event()  # set on SIGTERM: every wait and generation ends
+        self._active = 0  # requests being handled, so a shutdown can let their answers go out
+        self._idle = threading.Condition()
         self.lock = threading.Lock()
         self.started = time.time()
         self.verify_total = 0  # verify forwards over all requests
@@ -146,6 +148,20 @@ class ServerState:
                 raise ClientGone("client disconnected while waiting for the engine")
             if wait_s is not None and time.monotonic() - start >= wait_s:
                 raise Unavailable(f"the engine has been busy for more than {wait_s:g}s")
+
+    def begin_request(self) -> None:
+        with self._idle:
+            self._active += 1
+
+    def end_request(self) -> None:
+        with self._idle:
+            self._active -= 1
+            self._idle.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no request is being handled; False if some still are after ``timeout`` seconds."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._active == 0, timeout)
 
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:
@@ -414,6 +430,13 @@ class Handler(BaseHTTPRequestHandler):
         self._route("POST")
 
     def _route(self, method: str) -> None:
+        self.state.begin_request()
+        try:
+            self._dispatch(method)
+        finally:
+            self.state.end_request()
+
+    def _dispatch(self, method: str) -> None:
         t0 = time.perf_counter()
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
         try:
@@ -500,8 +523,9 @@ def load_state(target: str | Path, drafter: str | Path | None = None, *, num_ste
 def serve(state: ServerState, host: str = "127.0.0.1", port: int = 0) -> int:
     """Serve until SIGTERM/SIGINT; prints the machine-readable listening line first.
 
-    A signal stops every generation at its next decode step and every wait for the engine; if the
-    engine is still not free ``STOP_GRACE_S`` after the listener has closed, the process exits anyway.
+    A signal stops every generation at its next decode step and every wait for the engine (their
+    clients get 503); if requests are still being handled ``STOP_GRACE_S`` after the listener has
+    closed, the process exits anyway.
     """
     if host not in LOOPBACK:
         print(f"WARNING: draftlab serve is binding {host}, reachable from other machines; it has no "
@@ -522,11 +546,10 @@ def serve(state: ServerState, host: str = "127.0.0.1", port: int = 0) -> int:
         httpd.server_close()
         for s, h in old.items():
             signal.signal(s, h)
-    if not state.lock.acquire(timeout=STOP_GRACE_S):
-        print(f"draftlab-serve: the engine did not stop within {STOP_GRACE_S:g}s; exiting anyway",
+    if not state.wait_idle(STOP_GRACE_S):  # in-flight requests end at their next step and answer 503
+        print(f"draftlab-serve: requests still running {STOP_GRACE_S:g}s after the signal; exiting anyway",
               file=sys.stderr, flush=True)
         sys.stdout.flush()
         os._exit(0)
-    state.lock.release()
     print("draftlab-serve: stopped", file=sys.stderr, flush=True)
     return 0

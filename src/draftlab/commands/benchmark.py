@@ -28,7 +28,8 @@ def register(sub) -> None:
     p.add_argument("--model", default=None, help="vLLM model name (default: first of /v1/models)")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     p.add_argument("--no-ttft", action="store_true", help="skip the streaming time-to-first-token pass")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds for each whole request (connect, send, headers and body together)")
     p.add_argument(
         "--require-speculation",
         action="store_true",
