@@ -15,8 +15,9 @@ of a request comes from the prefill, not from a verify):
   at most that length, never more than the ``num_draft_tokens`` it verifies. So
   ``completion_tokens <= spec_verify_ct * T + 1`` and the server's cumulative
   ``avg_spec_accept_length <= T``;
-- accepted drafts <= proposed drafts, and <= ``spec_verify_ct * num_steps``; per-position accept
-  counts <= ``spec_verify_ct``, at most ``num_steps`` positions.
+- accepted drafts <= proposed drafts, and <= ``spec_verify_ct * T`` (T rather than ``num_steps``:
+  SGLang versions differ on whether the bonus token is counted); per-position accept counts <=
+  ``spec_verify_ct``, at most ``num_steps`` positions.
 """
 
 from __future__ import annotations
@@ -96,10 +97,10 @@ class Plausibility:
             if accepted is not None and proposed is not None and accepted > proposed:
                 raise DraftlabError(f"{where}: meta_info.{acc_key} {accepted} is above meta_info.{prop_key} "
                                     f"{proposed}: more drafts accepted than proposed")
-            if accepted is not None and verify is not None and self.num_steps is not None \
-                    and accepted > verify * self.num_steps:
+            # T, not K: a server that counts the bonus token among the accepted ones stays within it
+            if accepted is not None and verify is not None and t is not None and accepted > verify * t:
                 raise DraftlabError(f"{where}: meta_info.{acc_key} {accepted} is above spec_verify_ct {verify} x "
-                                    f"speculative_num_steps {self.num_steps} = {verify * self.num_steps}")
+                                    f"{t} tokens per verify ({self._settings_text()}) = {verify * t}")
         by_pos = meta.get("spec_accept_by_position")
         if isinstance(by_pos, list):
             for i, value in enumerate(by_pos):
