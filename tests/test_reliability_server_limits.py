@@ -1,9 +1,9 @@
 """No request wedges the builtin server (issue 16, item 2): real ``draftlab serve`` processes on 127.0.0.1.
 
-A tiny transformers target with a 512-token context and an EAGLE-3 drafter (K=3). On this model a
-speculative cycle takes ~20-30 ms on a busy CPU, so a generation that fills the context runs for
-several seconds: long enough to disconnect from, to SIGTERM during, and to probe health while it
-runs. Every server runs in its own session and is killed as a group at the end.
+A tiny transformers target with a 1024-token context and an EAGLE-3 drafter (K=3). On this model a
+speculative cycle takes ~20-30 ms on a busy CPU (a few ms on a fast one), so a generation that
+fills the context runs for seconds: long enough to disconnect from, to SIGTERM during, and to probe
+health while it runs. Every such generation is cut short by the test. Every server runs in its own session and is killed as a group at the end.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from draftlab.engine import Engine, GenerationStopped
 from factories import tiny_drafter_config, write_drafter
 from tiny_models import tiny_target
 
-CONTEXT = 512
+CONTEXT = 1024  # a filling generation lasts seconds even on a fast CPU (~25 ms per cycle here)
 READ_TIMEOUT = 1.5
 HEALTH_TIMEOUT = 1.0
 LONG = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 10**9, "ignore_eos": True}}
@@ -109,7 +109,7 @@ def test_prompts_beyond_the_context_are_refused_before_any_work(server):
     assert status == 400
     assert body["message"] == f"The input ({CONTEXT} tokens) is longer than the model's context length ({CONTEXT} tokens)."
     assert body["object"] == "error" and body["code"] == 400
-    start = time.monotonic()  # about 1 MB of text: hundreds of thousands of tokens on a 512-token context
+    start = time.monotonic()  # about 1 MB of text: hundreds of thousands of tokens on a 1024-token context
     status, body = call(server.url + "/generate", {"text": "speculative decoding " * 47_000,
                                                    "sampling_params": {"max_new_tokens": 8}}, timeout=60)
     assert status == 400 and "longer than the model's context length" in body["message"]
@@ -259,8 +259,8 @@ def test_engine_checks_should_stop_between_decode_steps(folders, with_drafter):
     with pytest.raises(GenerationStopped) as info:
         engine.generate([5, 6, 7], 10**9, ignore_eos=True, should_stop=should_stop)
     assert len(polls) == 5 and 1 <= info.value.tokens <= 1 + 4 * 4
-    full = engine.generate([5, 6, 7], 10**9, ignore_eos=True)
-    assert full.completion_tokens == CONTEXT - 3  # capped: prompt + new == context
+    full = engine.generate([5] * (CONTEXT - 6), 10**9, ignore_eos=True)
+    assert full.completion_tokens == 6  # capped: prompt + new == context
 
 
 def test_health_generate_answers_503_in_process_when_the_lock_is_held(folders):
