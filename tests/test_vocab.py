@@ -97,7 +97,7 @@ def test_count_npy(tmp_path):
 
 def test_count_out_of_range_id_names_file_and_line(tmp_path):
     f = write_jsonl(tmp_path / "t.jsonl", [{"input_ids": [1]}, {"input_ids": [2, 300]}])
-    with pytest.raises(DraftlabError, match=r"t\.jsonl: lines 1\.\.2: token id 300 outside .*\[0, 256\)"):
+    with pytest.raises(DraftlabError, match=r"t\.jsonl: line 2: token id 300 outside .*\[0, 256\)"):
         count_tokens(f, 256)
 
 

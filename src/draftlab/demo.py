@@ -567,7 +567,8 @@ def train_demo_drafter(spec: DemoSize, target_dir: Path, data_dir: Path, run_dir
     tokens = data_dir / "v1.tokens.jsonl"
     tokenize_file(target_dir, data_dir / "v1.jsonl", tokens, max_length=spec.drafter_block)
     vocab_size = json.loads((target_dir / "config.json").read_text())["vocab_size"]
-    mapping = build_mapping(count_tokens(tokens, vocab_size), spec.draft_vocab_size)
+    counts, first_seen = count_tokens(tokens, vocab_size, order=True)
+    mapping = build_mapping(counts, spec.draft_vocab_size, first_seen)
     save_mapping(data_dir / "v1.mapping.safetensors", mapping, meta={"source": "demo v1 data"})
     shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run: the manifest did not match
     return train_drafter(

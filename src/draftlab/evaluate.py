@@ -276,13 +276,16 @@ def _write_skipped_csv(path: str, reason: str) -> None:
 
 
 def specforge_commands(cfg: Mapping[str, Any], arm: str, target: str, patched: str, data: str, mapping: str,
-                       run: str, configfile: str) -> list[list[str]]:
-    """The three commands of a SpecForge arm: pin the mapping, train (torchrun), import the checkpoint.
+                       run: str, configfile: str, tokens: str, state_dir: str) -> list[list[str]]:
+    """The three commands of a SpecForge arm: write its run config, ``specforge train``, import the checkpoint.
 
-    keep: warm start, the drafter's own mapping pinned; regenerate: warm start, the new mapping pinned
-    (rows kept by index, the known trap, on purpose); scratch: no warm start, the new mapping.
+    ``configfile`` is the merged experiment config the pipeline wrote (every --configfile and --config),
+    so SpecForge gets the trainer's max length and settings. keep: warm start, the drafter's own
+    mapping pinned; regenerate: warm start, the new mapping pinned (rows kept by index, the known trap,
+    on purpose); scratch: no warm start, the new mapping. SpecForge's output (checkpoints, run config,
+    job file) lives in ``state_dir``, outside the rule's output, so a killed job can resume.
     """
-    from draftlab.specforge import job_from_experiment, build_argv
+    from draftlab.specforge import RUN_CONFIG
 
     mode = arm.removeprefix("finetune-") if arm != "scratch" else None
     if mode == "remap":
@@ -291,21 +294,17 @@ def specforge_commands(cfg: Mapping[str, Any], arm: str, target: str, patched: s
             "specforge (SpecForge keeps lm_head rows by index); use keep or regenerate, or the builtin backend"
         )
     pinned = patched if mode == "keep" else mapping
-    ckpt = patched if mode else None
-    t = cfg["train"]
-    job = job_from_experiment(
-        dict(cfg), target_model_path=target, draft_model_config=patched, train_data_path=data,
-        output_dir=f"{run}/specforge", vocab_mapping=pinned, ckpt_dir=ckpt,
-        specforge_dir=t["specforge_dir"], chat_template=t["chat_template"],
-        tp_size=int(cfg["serve"]["tp"]) if cfg["serve"]["backend"] == "sglang" else 1,
-    )
+    out = f"{state_dir}/specforge"
+    draft_config = f"{patched}/config.json"
     prepare = ["draftlab", "specforge-command", "--config", configfile, "--target", target,
-               "--draft-config", patched, "--data", data, "--mapping", pinned, "--output-dir", f"{run}/specforge",
-               "--specforge-dir", t["specforge_dir"], "--chat-template", t["chat_template"]]
-    if ckpt:
-        prepare += ["--ckpt-dir", ckpt]
-    return [prepare, build_argv(job),
-            ["draftlab", "import-specforge", f"{run}/specforge", "--out", f"{run}/drafter", "--expect-mapping", pinned]]
+               "--draft-config", draft_config, "--data", data, "--tokens", tokens, "--mapping", pinned,
+               "--output-dir", out]
+    if mode:
+        prepare += ["--ckpt-dir", patched]
+    train = ["specforge", "train", "--config", f"{out}/{RUN_CONFIG}"]
+    imp = ["draftlab", "import-specforge", out, "--out", f"{run}/drafter", "--expect-mapping", pinned,
+           "--draft-config", draft_config, "--expect-steps", str(int(cfg["train"]["steps"]))]
+    return [prepare, train, imp]
 
 
 # --- the probe gate ----------------------------------------------------------------------------

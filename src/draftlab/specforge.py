@@ -1,79 +1,79 @@
-"""``train.backend: specforge``: the SpecForge command for a draftlab experiment, and its checkpoints back.
+"""``train.backend: specforge``: the SpecForge 0.2.0 run of a draftlab arm, as SpecForge's own typed config.
 
 Why: a target too large for transformers (the K2.5 case) is trained with SpecForge, which captures
-the target's features through SGLang itself (``--target-model-backend sglang``). draftlab does not
-run SpecForge in its own environment (the ``specforge`` wheel pins torch, transformers and sglang
-exactly; see ``envs/specforge.yaml``); it *builds* the run and *reads* the result:
+the target's features through SGLang. The ``specforge`` wheel pins torch, transformers and sglang
+exactly, so draftlab never imports it: it *writes* the run and *reads* the result
+(:mod:`draftlab.specforge_import`).
 
-1. :func:`build_argv` - the ``torchrun ... scripts/train_eagle3.py`` command line, flags as in
-   SpecForge's ``scripts/train_eagle3.py`` (``--target-model-path``, ``--draft-model-config``,
-   ``--train-data-path``, ``--output-dir``, ``--num-epochs``, ``--max-num-steps``, ``--batch-size``,
-   ``--learning-rate``, ``--max-length``, ``--warmup-ratio``, ``--max-grad-norm``, ``--chat-template``,
-   ``--ttt-length``, ``--seed``, ``--tp-size``, ``--target-model-backend``, ``--cache-dir``,
-   ``--ckpt-dir``). The training scripts are not in the wheel: ``specforge_dir`` is a checkout of
-   the SpecForge repository at the pinned version.
-2. :func:`pin_vocab_mapping` - SpecForge builds the vocab mapping from the training data unless
-   ``<cache-dir>/vocab_mapping/<key>.pt`` exists, ``key = md5(f"{train_data_path}-{max_length}-
-   {chat_template}-{target_model_path}")``; it then loads that file as is. draftlab writes the
-   experiment's mapping there first, so a warm start keeps the rows of ``lm_head`` meaningful
-   (regenerating the mapping while keeping rows by index is the silent failure in the field notes).
-3. :func:`import_checkpoint` - a SpecForge output (``<output-dir>/epoch_N_step_M/`` with
-   ``config.json`` + ``model.safetensors`` and ``training_state.pt``) becomes a draftlab drafter
-   folder: embeddings stripped, names canonical, ``d2t``/``t2d`` kept, and optionally checked against
-   the pinned mapping so a regenerated mapping is caught, not served.
+SpecForge 0.2.0 has one entry point, ``specforge train --config run.yaml``, over the strict config
+``specforge.config.schema.Config`` (sections ``model``, ``data``, ``training``, ``deployment``).
+The CLI self-launches ``deployment.trainer.nproc_per_node`` workers (no torchrun around it). Online
+training (raw conversations in ``data.train_data_path``) is disaggregated only: an SGLang capture
+server produces the features, a Mooncake store carries them, the trainer consumes them
+(``deployment.mode: disaggregated``, ``deployment.disaggregated.backend: mooncake``), and such a run
+must pin ``model.vocab_mapping_path`` (``application/planning.py::_validate_vocab_mapping``).
+
+:func:`prepare` writes, under the run's ``output_dir``: the mapping as SpecForge loads it
+(``torch.load`` of ``{"d2t": int64 [M], "t2d": bool [V]}``, ``DraftModel.load_vocab_mapping``), the
+run config YAML, the run identity (settings + input fingerprints: a killed run resumes through
+``training.resume_from`` only when both are unchanged) and the job file with the exact argv and
+config. Checkpoints land in ``<output_dir>/draftlab-step<N>/training_state.pt``
+(``training/checkpoint.py::CheckpointManager``); the final one is always written (``Trainer.fit``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
+import math
 import os
 import re
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from draftlab import eagle3_format as fmt
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import atomic_dir, atomic_path, read_json, to_json, write_json
+from draftlab.fsutil import atomic_path, read_json, to_json, write_json
 
 SPECFORGE_VERSION = "0.2.0"  # keep in step with envs/specforge.yaml
-TRAIN_SCRIPT = "scripts/train_eagle3.py"
-TARGET_BACKENDS = ("sglang", "hf", "custom")
-CHECKPOINT_RE = re.compile(r"^epoch_(\d+)_step_(\d+)$")
+RUN_ID = "draftlab"  # SpecForge's run_id: checkpoints are <output_dir>/draftlab-step<N>/
+STATE_FILE = "training_state.pt"
+RUN_CONFIG = "draftlab_run.yaml"
+MAPPING_FILE = "draftlab_vocab_mapping.pt"
+IDENTITY_FILE = "draftlab_run_identity.json"
+JOB_FILE = "draftlab_specforge_job.json"
+STEP_RE = re.compile(rf"^{RUN_ID}-step(\d+)$")
+# Keys of the run config that name an attempt, not the run: left out of the run identity.
+VOLATILE = (("deployment", "disaggregated", "control_dir"), ("training", "resume_from"))
 
 
 @dataclasses.dataclass
 class SpecForgeJob:
-    """One SpecForge training run, in SpecForge's own terms (paths as SpecForge will see them)."""
+    """One SpecForge arm in draftlab's terms (paths as SpecForge will see them)."""
 
     target_model_path: str
-    draft_model_config: str  # a drafter config.json, or a drafter folder holding one
+    draft_model_config: str  # the drafter's config.json (a folder holding one is accepted)
     train_data_path: str  # JSONL conversations
     output_dir: str
-    vocab_mapping: str | None = None  # draftlab mapping file or drafter folder to pin; None = SpecForge builds one
-    specforge_dir: str = "SpecForge"  # checkout of github.com/sgl-project/SpecForge at SPECFORGE_VERSION
-    chat_template: str = "llama3"  # a name in SpecForge's TEMPLATE_REGISTRY (e.g. qwen, kimi-k2-instruct)
-    target_model_backend: str = "sglang"
-    ckpt_dir: str | None = None  # warm start from this drafter folder (fine-tune) instead of scratch
-    num_epochs: int = 1
-    max_num_steps: int | None = None
-    batch_size: int = 1
+    vocab_mapping: str | None = None  # draftlab mapping file or drafter folder, pinned for SpecForge
+    draft_checkpoint: str | None = None  # warm start (fine-tune arms); None = scratch
+    chat_template: str = "llama3"  # a name in SpecForge's template registry (kimi-k2-instruct, qwen, ...)
+    trust_remote_code: bool = False
+    steps: int = 1  # optimizer steps (train.steps)
+    num_samples: int | None = None  # training conversations; sets num_epochs so `steps` steps can run
+    batch_size: int = 1  # per trainer rank
     learning_rate: float = 1e-4
     max_length: int = 2048
     warmup_ratio: float = 0.015
     max_grad_norm: float = 0.5
     ttt_length: int = 7
     seed: int = 0
-    nproc: int = 1
-    tp_size: int = 1
-    save_interval: int | None = None
-    cache_dir: str | None = None  # default: <output_dir>/cache
-    extra_args: list[str] = dataclasses.field(default_factory=list)
-
-    def resolved_cache_dir(self) -> str:
-        return self.cache_dir or os.path.join(self.output_dir, "cache")
+    nproc: int = 1  # trainer processes on this host (deployment.trainer.nproc_per_node)
+    save_interval: int = 0  # train.checkpoint_every; 0 = only the final checkpoint
+    embedding_key: str | None = None  # None: read from the target's weight index
+    lm_head_key: str | None = None
+    aux_layer_ids: list[int] | None = None  # None: the drafter's, converted for SpecForge's capture
+    deployment: dict[str, Any] = dataclasses.field(default_factory=dict)  # over deployment.disaggregated
+    overrides: dict[str, Any] = dataclasses.field(default_factory=dict)  # deep-merged over the run config
 
     def draft_config_file(self) -> str:
         p = Path(self.draft_model_config)
@@ -97,98 +97,306 @@ def job_from_mapping(data: dict[str, Any], source: str = "job") -> SpecForgeJob:
 
 def job_from_experiment(cfg: dict[str, Any], *, target_model_path: str, draft_model_config: str,
                         train_data_path: str, output_dir: str, vocab_mapping: str | None,
-                        ckpt_dir: str | None = None, **specforge: Any) -> SpecForgeJob:
-    """The job for a loaded experiment config (its ``train`` section) and the pipeline's paths."""
+                        ckpt_dir: str | None = None, num_samples: int | None = None) -> SpecForgeJob:
+    """The job for a merged experiment config (its ``train`` and ``target`` sections) and the pipeline's paths."""
     train = cfg.get("train", {})
+    sf = train.get("specforge") or {}
     job = SpecForgeJob(
         target_model_path=target_model_path,
         draft_model_config=draft_model_config,
         train_data_path=train_data_path,
         output_dir=output_dir,
         vocab_mapping=vocab_mapping,
-        ckpt_dir=ckpt_dir,
-        max_num_steps=train.get("steps"),
+        draft_checkpoint=ckpt_dir,
+        chat_template=train.get("chat_template", "llama3"),
+        trust_remote_code=bool((cfg.get("target") or {}).get("trust_remote_code", False)),
+        steps=train.get("steps", 1),
+        num_samples=num_samples,
         batch_size=train.get("batch_size", 1),
         learning_rate=train.get("lr", 1e-4),
         max_length=train.get("max_length", 2048),
         ttt_length=train.get("ttt_length", 7),
         seed=train.get("seed", 0),
         nproc=train.get("nproc", 1),
-        extra_args=list(train.get("extra_args", [])),
-        **specforge,
+        save_interval=train.get("checkpoint_every") or 0,
+        deployment=dict(sf.get("deployment") or {}),
+        overrides=dict(sf.get("overrides") or {}),
     )
     validate_job(job, "experiment config")
     return job
 
 
 def validate_job(job: SpecForgeJob, source: str = "job") -> None:
-    ints = ("num_epochs", "batch_size", "max_length", "ttt_length", "nproc", "tp_size")
-    for name in ints:
+    for name in ("steps", "batch_size", "max_length", "ttt_length", "nproc"):
         v = getattr(job, name)
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise DraftlabError(f"{source}: key {name!r}: expected a positive integer, got {v!r}")
-    for name in ("max_num_steps", "save_interval"):
+    for name in ("save_interval",):
         v = getattr(job, name)
-        if v is not None and (not isinstance(v, int) or v < 1):
-            raise DraftlabError(f"{source}: key {name!r}: expected a positive integer or null, got {v!r}")
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise DraftlabError(f"{source}: key {name!r}: expected an integer >= 0, got {v!r}")
+    if job.num_samples is not None and (not isinstance(job.num_samples, int) or job.num_samples < 0):
+        raise DraftlabError(f"{source}: key 'num_samples': expected an integer >= 0 or null, got {job.num_samples!r}")
     if not isinstance(job.learning_rate, (int, float)) or job.learning_rate <= 0:
         raise DraftlabError(f"{source}: key 'learning_rate': expected a number > 0, got {job.learning_rate!r}")
-    if job.target_model_backend not in TARGET_BACKENDS:
-        raise DraftlabError(f"{source}: key 'target_model_backend': expected one of {list(TARGET_BACKENDS)}, "
-                            f"got {job.target_model_backend!r}")
-    if job.nproc % job.tp_size:
-        raise DraftlabError(f"{source}: key 'tp_size': {job.tp_size} must divide nproc={job.nproc}")
-    if not isinstance(job.extra_args, list) or not all(isinstance(a, str) for a in job.extra_args):
-        raise DraftlabError(f"{source}: key 'extra_args': expected a list of strings")
+    for name in ("deployment", "overrides"):
+        if not isinstance(getattr(job, name), dict):
+            raise DraftlabError(f"{source}: key {name!r}: expected a mapping")
+
+
+# ---------------------------------------------------------------------------------------------
+# what SpecForge needs to know about the target and the drafter
+
+
+def target_weight_keys(target: str) -> tuple[str, str]:
+    """``(embedding_key, lm_head_key)`` as named in the target's weight index.
+
+    Kimi-K2.5 nests its text model (``language_model.model.embed_tokens.weight``,
+    ``language_model.lm_head.weight``); SpecForge's defaults (``model.embed_tokens.weight``,
+    ``lm_head.weight``) would not find them. A tied head without its own tensor reads the embedding.
+    """
+    from draftlab.checkpoint import INDEX_SUFFIX, read_checkpoint
+
+    folder = Path(target)
+    indexes = sorted(folder.glob(f"*{INDEX_SUFFIX}")) if folder.is_dir() else []
+    if indexes:  # a sharded target (Kimi: 64 shards): the index names every tensor, no shard is opened
+        weight_map = read_json(indexes[0]).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise DraftlabError(f"{indexes[0]}: key 'weight_map' missing (expected a safetensors index)")
+        names = sorted(weight_map)
+    else:
+        names = sorted(read_checkpoint(target).tensors)
+    embed = _one_key(names, "embed_tokens.weight", target)
+    heads = [n for n in names if n == "lm_head.weight" or n.endswith(".lm_head.weight")]
+    if not heads:
+        return embed, embed
+    return embed, _one_key(heads, "lm_head.weight", target)
+
+
+def _one_key(names: list[str], suffix: str, target: str) -> str:
+    found = [n for n in names if n == suffix or n.endswith("." + suffix)]
+    text = [n for n in found if not re.search(r"(vision|mm_projector|visual|audio|mtp)", n)]
+    if len(text) == 1:
+        return text[0]
+    if not text:
+        raise DraftlabError(f"{target}: no tensor named *{suffix} in the weight index (expected the target's "
+                            f"{suffix.split('.')[0]} for SpecForge's model.{'embedding' if 'embed' in suffix else 'lm_head'}_key)")
+    raise DraftlabError(f"{target}: several tensors named *{suffix} in the weight index: {text}; "
+                        "set embedding_key / lm_head_key in the job")
+
+
+def specforge_aux_ids(drafter_cfg: dict[str, Any], target_cfg: dict[str, Any]) -> list[int]:
+    """``model.aux_hidden_state_layer_ids`` for SpecForge: ids its SGLang capture server turns into the
+    same layers the drafter is served with.
+
+    SpecForge hands the ids to SGLang unchanged (``launch_plan.py``: ``--spec-capture-aux-layer-ids``,
+    SGLang's ``set_eagle3_layers_to_capture``), exactly as serving hands the drafter config's ids. So
+    the output ids draftlab reads for this drafter (:func:`draftlab.target.aux_layer_ids_for`) become
+    the config ids that SGLang's rule for the target's architecture maps back onto them.
+    """
+    from draftlab.target import aux_layer_ids_for
+
+    outputs = aux_layer_ids_for(drafter_cfg, target_cfg)
+    try:
+        from draftlab import aux_layers
+    except ImportError:  # draftlab without per-architecture rules: ids mean "output of layer id"
+        return list(outputs)
+    want = [o + 1 for o in outputs]
+    for ids in (list(outputs), want):
+        if aux_layers.capture_layers(ids, target_cfg) == want:
+            return ids
+    raise DraftlabError(f"no aux layer ids make SGLang capture the outputs of layers {outputs} on this target "
+                        f"({aux_layers.rule_for(target_cfg).source})")
+
+
+def num_epochs_for(job: SpecForgeJob) -> tuple[int, list[str]]:
+    """Prompt epochs so that ``job.steps`` optimizer steps run; refuses data shorter than one step.
+
+    SpecForge's online producer streams ``num_prompts * num_epochs`` prompts and the consumer stops at
+    ``training.max_steps``; one optimizer step takes ``nproc * batch_size`` samples
+    (``training/schedule.py::resolve_online_total_steps``).
+    """
+    per_step = job.nproc * job.batch_size
+    if job.num_samples is None:
+        return 1, ["number of training samples unknown (no --tokens): num_epochs=1, the run ends early "
+                   "if the data is shorter than train.steps"]
+    if job.num_samples < per_step:
+        raise DraftlabError(
+            f"{job.train_data_path}: {job.num_samples} training samples, one optimizer step needs "
+            f"{per_step} (nproc {job.nproc} x batch_size {job.batch_size}): the data is too short for SpecForge")
+    return math.ceil(job.steps * per_step / job.num_samples), []
+
+
+# ---------------------------------------------------------------------------------------------
+# the run config
+
+
+def run_config(job: SpecForgeJob, *, control_dir: str, resume_from: str | None = None,
+               target_cfg: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
+    """SpecForge's ``Config`` for the job, as a plain mapping (and warnings)."""
+    warnings: list[str] = []
+    out = Path(job.output_dir)
+    embed, head = job.embedding_key, job.lm_head_key
+    if embed is None or head is None:
+        try:
+            found = target_weight_keys(job.target_model_path)
+        except DraftlabError as exc:
+            if Path(job.target_model_path).exists():
+                raise
+            warnings.append(f"{exc}; SpecForge's default weight keys are shown (the job reads the index)")
+            found = ("model.embed_tokens.weight", "lm_head.weight")
+        embed, head = embed or found[0], head or found[1]
+    aux = job.aux_layer_ids
+    if aux is None:
+        cfg_file = Path(job.draft_config_file())
+        if target_cfg is not None and cfg_file.is_file():
+            aux = specforge_aux_ids(read_json(cfg_file), target_cfg)
+        else:
+            warnings.append("target or drafter config not readable here: aux layer ids left to SpecForge")
+    epochs, more = num_epochs_for(job)
+    warnings += more
+    model = {
+        "target_model_path": job.target_model_path,
+        "draft_model_config": job.draft_config_file(),
+        "vocab_mapping_path": str(out / MAPPING_FILE),
+        "embedding_key": embed,
+        "lm_head_key": head,
+        "trust_remote_code": bool(job.trust_remote_code),
+        "target_backend": "sglang",
+    }
+    if aux is not None:
+        model["aux_hidden_state_layer_ids"] = [int(i) for i in aux]
+    if job.draft_checkpoint and resume_from is None:  # a resume restores the weights itself
+        model["draft_checkpoint_path"] = job.draft_checkpoint
+    training = {
+        "strategy": "eagle3",
+        "max_steps": job.steps,
+        "total_steps": job.steps,  # the optimizer and loss schedules run over exactly these steps
+        "num_epochs": epochs,
+        "batch_size": job.batch_size,
+        "accumulation_steps": 1,
+        "learning_rate": float(job.learning_rate),
+        "lr_scheduler": "cosine",
+        "warmup_ratio": float(job.warmup_ratio),
+        "max_grad_norm": float(job.max_grad_norm),
+        "ttt_length": job.ttt_length,
+        "save_interval": job.save_interval,
+        "seed": job.seed,
+    }
+    if resume_from is not None:
+        training["resume_from"] = resume_from
+    cfg = {
+        "run_id": RUN_ID,
+        "output_dir": str(out),
+        "model": model,
+        "data": {
+            "train_data_path": job.train_data_path,
+            "chat_template": job.chat_template,
+            "max_length": job.max_length,
+            "cache_dir": str(out / "cache"),
+        },
+        "training": training,
+        "deployment": {
+            "mode": "disaggregated",
+            "trainer": {"nnodes": 1, "nproc_per_node": job.nproc},
+            "disaggregated": {"backend": "mooncake", **job.deployment, "control_dir": control_dir},
+        },
+    }
+    return _deep_merge(cfg, job.overrides), warnings
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def build_argv(job: SpecForgeJob) -> list[str]:
-    """The full ``torchrun`` command line of the job (no shell quoting needed: it is an argv)."""
-    argv = [
-        "torchrun", "--standalone", "--nproc_per_node", str(job.nproc),
-        os.path.join(job.specforge_dir, TRAIN_SCRIPT),
-        "--target-model-path", job.target_model_path,
-        "--draft-model-config", job.draft_config_file(),
-        "--train-data-path", job.train_data_path,
-        "--output-dir", job.output_dir,
-        "--cache-dir", job.resolved_cache_dir(),
-        "--chat-template", job.chat_template,
-        "--num-epochs", str(job.num_epochs),
-        "--batch-size", str(job.batch_size),
-        "--learning-rate", repr(float(job.learning_rate)),
-        "--max-length", str(job.max_length),
-        "--warmup-ratio", repr(float(job.warmup_ratio)),
-        "--max-grad-norm", repr(float(job.max_grad_norm)),
-        "--ttt-length", str(job.ttt_length),
-        "--seed", str(job.seed),
-        "--tp-size", str(job.tp_size),
-        "--target-model-backend", job.target_model_backend,
-    ]
-    if job.max_num_steps is not None:
-        argv += ["--max-num-steps", str(job.max_num_steps)]
-    if job.save_interval is not None:
-        argv += ["--save-interval", str(job.save_interval)]
-    if job.ckpt_dir is not None:
-        argv += ["--ckpt-dir", job.ckpt_dir]
-    return argv + list(job.extra_args)
+    """SpecForge's own launcher: it starts ``deployment.trainer.nproc_per_node`` workers itself."""
+    return ["specforge", "train", "--config", str(Path(job.output_dir) / RUN_CONFIG)]
 
 
-def vocab_cache_key(job: SpecForgeJob) -> str:
-    """SpecForge's cache key for the processed dataset and the vocab mapping of this run."""
-    s = f"{job.train_data_path}-{job.max_length}-{job.chat_template}-{job.target_model_path}"
-    return hashlib.md5(s.encode()).hexdigest()
+# ---------------------------------------------------------------------------------------------
+# resume: same settings + same inputs -> continue from SpecForge's latest checkpoint
 
 
-def vocab_mapping_cache_path(job: SpecForgeJob) -> Path:
-    return Path(job.resolved_cache_dir()) / "vocab_mapping" / f"{vocab_cache_key(job)}.pt"
+def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    """The newest complete ``draftlab-step<N>/`` (it holds ``training_state.pt``), as CheckpointManager picks."""
+    found = []
+    folder = Path(output_dir)
+    if folder.is_dir():
+        for child in folder.iterdir():
+            m = STEP_RE.match(child.name)
+            if m and (child / STATE_FILE).is_file():
+                found.append((int(m.group(1)), child))
+    return max(found)[1] if found else None
 
 
-def pin_vocab_mapping(job: SpecForgeJob) -> Path | None:
-    """Write the job's mapping where SpecForge looks before building its own; None when not pinned."""
-    if job.vocab_mapping is None:
-        return None
+def run_identity(job: SpecForgeJob, cfg: dict[str, Any]) -> dict[str, Any]:
+    """Settings (the run config without attempt-only keys) and fingerprints of every input file."""
+    import hashlib
+
+    from draftlab.train import path_fingerprint
+
+    settings = _drop(cfg, VOLATILE)
+    settings["model"].pop("draft_checkpoint_path", None)
+    inputs = {"train_data": job.train_data_path, "draft_config": job.draft_config_file(),
+              "vocab_mapping": job.vocab_mapping, "draft_checkpoint": job.draft_checkpoint,
+              "target_config": str(Path(job.target_model_path) / "config.json")}
+    ident = {"config": {"run_config": settings, "specforge": SPECFORGE_VERSION},
+             "inputs": {k: path_fingerprint(v) for k, v in inputs.items() if v},
+             "world_size": job.nproc, "code": SPECFORGE_VERSION}
+    ident["run_id"] = hashlib.sha256(to_json(ident).encode()).hexdigest()
+    return ident
+
+
+def _drop(cfg: dict[str, Any], paths) -> dict[str, Any]:
+    import copy
+
+    out = copy.deepcopy(cfg)
+    for path in paths:
+        node = out
+        for k in path[:-1]:
+            node = node.get(k, {})
+        node.pop(path[-1], None)
+    return out
+
+
+def _resume_decision(job: SpecForgeJob, ident: dict[str, Any], write: bool) -> tuple[str | None, list[str]]:
+    from draftlab.train import identity_changes, move_aside
+
+    out = Path(job.output_dir)
+    latest = latest_checkpoint(out)
+    if latest is None:
+        return None, []
+    saved = None
+    if (out / IDENTITY_FILE).is_file():
+        saved = read_json(out / IDENTITY_FILE)
+    if saved and saved.get("run_id") == ident["run_id"]:
+        if "managed_local" in job.deployment:
+            return None, [f"{latest}: SpecForge refuses training.resume_from with managed_local; starting fresh"]
+        return str(latest), [f"resuming from {latest} (same settings and inputs)"]
+    changes = identity_changes(saved, ident)
+    if not write:
+        return None, [f"{out}: checkpoints of another run ({', '.join(changes)}) would be moved aside"]
+    moved = move_aside(out)
+    return None, [f"{out}: checkpoints of another run ({', '.join(changes)}) moved to {moved}"]
+
+
+# ---------------------------------------------------------------------------------------------
+# putting it together
+
+
+def write_mapping(job: SpecForgeJob, path: Path) -> None:
+    """The pinned mapping in the format ``DraftModel.load_vocab_mapping`` reads, sizes checked."""
+    import torch
+
     from draftlab.vocab import load_mapping
 
+    if job.vocab_mapping is None:
+        raise DraftlabError(f"{job.output_dir}: SpecForge's disaggregated run needs a pinned vocab mapping "
+                            "(key 'vocab_mapping' / --mapping); none given")
     mapping = load_mapping(job.vocab_mapping)
     cfg = read_json(Path(job.draft_config_file()))
     want_m, want_v = fmt.draft_vocab_size(cfg), int(cfg["vocab_size"])
@@ -197,142 +405,66 @@ def pin_vocab_mapping(job: SpecForgeJob) -> Path | None:
             f"{job.vocab_mapping}: mapping has draft vocab {mapping.draft_vocab_size} over vocab "
             f"{mapping.vocab_size}, {job.draft_config_file()} expects draft_vocab_size={want_m}, vocab_size={want_v}"
         )
-    path = vocab_mapping_cache_path(job)
     with atomic_path(path) as tmp:
         torch.save({"d2t": mapping.d2t.to(torch.int64), "t2d": mapping.t2d.to(torch.bool)}, tmp)
-    return path
+
+
+def _attempt_dir(out: Path) -> str:
+    """A fresh control folder per attempt: SpecForge refuses to reuse one (``_claim_fresh_control_path``)."""
+    root = out / "control"
+    n = 1
+    while (root / f"attempt-{n}").exists():
+        n += 1
+    return str(root / f"attempt-{n}")
 
 
 def prepare(job: SpecForgeJob, write: bool = True) -> dict[str, Any]:
-    """Everything a SpecForge run needs besides SpecForge: argv, the pinned mapping, warnings.
+    """Everything a SpecForge run needs besides SpecForge: the run config, argv, pinned mapping, identity.
 
-    With ``write`` the mapping is pinned and ``<output_dir>/draftlab_specforge_job.json`` records
-    the job and argv (the Snakemake rule then only runs the argv in the SpecForge env).
+    With ``write`` the files are written under ``output_dir`` (the job file last, recording the argv
+    and the exact config that will run).
     """
-    warnings = []
+    import yaml
+
+    from draftlab.target_config import load_json_config
+
+    out = Path(job.output_dir)
     cfg_file = Path(job.draft_config_file())
+    warnings: list[str] = []
+    if not cfg_file.is_file() and write:
+        raise DraftlabError(f"{cfg_file}: drafter config not found (key 'draft_model_config')")
+    target_json = Path(job.target_model_path) / "config.json"
+    target_cfg = load_json_config(target_json) if target_json.is_file() else None
     if cfg_file.is_file():
-        cfg = read_json(cfg_file)
-        ctx = int(cfg.get("max_position_embeddings") or 0)
+        ctx = int(read_json(cfg_file).get("max_position_embeddings") or 0)
         if ctx and ctx < job.max_length:
             warnings.append(f"{cfg_file}: max_position_embeddings={ctx} is below max_length={job.max_length}")
-        if fmt.aux_layer_ids(cfg) is None:
-            warnings.append(f"{cfg_file}: no eagle_config.eagle_aux_hidden_state_layer_ids; "
-                            "SpecForge then uses its own default aux layers")
-    elif write:
-        raise DraftlabError(f"{cfg_file}: drafter config not found (key 'draft_model_config')")
-    if job.vocab_mapping is None:
-        warnings.append("no vocab mapping pinned: SpecForge builds one from the training data"
-                        + (" and overwrites the warm-start checkpoint's d2t" if job.ckpt_dir else ""))
-    pinned = pin_vocab_mapping(job) if write else None
+    fresh, more = run_config(job, control_dir=_attempt_dir(out), target_cfg=target_cfg)
+    warnings += more
+    ident = run_identity(job, fresh)
+    resume_from, more = _resume_decision(job, ident, write)
+    warnings += more
+    cfg = fresh
+    if resume_from is not None:
+        cfg, _ = run_config(job, control_dir=_attempt_dir(out), resume_from=resume_from, target_cfg=target_cfg)
     result = {
         "argv": build_argv(job),
+        "run_config": cfg,
+        "run_config_path": str(out / RUN_CONFIG),
         "specforge_version": SPECFORGE_VERSION,
-        "cache_key": vocab_cache_key(job),
-        "vocab_mapping_cache": str(vocab_mapping_cache_path(job)),
-        "pinned_mapping": str(pinned) if pinned else None,
+        "resume_from": resume_from,
         "warnings": warnings,
+        "identity": ident,
         "job": dataclasses.asdict(job),
     }
     if write:
-        write_json(Path(job.output_dir) / "draftlab_specforge_job.json", result)
+        out.mkdir(parents=True, exist_ok=True)
+        write_mapping(job, out / MAPPING_FILE)
+        with atomic_path(out / RUN_CONFIG) as tmp:
+            Path(tmp).write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
+        write_json(out / IDENTITY_FILE, ident)
+        write_json(out / JOB_FILE, result)
     return result
-
-
-# ---------------------------------------------------------------------------------------------
-# reading SpecForge checkpoints
-
-
-def find_checkpoint(src: str | os.PathLike) -> Path:
-    """``src`` itself when it holds ``config.json``, else its latest ``epoch_N_step_M/`` child."""
-    src = Path(src)
-    if not src.is_dir():
-        raise DraftlabError(f"{src}: not a folder (expected a SpecForge output dir or an epoch_N_step_M checkpoint)")
-    if (src / "config.json").is_file():
-        return src
-    found = []
-    for child in src.iterdir():
-        m = CHECKPOINT_RE.match(child.name)
-        if m and child.is_dir() and (child / "config.json").is_file():
-            found.append(((int(m.group(1)), int(m.group(2))), child))
-    if not found:
-        raise DraftlabError(f"{src}: no config.json and no epoch_N_step_M/ checkpoint folder with one")
-    return max(found)[1]
-
-
-def import_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
-                      expect_mapping: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Turn a SpecForge checkpoint into a draftlab drafter folder at ``out`` (written atomically).
-
-    With ``expect_mapping`` (the mapping pinned for the run) a ``d2t`` that differs is an error:
-    SpecForge regenerated the mapping and the rows of ``lm_head`` now mean other tokens.
-    """
-    from safetensors.torch import save_file
-
-    from draftlab.model import read_drafter_tensors
-
-    ckpt = find_checkpoint(src)
-    cfg = read_json(ckpt / "config.json")
-    for key in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"):
-        if key not in cfg:
-            raise DraftlabError(f"{ckpt / 'config.json'}: key {key!r} is missing (expected an EAGLE-3 drafter config)")
-    tensors = read_drafter_tensors(ckpt)  # canonical names, embed_tokens dropped
-    had_embed = _has_embeddings(ckpt)
-    cfg = dict(cfg)
-    cfg["architectures"] = [fmt.ARCHITECTURE]
-    cfg.setdefault("draft_vocab_size", int(tensors["lm_head.weight"].shape[0]) if "lm_head.weight" in tensors
-                   else cfg["vocab_size"])
-    expected = fmt.expected_tensor_shapes(cfg)
-    missing = [k for k in expected if k not in tensors]
-    if missing:
-        raise DraftlabError(f"{ckpt}: tensors {missing} are missing from the checkpoint")
-    for name, shape in expected.items():
-        if tuple(tensors[name].shape) != tuple(shape):
-            raise DraftlabError(f"{ckpt}: tensor {name} has shape {tuple(tensors[name].shape)}, "
-                                f"config.json implies {tuple(shape)}")
-    extra = sorted(set(tensors) - set(expected))
-    tensors = {k: tensors[k].contiguous() for k in expected}
-    tensors["d2t"] = tensors["d2t"].to(torch.int64)
-    tensors["t2d"] = tensors["t2d"].to(torch.bool)
-    mapping_check = None
-    if expect_mapping is not None:
-        from draftlab.vocab import load_mapping
-
-        want = load_mapping(expect_mapping)
-        same = torch.equal(want.d2t.to(torch.int64), tensors["d2t"]) and torch.equal(want.t2d.bool(), tensors["t2d"])
-        if not same:
-            differ = int((want.target_ids() != tensors["d2t"] + torch.arange(len(tensors["d2t"]))).sum()) \
-                if want.draft_vocab_size == len(tensors["d2t"]) else len(tensors["d2t"])
-            raise DraftlabError(
-                f"{ckpt}: d2t differs from the pinned mapping {expect_mapping} in {differ} of "
-                f"{len(tensors['d2t'])} draft ids: SpecForge regenerated the vocab mapping, so lm_head rows "
-                "predict other tokens than the mapping the run was meant to keep"
-            )
-        mapping_check = "matches"
-    dtype = str(tensors["fc.weight"].dtype).removeprefix("torch.")
-    cfg["torch_dtype"] = dtype
-    record = {
-        "source": str(ckpt),
-        "specforge_step": ckpt.name,
-        "embeddings_stripped": had_embed,
-        "ignored_tensors": extra,
-        "mapping_check": mapping_check,
-    }
-    with atomic_dir(out) as tmp:
-        (tmp / "config.json").write_text(to_json(cfg), encoding="utf-8")
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "draftlab_import.json").write_text(to_json(record), encoding="utf-8")
-    return {"out": str(out), "dtype": dtype, "draft_vocab_size": int(cfg["draft_vocab_size"]), **record}
-
-
-def _has_embeddings(folder: Path) -> bool:
-    from safetensors import safe_open
-
-    for path in folder.glob("*.safetensors"):
-        with safe_open(str(path), framework="pt") as f:
-            if any(k.endswith("embed_tokens.weight") for k in f.keys()):
-                return True
-    return False
 
 
 def read_job_file(path: str | os.PathLike) -> dict[str, Any]:

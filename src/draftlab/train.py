@@ -424,10 +424,16 @@ def build_drafter(cfg: TrainConfig, target_cfg: dict, samples: Samples, output_e
                                     f"has {vsize}")
             return m, str(cfg.vocab_mapping)
         counts = torch.zeros(vsize, dtype=torch.long)
+        seen = torch.zeros(vsize, dtype=torch.bool)
+        first_seen = []
         for s in samples.tokens:
             ids = torch.tensor(s["input_ids"])[torch.tensor(s["loss_mask"]).bool()]
             counts += torch.bincount(ids, minlength=vsize)
-        return vocab.build_mapping(counts, min(size, vsize)), "built from the training data"
+            uniq = torch.unique(ids)
+            first_seen.append(uniq[~seen[uniq]])
+            seen[uniq] = True
+        order = torch.cat(first_seen) if first_seen else None
+        return vocab.build_mapping(counts, min(size, vsize), order), "built from the training data"
 
     if cfg.init == "scratch":
         size = cfg.draft_vocab_size or 32000

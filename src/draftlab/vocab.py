@@ -67,12 +67,15 @@ class VocabMapping:
 # counting tokens
 
 
-def count_tokens(tokens_path: str | os.PathLike, vocab_size: int) -> torch.Tensor:
+def count_tokens(tokens_path: str | os.PathLike, vocab_size: int, *, order: bool = False):
     """How often each target id occurs in a tokens file, as an int64 tensor ``[vocab_size]``.
 
     Formats: JSONL, one ``{"input_ids": [...], "loss_mask": [0/1, ...]}`` per line (only positions
     with ``loss_mask == 1`` count, as SpecForge counts the assistant tokens; every token counts
-    when ``loss_mask`` is absent), or a ``.npy`` integer array (every element counts).
+    when ``loss_mask`` is absent), or a ``.npy`` integer array (every element counts, one sample).
+    With ``order`` also the ids in the order SpecForge's ``Counter`` first sees them (sample by
+    sample, ascending within a sample: ``unique`` of each sample's loss-masked ids), the order
+    :func:`build_mapping` breaks ties by: ``(counts, first_seen)``.
     """
     path = Path(tokens_path)
     if not path.is_file():
@@ -80,8 +83,10 @@ def count_tokens(tokens_path: str | os.PathLike, vocab_size: int) -> torch.Tenso
     if vocab_size <= 0:
         raise DraftlabError(f"vocab size must be positive, got {vocab_size}")
     if path.suffix == ".npy":
-        return _count_npy(path, vocab_size)
-    return _count_jsonl(path, vocab_size)
+        counts = _count_npy(path, vocab_size)
+        return (counts, torch.nonzero(counts).flatten()) if order else counts
+    counts, first_seen = _count_jsonl(path, vocab_size)
+    return (counts, first_seen) if order else counts
 
 
 def _count_npy(path: Path, vocab_size: int) -> torch.Tensor:
@@ -101,8 +106,10 @@ def _count_npy(path: Path, vocab_size: int) -> torch.Tensor:
     return torch.from_numpy(counts)
 
 
-def _count_jsonl(path: Path, vocab_size: int) -> torch.Tensor:
+def _count_jsonl(path: Path, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     counts = np.zeros(vocab_size, dtype=np.int64)
+    seen = np.zeros(vocab_size, dtype=bool)
+    first_seen: list[np.ndarray] = []
     pending: list[np.ndarray] = []
     pending_n = 0
     first_line = 1
@@ -117,12 +124,18 @@ def _count_jsonl(path: Path, vocab_size: int) -> torch.Tensor:
 
     lineno = 0
     for lineno, ids in _jsonl_ids(path):
+        _check_range(ids, vocab_size, f"{path}: line {lineno}")
+        uniq = np.unique(ids)
+        fresh = uniq[~seen[uniq]]
+        seen[fresh] = True
+        first_seen.append(fresh)
         pending.append(ids)
         pending_n += ids.size
         if pending_n >= _FLUSH_TOKENS:
             flush(lineno)
     flush(lineno)
-    return torch.from_numpy(counts)
+    order = np.concatenate(first_seen) if first_seen else np.zeros(0, dtype=np.int64)
+    return torch.from_numpy(counts), torch.from_numpy(order.astype(np.int64))
 
 
 def _jsonl_ids(path: Path) -> Iterator[tuple[int, np.ndarray]]:
@@ -173,12 +186,16 @@ def _check_range(ids: np.ndarray, vocab_size: int, where: str) -> None:
 # building, checking, comparing
 
 
-def build_mapping(counts: torch.Tensor, draft_vocab_size: int) -> VocabMapping:
-    """SpecForge's rule: the M most frequent target ids, sorted ascending; ``d2t[i] = ids[i] - i``.
+def build_mapping(counts: torch.Tensor, draft_vocab_size: int, first_seen: torch.Tensor | None = None) -> VocabMapping:
+    """SpecForge 0.2.0's rule (``data/preprocessing.py::process_token_dict_to_mappings``), step for step.
 
-    Ties go to the smaller id. With fewer than M distinct ids the rest is padded with the smallest
-    unused ids (SpecForge adds ids 0.. at count 0): a stable descending sort gives both for free.
+    A ``Counter`` of the counted ids in ``first_seen`` order (default: ascending ids); with fewer
+    than M distinct ids, ids from ``set(range(M))`` not yet counted are added at count 0 in that
+    set's iteration order until there are M; ``most_common(M)`` keeps the first-seen id among equal
+    counts; the ids are sorted ascending and ``d2t[i] = ids[i] - i``.
     """
+    from collections import Counter
+
     counts = torch.as_tensor(counts).to(torch.int64).flatten()
     vocab_size = counts.numel()
     if not 0 < draft_vocab_size <= vocab_size:
@@ -187,8 +204,20 @@ def build_mapping(counts: torch.Tensor, draft_vocab_size: int) -> VocabMapping:
         )
     if bool((counts < 0).any()):
         raise DraftlabError("token counts must be non-negative")
-    order = torch.sort(counts, descending=True, stable=True).indices
-    return VocabMapping.from_target_ids(order[:draft_vocab_size], vocab_size)
+    order = torch.nonzero(counts).flatten() if first_seen is None else torch.as_tensor(first_seen).flatten()
+    values = counts.tolist()
+    token_dict = Counter()
+    for i in order.tolist():
+        token_dict[i] = values[i]
+    if len(token_dict) != int((counts > 0).sum()):
+        raise DraftlabError("first_seen must list every counted id once (and no uncounted one)")
+    if len(token_dict) < draft_vocab_size:
+        for token in set(range(draft_vocab_size)) - set(token_dict.keys()):
+            token_dict[token] = 0
+            if len(token_dict) >= draft_vocab_size:
+                break
+    ids = torch.tensor(sorted(k for k, _ in token_dict.most_common(draft_vocab_size)), dtype=torch.int64)
+    return VocabMapping.from_target_ids(ids, vocab_size)
 
 
 def validate(mapping: VocabMapping, vocab_size: int | None = None) -> list[str]:

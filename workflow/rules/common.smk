@@ -1,4 +1,5 @@
 # Names, paths and get_* helpers every rule file uses. Logic lives in draftlab.config / draftlab.evaluate.
+import json
 import os
 import shlex
 
@@ -21,6 +22,8 @@ TARGET_MODEL = (
 )
 PATCHED = f"{R}/drafter/patched"
 GATE = f"{R}/gate/gate.json"
+# The config this run was planned with, after every --configfile and --config (rule experiment_config).
+MERGED_CONFIG = f"{R}/config.json"
 SERVER_GPUS = dlcfg.server_gpus(config)
 TRAIN_GPUS = dlcfg.train_gpus(config)
 
@@ -194,10 +197,17 @@ def get_train_command(arm):
     run = f"{R}/train/{arm}"
     mapping = f"{R}/data/vocab.safetensors"
     if t["backend"] == "specforge":
-        given = list(workflow.overwrite_configfiles or [])
-        cfg_file = os.path.relpath(given[-1]) if given else "config/config.yaml"
         return evaluate.specforge_commands(
-            config, arm, TARGET_MODEL, PATCHED, get_train_data(), mapping, run, cfg_file
+            config,
+            arm,
+            TARGET_MODEL,
+            PATCHED,
+            get_train_data(),
+            mapping,
+            run,
+            MERGED_CONFIG,
+            f"{R}/data/tokens.jsonl",
+            get_train_state_dir(arm),
         )
     cmd = [
         "draftlab",
@@ -240,6 +250,16 @@ def get_train_command(arm):
             "draftlab.cli",
         ] + cmd[1:]
     return [cmd]
+
+
+def get_train_settings(wildcards):
+    """SpecForge reads its settings from the merged config file, not the command line: this params
+    value makes a change of them rerun the arm (the file itself is an ancient input)."""
+    if config["train"]["backend"] != "specforge":
+        return ""
+    return json.dumps(
+        {"train": config["train"], "target": config["target"]}, sort_keys=True
+    )
 
 
 def get_gated_train_shell(wildcards):

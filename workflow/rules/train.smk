@@ -3,6 +3,24 @@
 # but does not retrain; serve-bench refuses a drafter whose gate decision has since flipped.
 
 
+localrules:
+    experiment_config,
+
+
+# The merged experiment config (config/config.yaml + every --configfile + every --config) as one file,
+# so a job that reads the config (SpecForge's run config) sees what Snakemake planned with. Rewritten
+# when the merged config changes (params), never otherwise.
+rule experiment_config:
+    output:
+        MERGED_CONFIG,
+    params:
+        merged=lambda wildcards: json.dumps(config, sort_keys=True, default=str),
+    run:
+        from draftlab.fsutil import write_text
+
+        write_text(output[0], params.merged + "\n")
+
+
 rule train:
     input:
         gate=ancient(GATE),
@@ -11,6 +29,7 @@ rule train:
         tokens=f"{R}/data/tokens.jsonl",
         mapping=f"{R}/data/vocab.safetensors",
         data=get_train_data_input(),
+        merged=ancient(MERGED_CONFIG),
     output:
         run=directory(f"{R}/train/{{arm}}"),
     log:
@@ -24,6 +43,7 @@ rule train:
         gpu=TRAIN_GPUS,
     params:
         command=get_gated_train_shell,
+        settings=get_train_settings,
         min_accept_length=config["gate"]["min_accept_length"],
     shell:
         "{params.command} > {log} 2>&1"

@@ -39,28 +39,36 @@ def register(sub) -> None:
     add_json_flag(g)
     g.set_defaults(func=_generate)
 
-    s = sub.add_parser("specforge-command", help="build (and pin the vocab mapping for) a SpecForge training run")
+    s = sub.add_parser("specforge-command",
+                       help="write the SpecForge 0.2.0 run config of an arm and print `specforge train --config FILE`")
     s.add_argument("--config", required=True,
-                   help="a SpecForge job file (YAML/JSON, keys of draftlab.specforge.SpecForgeJob) "
-                        "or an experiment config (then give the paths below)")
+                   help="a job file (YAML/JSON, keys of draftlab.specforge.SpecForgeJob) "
+                        "or an experiment config, e.g. the merged one the pipeline writes (then give the paths below)")
     s.add_argument("--target", help="target model path as SpecForge sees it (experiment config only)")
-    s.add_argument("--draft-config", help="drafter config.json or folder (experiment config only)")
-    s.add_argument("--data", help="training JSONL (experiment config only)")
-    s.add_argument("--mapping", help="vocab mapping to pin (experiment config only)")
-    s.add_argument("--output-dir", help="SpecForge --output-dir (experiment config only)")
-    s.add_argument("--ckpt-dir", help="warm-start drafter folder (experiment config only)")
-    s.add_argument("--specforge-dir", default="SpecForge", help="SpecForge checkout (experiment config only)")
-    s.add_argument("--chat-template", default="llama3", help="SpecForge template name (experiment config only)")
-    s.add_argument("--target-backend", default="sglang", help="sglang | hf (experiment config only)")
-    s.add_argument("--dry-run", action="store_true", help="print the argv only; write nothing")
+    s.add_argument("--draft-config", help="drafter config.json (experiment config only)")
+    s.add_argument("--data", help="training JSONL conversations (experiment config only)")
+    s.add_argument("--tokens", help="draftlab tokens.jsonl of the same data: its sample count sets num_epochs")
+    s.add_argument("--mapping", help="vocab mapping to pin through model.vocab_mapping_path (experiment config only)")
+    s.add_argument("--output-dir", help="SpecForge output_dir: checkpoints, run config, job file (experiment config only)")
+    s.add_argument("--ckpt-dir", help="warm-start drafter folder: model.draft_checkpoint_path (experiment config only)")
+    s.add_argument("--specforge-dir", default=None,
+                   help="unused since SpecForge 0.2.0: the wheel carries the `specforge` entry point")
+    s.add_argument("--chat-template", default=None, help="SpecForge template name (default: train.chat_template)")
+    s.add_argument("--target-backend", default="sglang", choices=["sglang"],
+                   help="SpecForge 0.2.0 captures through SGLang only (model.target_backend)")
+    s.add_argument("--dry-run", action="store_true", help="print the command and run config only; write nothing")
     add_json_flag(s)
     s.set_defaults(func=_specforge_command)
 
     i = sub.add_parser("import-specforge", help="turn a SpecForge checkpoint into a draftlab drafter folder")
-    i.add_argument("src", help="SpecForge --output-dir (latest epoch_N_step_M/ is taken) or one checkpoint folder")
+    i.add_argument("src", help="SpecForge output_dir (latest <run_id>-step<N>/), one step folder, or an export")
     i.add_argument("--out", required=True)
     i.add_argument("--expect-mapping", default=None,
                    help="mapping pinned for the run: fail if the checkpoint's d2t differs")
+    i.add_argument("--draft-config", default=None,
+                   help="drafter config.json the run trained (default: the one in the run's job file)")
+    i.add_argument("--expect-steps", type=int, default=None,
+                   help="fail unless the checkpoint is at this optimizer step (train.steps)")
     add_json_flag(i)
     i.set_defaults(func=_import_specforge)
 
@@ -94,19 +102,20 @@ def _specforge_command(args: argparse.Namespace) -> int:
 
     data = specforge.read_job_file(args.config)
     if "experiment" in data:
-        from draftlab.config import load_config
-
-        cfg = load_config(args.config)
         need = {"--target": args.target, "--draft-config": args.draft_config, "--data": args.data,
                 "--output-dir": args.output_dir}
         missing = [k for k, v in need.items() if not v]
         if missing:
             raise DraftlabError(f"{args.config}: an experiment config needs {', '.join(missing)} on the command line")
+        from draftlab.config import load_config
+
+        cfg = load_config(args.config)  # the merged JSON the pipeline writes, or a YAML file
+        if args.chat_template:
+            cfg["train"]["chat_template"] = args.chat_template
         job = specforge.job_from_experiment(
             cfg, target_model_path=args.target, draft_model_config=args.draft_config, train_data_path=args.data,
             output_dir=args.output_dir, vocab_mapping=args.mapping, ckpt_dir=args.ckpt_dir,
-            specforge_dir=args.specforge_dir, chat_template=args.chat_template,
-            target_model_backend=args.target_backend,
+            num_samples=_count_samples(args.tokens) if args.tokens else None,
         )
     else:
         job = specforge.job_from_mapping(data, str(args.config))
@@ -115,10 +124,29 @@ def _specforge_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _import_specforge(args: argparse.Namespace) -> int:
-    from draftlab.specforge import import_checkpoint
+def _count_samples(tokens: str) -> int:
+    """Training samples in a tokens JSONL: lines with at least one loss-masked token (as SpecForge keeps them)."""
+    import json
+    from pathlib import Path
 
-    result = import_checkpoint(args.src, args.out, expect_mapping=args.expect_mapping)
+    n = 0
+    path = Path(tokens)
+    if not path.is_file():
+        raise DraftlabError(f"{path}: tokens file not found (key --tokens)")
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                row = json.loads(line)
+                mask = row.get("loss_mask")
+                n += bool(mask is None or any(mask))
+    return n
+
+
+def _import_specforge(args: argparse.Namespace) -> int:
+    from draftlab.specforge_import import import_checkpoint
+
+    result = import_checkpoint(args.src, args.out, expect_mapping=args.expect_mapping,
+                               draft_config=args.draft_config, expect_steps=args.expect_steps)
     emit(args, result, lambda r: f"imported {r['source']} -> {r['out']} (embeddings stripped: "
                                  f"{r['embeddings_stripped']}, mapping check: {r['mapping_check']})")
     return 0

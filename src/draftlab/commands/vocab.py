@@ -67,8 +67,8 @@ def _record(args: argparse.Namespace, result: dict[str, Any], markdown: str) -> 
 def _build(args: argparse.Namespace) -> int:
     from draftlab import vocab
 
-    counts = vocab.count_tokens(args.tokens, args.target_vocab_size)
-    mapping = vocab.build_mapping(counts, args.draft_vocab_size)
+    counts, first_seen = vocab.count_tokens(args.tokens, args.target_vocab_size, order=True)
+    mapping = vocab.build_mapping(counts, args.draft_vocab_size, first_seen)
     total = int(counts.sum())
     distinct = int((counts > 0).sum())
     result = {

@@ -1,0 +1,281 @@
+"""SpecForge 0.2.0's own code judges what draftlab hands it: run configs, the vocab mapping, checkpoints.
+
+SpecForge is installed from its pinned wheel without its GPU requirements (``tests/toolenv.py``):
+``pydantic`` and ``pyyaml`` for ``specforge.config``, ``torch`` and ``tqdm`` for the mapping and
+checkpoint code. The run configs come from the pipeline itself: the commands a real
+``snakemake --profile gpu8 --configfile config/kimi-k25.yaml -n -p all`` prints, run on Kimi-shaped
+inputs (nested ``text_config``, ``language_model.`` weight names, 61 layers, 163840 ids).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from draftlab.vocab import VocabMapping, load_mapping, save_mapping
+from factories import drafter_tensors, tiny_drafter_config
+from toolenv import run_in, tool_python
+
+pytestmark = pytest.mark.contract
+
+ROOT = Path(__file__).resolve().parents[1]
+EXP = "results/kimi-k25"
+V, M, LAYERS, H = 163840, 32000, 61, 7168
+
+
+def specforge_python() -> Path:
+    return tool_python("specforge", ["pydantic", "pyyaml", "tqdm", "torch==2.13.0"], no_deps=["specforge==0.2.0"])
+
+
+def _env() -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    return env
+
+
+def _kimi_inputs(d: Path) -> None:
+    """What the upstream stages would have left for the train jobs, shaped like Kimi-K2.5 and its K2 drafter."""
+    target = d / EXP / "models/target/model"
+    target.mkdir(parents=True)
+    text = {"model_type": "kimi_k2", "architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": LAYERS,
+            "hidden_size": H, "intermediate_size": 18432, "num_attention_heads": 64, "vocab_size": V,
+            "max_position_embeddings": 262144}
+    (target / "config.json").write_text(json.dumps({
+        "architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": text}))
+    names = ["language_model.model.embed_tokens.weight", "language_model.lm_head.weight",
+             "language_model.model.norm.weight", "vision_tower.patch_embed.proj.weight",
+             "mm_projector.proj.0.weight"] + [f"language_model.model.layers.{i}.mlp.gate.weight" for i in range(LAYERS)]
+    (target / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {n: f"model-{i % 64 + 1:05d}-of-000064.safetensors" for i, n in enumerate(names)}}))
+    (d / EXP / "models/target/model.json").write_text("{}")
+    patched = d / EXP / "drafter/patched"
+    patched.mkdir(parents=True)
+    cfg = tiny_drafter_config(vocab_size=V, draft_vocab_size=M, aux_layer_ids=[1, 29, 57], hidden_size=H,
+                              target_hidden_size=H, max_position_embeddings=262144)
+    (patched / "config.json").write_text(json.dumps(cfg))
+    ids = torch.sort(torch.randperm(V, generator=torch.Generator().manual_seed(0))[:M]).values
+    save_mapping(patched / "model.safetensors", VocabMapping.from_target_ids(ids, V))  # the K2 drafter's d2t/t2d
+    data = d / EXP / "data"
+    data.mkdir(parents=True)
+    ids2 = torch.sort(torch.randperm(V, generator=torch.Generator().manual_seed(1))[:M]).values
+    save_mapping(data / "vocab.safetensors", VocabMapping.from_target_ids(ids2, V))
+    with open(data / "tokens.jsonl", "w") as fh:
+        for i in range(5000):
+            fh.write(json.dumps({"input_ids": [1, 2 + i % 7, 3], "loss_mask": [0, 1, 1]}) + "\n")
+    (d / "data").mkdir()
+    (d / "data/kimi-k25-finetune.jsonl").write_text('{"messages": []}\n')
+
+
+def _segments(shell: str) -> list[list[str]]:
+    """The commands inside ``draftlab gated ... -- CMD && ...`` of one train job's shell line."""
+    shell = shell.split(" > ")[0]
+    out = []
+    for part in shell.split(" && "):
+        argv = shlex.split(part)
+        out.append(argv[argv.index("--") + 1:])
+    return out
+
+
+@pytest.fixture(scope="module")
+def kimi_runs(tmp_path_factory):
+    """{arm: (plan segments, job file, run config as written)} from the real dry run of config/kimi-k25.yaml."""
+    d = tmp_path_factory.mktemp("kimi")
+    for name in ("Snakefile", "workflow", "config", "profiles", "envs"):
+        src = ROOT / name
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, d / name)
+    os.symlink("profiles/gpu8", d / "gpu8")
+    _kimi_inputs(d)
+    snake = [sys.executable, "-m", "snakemake", "--configfile", "config/kimi-k25.yaml"]
+    plan = subprocess.run(snake + ["--profile", "gpu8", "-n", "-p", "all"], cwd=d, capture_output=True, text=True,
+                          env=_env(), timeout=300)
+    assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr[-3000:]
+    # the merged config the plan's prepare step reads: written by its own rule, as the run would
+    made = subprocess.run(snake + ["--cores", "1", f"{EXP}/config.json"], cwd=d, capture_output=True, text=True,
+                          env=_env(), timeout=300)
+    assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
+    runs = {}
+    for line in plan.stdout.splitlines():
+        m = re.search(r"--skip-dir results/kimi-k25/train/([\w-]+) -- draftlab specforge-command", line)
+        if not m:
+            continue
+        segs = _segments(line.strip())
+        prep = subprocess.run([sys.executable, "-m", "draftlab.cli", *segs[0][1:]], cwd=d, capture_output=True,
+                              text=True, env=_env(), timeout=300)
+        assert prep.returncode == 0, prep.stderr[-3000:]
+        out = Path(d, segs[0][segs[0].index("--output-dir") + 1])
+        job = json.loads((out / "draftlab_specforge_job.json").read_text())
+        runs[m.group(1)] = (segs, job, yaml.safe_load((out / "draftlab_run.yaml").read_text()), out, d)
+    assert sorted(runs) == ["finetune-keep", "finetune-regenerate", "scratch"]
+    return runs
+
+
+VALIDATE = """
+import json, sys
+from specforge.config import load_config
+out = {}
+for arm, path in json.load(sys.stdin).items():
+    cfg = load_config(path)
+    out[arm] = cfg.model_dump(mode="json")
+print(json.dumps(out))
+"""
+
+
+def test_specforge_config_validates_the_kimi_arms_the_plan_runs(kimi_runs):
+    paths = {arm: str(r[3] / "draftlab_run.yaml") for arm, r in kimi_runs.items()}
+    checked = run_in(specforge_python(), VALIDATE, paths)
+    for arm, (segs, job, written, out, d) in kimi_runs.items():
+        cfg = checked[arm]
+        # what -n -p printed is what runs, and the job file records exactly that
+        assert segs[1] == job["argv"] == ["specforge", "train", "--config", str(Path(segs[0][segs[0].index(
+            "--output-dir") + 1]) / "draftlab_run.yaml")]
+        assert job["run_config"] == written
+        m, t, dep = cfg["model"], cfg["training"], cfg["deployment"]
+        assert m["embedding_key"] == "language_model.model.embed_tokens.weight"
+        assert m["lm_head_key"] == "language_model.lm_head.weight"
+        assert m["trust_remote_code"] is True and m["target_backend"] == "sglang"
+        assert m["draft_model_config"] == f"{EXP}/drafter/patched/config.json"
+        assert m["aux_hidden_state_layer_ids"] == written["model"]["aux_hidden_state_layer_ids"]
+        assert len(m["aux_hidden_state_layer_ids"]) == 3
+        assert (m["draft_checkpoint_path"] == f"{EXP}/drafter/patched") == (arm != "scratch")
+        if arm == "scratch":
+            assert m["draft_checkpoint_path"] is None
+        mapping = torch.load(Path(d, m["vocab_mapping_path"]))
+        pinned = load_mapping(Path(d, segs[0][segs[0].index("--mapping") + 1]))
+        assert torch.equal(mapping["d2t"], pinned.d2t) and torch.equal(mapping["t2d"], pinned.t2d)
+        assert mapping["d2t"].dtype == torch.int64 and mapping["t2d"].dtype == torch.bool
+        # train.steps optimizer steps, the schedule over exactly those, the data repeated enough
+        assert t["max_steps"] == t["total_steps"] == 20000 and t["batch_size"] == 1
+        assert t["num_epochs"] == 20000 * 8 // 5000 and t["save_interval"] == 500
+        assert t["ttt_length"] == 7 and t["learning_rate"] == 1e-4 and t["resume_from"] is None
+        assert dep["mode"] == "disaggregated" and dep["trainer"]["nproc_per_node"] == 8
+        assert dep["disaggregated"]["backend"] == "mooncake"
+        assert dep["disaggregated"]["server_urls"] == ["http://capture-host:30000"]
+        assert cfg["data"]["max_length"] == 2048 and cfg["data"]["chat_template"] == "kimi-k2-instruct"
+
+
+def test_specforge_config_refuses_what_it_does_not_know(kimi_runs, tmp_path):
+    """The check can fail: SpecForge's strict schema refuses a stray key and warm start + resume together."""
+    _, _, written, _, _ = kimi_runs["finetune-keep"]
+    bad = json.loads(json.dumps(written))
+    bad["training"]["max_num_steps"] = 5
+    both = json.loads(json.dumps(written))
+    both["training"]["resume_from"] = "x"
+    paths = {}
+    for name, cfg in (("stray", bad), ("both", both)):
+        paths[name] = str(tmp_path / f"{name}.yaml")
+        Path(paths[name]).write_text(yaml.safe_dump(cfg))
+    code = """
+import json, sys
+from specforge.config import load_config
+out = {}
+for k, p in json.load(sys.stdin).items():
+    try:
+        load_config(p); out[k] = "accepted"
+    except Exception as exc:
+        out[k] = str(exc)
+print(json.dumps(out))
+"""
+    res = run_in(specforge_python(), code, paths)
+    assert "max_num_steps" in res["stray"] and "mutually exclusive" in res["both"]
+
+
+MAPPING = """
+import ast, json, os, sys
+from collections import Counter
+import torch
+from tqdm import tqdm
+import specforge.data as pkg
+src = open(os.path.join(os.path.dirname(pkg.__file__), "preprocessing.py")).read()
+tree = ast.parse(src)
+wanted = {"generate_vocab_mapping_file", "process_token_dict_to_mappings"}
+mod = ast.Module([n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in wanted], [])
+ns = {"os": os, "Counter": Counter, "torch": torch, "tqdm": tqdm, "Tuple": tuple, "HFDataset": object}
+exec(compile(mod, "specforge/data/preprocessing.py", "exec"), ns)
+job = json.load(sys.stdin)
+rows = [json.loads(l) for l in open(job["tokens"]) if l.strip()]
+dataset = {"input_ids": [torch.tensor(r["input_ids"]) for r in rows],
+           "loss_mask": [torch.tensor(r["loss_mask"]) for r in rows]}
+path = ns["generate_vocab_mapping_file"](dataset, job["vocab"], job["draft"], cache_dir=job["cache"], cache_key="k")
+m = torch.load(path)
+print(json.dumps({"d2t": m["d2t"].tolist(), "t2d": m["t2d"].tolist()}))
+"""
+
+
+@pytest.mark.parametrize("case", ["ties-at-cutoff", "fewer-ids-than-draft-vocab"])
+def test_d2t_build_is_specforges_mapping_bit_for_bit(tmp_path, case):
+    from draftlab.cli import main
+
+    vocab, draft = 64, 8
+    if case == "ties-at-cutoff":
+        # 7 clear ids, then 50 and 3 tie for the last slot; 50 is seen first (sample 1), so SpecForge keeps
+        # 50 where "smaller id wins" would keep 3
+        rows = [[9, 9, 9, 50, 60, 61], [3, 9, 60, 61], [7, 7, 7, 8, 8, 8, 1, 1, 1, 2, 2, 2]]
+    else:
+        # 5 distinct ids, some beyond the draft vocab: SpecForge pads from set(range(8)) at count 0
+        rows = [[40, 41, 41], [2, 63, 40]]
+    tokens = tmp_path / "tokens.jsonl"
+    tokens.write_text("".join(json.dumps({"input_ids": [0] + r, "loss_mask": [0] + [1] * len(r)}) + "\n"
+                              for r in rows))
+    out = tmp_path / "map.safetensors"
+    assert main(["d2t", "build", "--tokens", str(tokens), "--target-vocab-size", str(vocab),
+                 "--draft-vocab-size", str(draft), "--out", str(out)]) == 0
+    ours = load_mapping(out)
+    theirs = run_in(specforge_python(), MAPPING, {"tokens": str(tokens), "vocab": vocab, "draft": draft,
+                                                  "cache": str(tmp_path / "cache")})
+    assert ours.d2t.tolist() == theirs["d2t"] and ours.t2d.tolist() == theirs["t2d"]
+    if case == "ties-at-cutoff":
+        assert 50 in ours.target_ids().tolist() and 3 not in ours.target_ids().tolist()
+
+
+SAVE = """
+import json, sys
+import torch
+from specforge.training.checkpoint import CheckpointManager
+job = json.load(sys.stdin)
+weights = torch.load(job["weights"])
+# Eagle3TrainStrategy.checkpoint_state_filter: "draft_model." stripped, the frozen embedding left out
+draft_state = {k: v for k, v in weights.items() if "embed" not in k}
+mgr = CheckpointManager(job["out"], "draftlab")
+for step in (2, 4):
+    mgr.save({"draft_state_dict": draft_state, "global_step": step, "epoch": 0, "strategy": "eagle3",
+              "run_id": "draftlab", "world_size": 1}, step, rank_state={"optimizer": {}, "rng": {}})
+# what training.resume_from=<output_dir> would continue from
+resume = CheckpointManager.resolve_resume_dir(job["out"])
+print(json.dumps({"step": torch.load(resume + "/training_state.pt", weights_only=False)["global_step"]}))
+"""
+
+
+def test_import_reads_what_specforges_checkpoint_manager_writes(tmp_path):
+    from draftlab.specforge_import import import_checkpoint
+    from draftlab.errors import DraftlabError
+
+    cfg = tiny_drafter_config()
+    (tmp_path / "draft").mkdir()
+    (tmp_path / "draft/config.json").write_text(json.dumps(cfg))
+    tensors = drafter_tensors(cfg, seed=3)
+    tensors["embed_tokens.weight"] = torch.zeros(cfg["vocab_size"], cfg["hidden_size"])
+    torch.save(tensors, tmp_path / "w.pt")
+    res = run_in(specforge_python(), SAVE, {"weights": str(tmp_path / "w.pt"), "out": str(tmp_path / "run")})
+    assert res["step"] == 4 and (tmp_path / "run/draftlab-latest").is_symlink()
+    mapping = tmp_path / "map.safetensors"
+    save_mapping(mapping, VocabMapping(d2t=tensors["d2t"], t2d=tensors["t2d"]))
+    out = import_checkpoint(tmp_path / "run", tmp_path / "drafter", expect_mapping=mapping,
+                            draft_config=tmp_path / "draft", expect_steps=4)
+    assert out["specforge_step"] == 4 and out["mapping_check"] == "matches"
+    from safetensors.torch import load_file
+
+    got = load_file(str(tmp_path / "drafter/model.safetensors"))
+    want = {k: v for k, v in tensors.items() if k != "embed_tokens.weight"}
+    assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k].to(got[k].dtype)) for k in want)
+    with pytest.raises(DraftlabError, match="stopped at step 4, train.steps is 6"):
+        import_checkpoint(tmp_path / "run", tmp_path / "d2", draft_config=tmp_path / "draft", expect_steps=6)
