@@ -90,12 +90,24 @@ def test_kimi_dag_on_gpu8_prints_real_sglang_and_training_commands():
         assert flag in probe, flag
     baseline = next(l for l in launches if "bench/baseline/" in l)
     assert "--speculative" not in baseline and "--tp 8" in baseline
-    # training: SpecForge through torchrun on the host's 8 GPUs, mapping pinned, checkpoint imported
-    train = [l for l in text.splitlines() if "torchrun --standalone --nproc_per_node 8" in l]
-    assert len(train) == 3
-    assert all("SpecForge/scripts/train_eagle3.py" in l and "--target-model-path results/kimi-k25/models/target/model"
-               in l and "draftlab import-specforge" in l for l in train)
-    assert any("--ckpt-dir results/kimi-k25/drafter/patched" in l for l in train)
+    # training: SpecForge 0.2.0's own launcher on the run config the prepare step writes from the merged
+    # experiment config; the drafter config is the same file in the plan and at run time; mapping pinned
+    train = [l for l in text.splitlines() if "draftlab specforge-command" in l]
+    assert len(train) == 3 and "torchrun" not in text and "train_eagle3.py" not in text
+    for l in train:
+        arm = re.search(r"--skip-dir results/kimi-k25/train/([\w-]+) ", l).group(1)
+        out = f"results/kimi-k25/train-state/{arm}/specforge"
+        assert (f"-- draftlab specforge-command --config results/kimi-k25/config.json "
+                "--target results/kimi-k25/models/target/model "
+                "--draft-config results/kimi-k25/drafter/patched/config.json ") in l
+        assert f"--output-dir {out}" in l and "--tokens results/kimi-k25/data/tokens.jsonl" in l
+        assert f"-- specforge train --config {out}/draftlab_run.yaml &&" in l
+        assert (f"-- draftlab import-specforge {out} --out results/kimi-k25/train/{arm}/drafter "
+                "--expect-mapping ") in l and "--expect-steps 20000" in l
+        assert ("--ckpt-dir results/kimi-k25/drafter/patched" in l) == (arm != "scratch")
+        pinned = "results/kimi-k25/drafter/patched" if arm == "finetune-keep" else "results/kimi-k25/data/vocab.safetensors"
+        assert f"--mapping {pinned} " in l
+    assert re.search(r"rule experiment_config:\s+output: results/kimi-k25/config.json", text)
     # the doctor report precedes every launch of a drafter; GPU jobs reserve the whole host
     probe_job = next(b for b in job_blocks(text) if "rule serve_bench:" in b and "bench/probe/" in b)
     assert re.search(r"input: .*results/kimi-k25/static/doctor-probe\.json", probe_job)
@@ -163,3 +175,28 @@ def test_gpu8_profile_resolves_from_the_repository_root():
 def test_local_profile_runs_the_default(workdir):
     out = _run(["--profile", "profiles/local", "-n", "all"], cwd=workdir)
     assert job_counts(out.stdout)["serve_bench"] == 11
+
+
+def test_specforge_reads_the_merged_config_of_every_configfile_and_override(workdir, tmp_path):
+    """Two config files and a --config override: the prepare step reads what Snakemake merged, not the last file."""
+    more = tmp_path / "more.yaml"
+    more.write_text("train:\n  max_length: 3072\n  steps: 77\n")
+    args = ["--configfile", "config/kimi-k25.yaml", str(more), "--config", "experiment=k25-merged"]
+    plan = _run(args + ["-n", "-p", "all"], cwd=workdir).stdout
+    prepare = [l for l in plan.splitlines() if "draftlab specforge-command" in l]
+    assert prepare and all("--config results/k25-merged/config.json " in l for l in prepare)
+    _run(args + ["--cores", "1", "results/k25-merged/config.json"], cwd=workdir)
+    merged = (workdir / "results/k25-merged/config.json").read_text()
+    from draftlab.config import load_config
+    from draftlab.specforge import job_from_experiment
+
+    cfg = load_config(workdir / "results/k25-merged/config.json")
+    assert cfg["experiment"] == "k25-merged" and cfg["train"]["max_length"] == 3072
+    job = job_from_experiment(cfg, target_model_path="t", draft_model_config="d.json", train_data_path="x",
+                              output_dir="o", vocab_mapping=None)
+    assert (job.max_length, job.steps, job.trust_remote_code) == (3072, 77, True)
+    # unchanged config: the file is not rewritten (the train jobs do not rerun)
+    before = (workdir / "results/k25-merged/config.json").stat().st_mtime_ns
+    again = _run(args + ["-n", "all"], cwd=workdir).stdout
+    assert "rule experiment_config" not in again
+    assert (workdir / "results/k25-merged/config.json").stat().st_mtime_ns == before and merged

@@ -410,10 +410,17 @@ def write_mapping(job: SpecForgeJob, path: Path) -> None:
 
 
 def _attempt_dir(out: Path) -> str:
-    """A fresh control folder per attempt: SpecForge refuses to reuse one (``_claim_fresh_control_path``)."""
+    """A fresh control folder per attempt: SpecForge refuses to reuse one (``_claim_fresh_control_path``,
+    managed_local's "requires a fresh control_dir"), and creates it itself, so the last job file counts too."""
     root = out / "control"
+    used = set()
+    if (out / JOB_FILE).is_file():
+        try:
+            used.add(read_json(out / JOB_FILE)["run_config"]["deployment"]["disaggregated"]["control_dir"])
+        except (KeyError, TypeError, DraftlabError):
+            pass
     n = 1
-    while (root / f"attempt-{n}").exists():
+    while (root / f"attempt-{n}").exists() or str(root / f"attempt-{n}") in used:
         n += 1
     return str(root / f"attempt-{n}")
 
@@ -439,14 +446,15 @@ def prepare(job: SpecForgeJob, write: bool = True) -> dict[str, Any]:
         ctx = int(read_json(cfg_file).get("max_position_embeddings") or 0)
         if ctx and ctx < job.max_length:
             warnings.append(f"{cfg_file}: max_position_embeddings={ctx} is below max_length={job.max_length}")
-    fresh, more = run_config(job, control_dir=_attempt_dir(out), target_cfg=target_cfg)
+    control = _attempt_dir(out)
+    fresh, more = run_config(job, control_dir=control, target_cfg=target_cfg)
     warnings += more
     ident = run_identity(job, fresh)
     resume_from, more = _resume_decision(job, ident, write)
     warnings += more
     cfg = fresh
     if resume_from is not None:
-        cfg, _ = run_config(job, control_dir=_attempt_dir(out), resume_from=resume_from, target_cfg=target_cfg)
+        cfg, _ = run_config(job, control_dir=control, resume_from=resume_from, target_cfg=target_cfg)
     result = {
         "argv": build_argv(job),
         "run_config": cfg,

@@ -26,6 +26,12 @@ GATE = f"{R}/gate/gate.json"
 MERGED_CONFIG = f"{R}/config.json"
 SERVER_GPUS = dlcfg.server_gpus(config)
 TRAIN_GPUS = dlcfg.train_gpus(config)
+# The train rule's conda env (relative to workflow/rules): SpecForge's exact pins, or the builtin trainer's.
+TRAIN_ENV = (
+    "../../envs/specforge.yaml"
+    if config["train"]["backend"] == "specforge"
+    else "../../envs/training.yaml"
+)
 
 # Every shell job sees the same Hugging Face cache and offline switch (the demo pair has its own cache).
 _hub_cache = config["hub"]["cache_dir"] or (f"{DEMO_DIR}/hf_cache" if DEMO else None)

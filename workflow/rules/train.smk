@@ -13,12 +13,15 @@ localrules:
 rule experiment_config:
     output:
         MERGED_CONFIG,
+    log:
+        f"{LOGS}/experiment_config.log",
     params:
         merged=lambda wildcards: json.dumps(config, sort_keys=True, default=str),
     run:
         from draftlab.fsutil import write_text
 
-        write_text(output[0], params.merged + "\n")
+        write_text(output[0], f"{params.merged}\n")
+        write_text(log[0], f"wrote {output[0]}\n")
 
 
 rule train:
@@ -37,7 +40,7 @@ rule train:
     benchmark:
         f"{BENCHMARKS}/train/{{arm}}.tsv"
     conda:
-        "../../envs/training.yaml"
+        TRAIN_ENV
     threads: 2
     resources:
         gpu=TRAIN_GPUS,
