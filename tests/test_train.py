@@ -47,7 +47,7 @@ def test_loss_decreases_and_outputs(setup, tmp_path):
     assert len(rows) == s["steps"] == 42  # 21 training samples x 2 epochs
     first = sum(float(r["loss"]) for r in rows[:5]) / 5
     last = sum(float(r["loss"]) for r in rows[-5:]) / 5
-    assert last < first - 0.3, (first, last)
+    assert last < 0.85 * first, (first, last)  # relative: the loss is SpecForge's (sum over B*T positions)
     val = json.loads((tmp_path / "run" / "validation.json").read_text())
     assert val["ttt_length"] == 3 and len(val["acc"]) == 3 and val["samples"] == 3
     drafter = Eagle3Drafter.from_pretrained(tmp_path / "run" / "drafter")

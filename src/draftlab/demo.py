@@ -577,4 +577,6 @@ def train_demo_drafter(spec: DemoSize, target_dir: Path, data_dir: Path, run_dir
         ttt_length=spec.ttt_length, max_steps=spec.drafter_steps, batch_size=spec.drafter_batch,
         max_length=spec.drafter_block, lr=spec.drafter_lr, warmup_ratio=0.05, grad_clip=0.5,
         seed=seed, precision="fp32", device="cpu", val_samples=16,
+        # the demo drafter's own recipe (its measured figures in docs/demo-models.md), not SpecForge's defaults
+        loss_norm="valid", mask_alignment="predicted", adam_betas=[0.9, 0.95],
     )

@@ -5,9 +5,12 @@ hidden state of step ``i-1`` (the fused target features at step 0), uses RoPE po
 attends to the step-0 keys at positions ``<= t`` plus its own chain's keys at ``t`` from steps
 ``1..i`` (SpecForge's cross-step attention, so training sees exactly what inference sees). Its loss is
 the soft cross-entropy against the target's next-token distribution at ``t+1+i`` renormalised over the
-draft vocabulary, on positions whose predicted token ``x[t+2+i]`` is in the loss mask and whose
-target argmax is in the draft vocabulary; total = sum_i 0.8**i * loss_i. Accuracy_i = share of
-loss-masked positions where the drafter's argmax, mapped to a target id, equals the target's argmax.
+draft vocabulary, on positions whose target argmax is in the draft vocabulary and whose loss mask is
+set: ``loss_mask[t+i]`` by default, as SpecForge 0.2.0 aligns it (``mask_alignment="specforge"``), or
+the predicted token's ``loss_mask[t+2+i]`` (``"predicted"``); summed and divided by the B*T positions
+as SpecForge's ``LogSoftmaxLoss`` does (``loss_norm="positions"``), or by the valid positions
+(``"valid"``); total = sum_i 0.8**i * loss_i. Accuracy_i = share of loss-masked positions where the
+drafter's argmax, mapped to a target id, equals the target's argmax.
 
 Public entry point: :func:`train_drafter` (signature stable; the demo builder and the CLI call it).
 """
@@ -45,6 +48,8 @@ from draftlab.model import Eagle3Drafter, init_weights
 INIT_MODES = ("scratch", "checkpoint")
 VOCAB_MODES = ("keep", "remap", "regenerate")
 STEP_WEIGHT = 0.8
+LOSS_NORMS = ("positions", "valid")
+MASK_ALIGNMENTS = ("specforge", "predicted")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -120,7 +125,8 @@ def target_distribution(drafter: Eagle3Drafter, target_logits: Tensor) -> tuple[
 def ttt_forward(drafter: Eagle3Drafter, input_ids: Tensor, loss_mask: Tensor, aux: Tensor,
                 target_logits: Tensor | None = None, ttt_length: int = 7, *,
                 target: tuple[Tensor, Tensor, Tensor] | None = None,
-                collect: list[Tensor] | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+                collect: list[Tensor] | None = None, loss_norm: str = "positions",
+                mask_alignment: str = "specforge") -> tuple[Tensor, dict[str, Tensor]]:
     """Weighted TTT loss and per-step sums: ``loss_sum``/``valid`` (loss) and ``correct``/``counted`` (acc).
 
     ``collect``, if given, receives each step's draft logits [B, T, M] (tests compare them with inference).
@@ -141,7 +147,7 @@ def ttt_forward(drafter: Eagle3Drafter, input_ids: Tensor, loss_mask: Tensor, au
     for i in range(ttt_length):
         ids_i = _shift(input_ids, 1 + i)
         probs_i, arg_i, ind_i = _shift(probs, 1 + i), _shift(t_arg, 1 + i), _shift(in_draft, 1 + i, False)
-        mask_i = _shift(loss_mask, 2 + i).bool()
+        mask_i = _shift(loss_mask, i if mask_alignment == "specforge" else 2 + i).bool()
         valid = mask_i & ind_i
         embeds = drafter.embed_tokens(ids_i).to(hidden.dtype)
         cos, sin = drafter.rope(positions + i, hidden.dtype)
@@ -158,7 +164,7 @@ def ttt_forward(drafter: Eagle3Drafter, input_ids: Tensor, loss_mask: Tensor, au
             collect.append(logits.detach())
         ce = -(probs_i * F.log_softmax(logits, dim=-1)).sum(-1)
         n_valid = valid.sum()
-        loss_i = (ce * valid).sum() / n_valid.clamp(min=1)
+        loss_i = (ce * valid).sum() / (b * t if loss_norm == "positions" else n_valid.clamp(min=1))
         total = total + (STEP_WEIGHT ** i) * loss_i
         with torch.no_grad():
             hit = (draft_tids[logits.argmax(-1)] == arg_i) & mask_i
@@ -172,13 +178,17 @@ def ttt_forward(drafter: Eagle3Drafter, input_ids: Tensor, loss_mask: Tensor, au
 class TTTModule(nn.Module):
     """The drafter plus its TTT loss as one module, so DDP sees a plain forward()."""
 
-    def __init__(self, drafter: Eagle3Drafter, ttt_length: int):
+    def __init__(self, drafter: Eagle3Drafter, ttt_length: int, loss_norm: str = "positions",
+                 mask_alignment: str = "specforge"):
         super().__init__()
         self.drafter = drafter
         self.ttt_length = ttt_length
+        self.loss_norm = loss_norm
+        self.mask_alignment = mask_alignment
 
     def forward(self, input_ids, loss_mask, aux, target_logits):
-        return ttt_forward(self.drafter, input_ids, loss_mask, aux, target_logits, self.ttt_length)
+        return ttt_forward(self.drafter, input_ids, loss_mask, aux, target_logits, self.ttt_length,
+                           loss_norm=self.loss_norm, mask_alignment=self.mask_alignment)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -207,6 +217,9 @@ class TrainConfig:
     warmup_ratio: float = 0.015
     grad_clip: float = 0.5
     weight_decay: float = 0.0
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # torch's AdamW default, as SpecForge
+    loss_norm: str = "positions"           # positions (SpecForge: / B*T) | valid (/ valid positions)
+    mask_alignment: str = "specforge"      # specforge (loss_mask[t+i]) | predicted (loss_mask[t+2+i])
     seed: int = 0
     precision: str = "auto"                # auto (bf16 on a bf16 GPU, else fp32) | bf16 | fp32
     checkpoint_every: int = 0
@@ -225,8 +238,8 @@ class TrainConfig:
 
     RESUME_KEYS = ("target", "tokens", "data", "hidden_states", "vocab_mapping", "init", "checkpoint",
                    "vocab_mode", "draft_vocab_size", "ttt_length", "epochs", "max_steps", "batch_size",
-                   "max_length", "lr", "warmup_ratio", "grad_clip", "weight_decay", "seed", "precision",
-                   "val_samples", "aux_layer_ids", "drafter_overrides")
+                   "max_length", "lr", "warmup_ratio", "grad_clip", "weight_decay", "adam_betas", "loss_norm", "mask_alignment",
+                   "seed", "precision", "val_samples", "aux_layer_ids", "drafter_overrides")
 
     def state_path(self) -> Path:
         """Where checkpoints and run.json live (outside ``out`` when a workflow deletes ``out`` on failure)."""
@@ -492,8 +505,9 @@ def build_drafter(cfg: TrainConfig, target_cfg: dict, samples: Samples, output_e
 # schedule, checkpoints, metrics
 # ----------------------------------------------------------------------------------------------
 def lr_factor(step: int, total: int, warmup_ratio: float) -> float:
-    """Linear warmup over ceil(ratio * total) steps, then cosine from 1 to 0."""
-    warm = math.ceil(warmup_ratio * total)
+    """Linear warmup over int(ratio * total) steps, then cosine from 1 to 0 over the rest: SpecForge 0.2.0's
+    ``lr_scheduler.py::CosineAnnealingWarmupLR`` (``optimizer.py::BF16Optimizer``, ``warmup_steps=int(...)``)."""
+    warm = int(warmup_ratio * total)
     if step < warm:
         return (step + 1) / warm
     if total <= warm:
@@ -840,6 +854,10 @@ def train_drafter(**kwargs: Any) -> dict[str, Any]:
 
 
 def _run(cfg: TrainConfig) -> dict[str, Any]:
+    if cfg.loss_norm not in LOSS_NORMS:
+        raise DraftlabError(f"train: loss_norm {cfg.loss_norm!r}: expected one of {', '.join(LOSS_NORMS)}")
+    if cfg.mask_alignment not in MASK_ALIGNMENTS:
+        raise DraftlabError(f"train: mask_alignment {cfg.mask_alignment!r}: expected one of {', '.join(MASK_ALIGNMENTS)}")
     from draftlab.target import read_config, text_config
 
     if cfg.ttt_length < 1:
@@ -902,14 +920,14 @@ def _run(cfg: TrainConfig) -> dict[str, Any]:
         raise DraftlabError(f"train: aux layer ids changed while building the drafter ({feats.aux_ids} -> {aux_ids})")
     drafter.load_target_embeddings(feats.embeddings(cfg.target))
     drafter.to(dev)
-    module = TTTModule(drafter, cfg.ttt_length).to(dev)
+    module = TTTModule(drafter, cfg.ttt_length, cfg.loss_norm, cfg.mask_alignment).to(dev)
     model: nn.Module = module
     if world > 1:
         model = nn.parallel.DistributedDataParallel(module, device_ids=[dev.index] if dev.type == "cuda" else None)
     if cfg.compile:
         model = torch.compile(model)
     params = [p for p in drafter.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95),
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=tuple(cfg.adam_betas),
                             fused=dev.type == "cuda")
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, total, cfg.warmup_ratio))
 

@@ -55,6 +55,12 @@ def register(sub) -> None:
     p.add_argument("--warmup-ratio", type=float, default=0.015)
     p.add_argument("--grad-clip", type=float, default=0.5)
     p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--adam-betas", type=float, nargs=2, default=[0.9, 0.999], metavar=("B1", "B2"),
+                   help="AdamW betas (default torch's, as SpecForge 0.2.0's BF16Optimizer)")
+    p.add_argument("--loss-norm", choices=["positions", "valid"], default="positions",
+                   help="divide each TTT step's loss by the B*T positions (SpecForge 0.2.0) or the valid ones")
+    p.add_argument("--mask-alignment", choices=["specforge", "predicted"], default="specforge",
+                   help="loss mask of the fed position t+i (SpecForge 0.2.0) or of the predicted token t+2+i")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
     p.add_argument("--checkpoint-every", type=int, default=0, help="save a resumable checkpoint every N steps")
@@ -122,7 +128,8 @@ def _train(args: argparse.Namespace) -> int:
             raise DraftlabError(f"--drafter-config: not a JSON object ({exc})") from exc
     keys = ("target", "out", "tokens", "data", "hidden_states", "vocab_mapping", "init", "checkpoint", "vocab_mode",
             "draft_vocab_size", "ttt_length", "epochs", "max_steps", "batch_size", "max_length", "lr", "warmup_ratio",
-            "grad_clip", "weight_decay", "seed", "precision", "checkpoint_every", "keep_checkpoints", "resume",
+            "grad_clip", "weight_decay", "adam_betas", "loss_norm", "mask_alignment", "seed", "precision",
+            "checkpoint_every", "keep_checkpoints", "resume",
             "state_dir", "val_samples", "device", "log_file", "stop_after", "trust_remote_code", "compile")
     r = train_drafter(**{k: getattr(args, k) for k in keys}, aux_layer_ids=_ids(args.aux_layer_ids),
                       drafter_overrides=overrides)
