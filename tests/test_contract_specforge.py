@@ -279,3 +279,75 @@ def test_import_reads_what_specforges_checkpoint_manager_writes(tmp_path):
     assert sorted(got) == sorted(want) and all(torch.equal(got[k], want[k].to(got[k].dtype)) for k in want)
     with pytest.raises(DraftlabError, match="stopped at step 4, train.steps is 6"):
         import_checkpoint(tmp_path / "run", tmp_path / "d2", draft_config=tmp_path / "draft", expect_steps=6)
+
+
+LOSS = """
+import ast, json, os, sys
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import specforge
+root = os.path.dirname(specforge.__file__)
+
+def functions(rel, names):
+    # SpecForge's own functions, taken from the wheel's source: their modules import triton at the top,
+    # which has no CPU build; @torch.compile is left out (it changes speed, not values)
+    tree = ast.parse(open(os.path.join(root, rel)).read())
+    defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
+    for d in defs:
+        d.decorator_list = []
+    ns = {"torch": torch, "nn": nn, "F": F}
+    exec(compile(ast.Module(defs, []), rel, "exec"), ns)
+    return ns
+
+ns = {**functions("core/loss.py", {"_compute_loss"}),
+      **functions("algorithms/eagle3/model.py", {"_compute_target_p", "_compute_target_p_padded"}),
+      **functions("utils.py", {"padding"})}
+job = json.load(sys.stdin)
+logits = [torch.tensor(x) for x in job["step_logits"]]
+target, loss_mask, t2d = torch.tensor(job["target_logits"]), torch.tensor(job["loss_mask"]), torch.tensor(job["t2d"])
+length = len(logits)
+# TargetHead.preprocess: target shifted left by one, loss mask kept ([..., None])
+target = ns["padding"](target, left=False)
+loss_mask = loss_mask[..., None]
+target_p, _, _, position_mask = ns["_compute_target_p_padded"](target, t2d, loss_mask, length)
+T = target.shape[1]
+plosses = []
+for idx in range(length):  # OnlineEagle3Model.forward's TTT loop, SdpaLikeAdapter.step_view
+    plosses.append(ns["_compute_loss"](logits[idx], target_p[:, idx: idx + T, :], position_mask))
+    position_mask = ns["padding"](position_mask, left=False)
+weights = [0.8 ** i for i in range(length)]  # Eagle3TrainStrategy: ploss_decay 0.8
+print(json.dumps({"plosses": [float(p) for p in plosses],
+                  "loss": float(sum(w * p for w, p in zip(weights, plosses)))}))
+"""
+
+
+def test_builtin_ttt_loss_is_specforges_on_one_batch():
+    from draftlab.model import Eagle3Drafter, init_weights
+    from draftlab.train import STEP_WEIGHT, ttt_forward
+
+    torch.manual_seed(0)
+    cfg = tiny_drafter_config(draft_vocab_size=48)
+    drafter = Eagle3Drafter(cfg)
+    init_weights(drafter, seed=1, std=0.3)
+    t = drafter_tensors(cfg, seed=2)
+    drafter.d2t.copy_(t["d2t"])
+    drafter.t2d.copy_(t["t2d"])
+    b, n, k = 2, 14, 4
+    ids = torch.randint(0, cfg["vocab_size"], (b, n))
+    mask = torch.zeros(b, n, dtype=torch.long)
+    mask[0, 3:11] = 1
+    mask[1, 6:] = 1
+    aux = torch.randn(b, n, 3 * cfg["target_hidden_size"])
+    logits = torch.randn(b, n, cfg["vocab_size"]) * 3
+    steps: list[torch.Tensor] = []
+    with torch.no_grad():
+        total, stats = ttt_forward(drafter, ids, mask, aux, logits, k, collect=steps)
+        old, _ = ttt_forward(drafter, ids, mask, aux, logits, k, loss_norm="valid", mask_alignment="predicted")
+    theirs = run_in(specforge_python(), LOSS, {
+        "step_logits": [s.tolist() for s in steps], "target_logits": logits.tolist(), "loss_mask": mask.tolist(),
+        "t2d": drafter.t2d.tolist()})
+    ours = [float(stats["loss_sum"][i]) / (b * n) for i in range(k)]
+    assert ours == pytest.approx(theirs["plosses"], rel=1e-5, abs=1e-6)
+    assert float(total) == pytest.approx(theirs["loss"], rel=1e-5) and STEP_WEIGHT == 0.8
+    assert float(old) != pytest.approx(theirs["loss"], rel=1e-2)  # the former alignment/normalisation differ

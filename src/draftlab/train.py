@@ -122,6 +122,17 @@ def target_distribution(drafter: Eagle3Drafter, target_logits: Tensor) -> tuple[
     return probs, arg, drafter.t2d[arg]
 
 
+def _past_the_end(drafter: Eagle3Drafter, probs: Tensor, t_arg: Tensor, in_draft: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """One more target position as SpecForge 0.2.0 has it: ``TargetHead.preprocess`` shifts the target in
+    with zeros, so the position after the last one has zero logits (uniform over the draft vocabulary,
+    argmax id 0, counted when id 0 is a draft token and the last position is loss-masked)."""
+    b, m = probs.shape[0], probs.shape[-1]
+    probs = torch.cat([probs, probs.new_full((b, 1, m), 1.0 / m)], dim=1)
+    t_arg = torch.cat([t_arg, t_arg.new_zeros((b, 1))], dim=1)
+    in_draft = torch.cat([in_draft, drafter.t2d[0].expand(b, 1).to(in_draft.dtype)], dim=1)
+    return probs, t_arg, in_draft
+
+
 def ttt_forward(drafter: Eagle3Drafter, input_ids: Tensor, loss_mask: Tensor, aux: Tensor,
                 target_logits: Tensor | None = None, ttt_length: int = 7, *,
                 target: tuple[Tensor, Tensor, Tensor] | None = None,
@@ -134,6 +145,8 @@ def ttt_forward(drafter: Eagle3Drafter, input_ids: Tensor, loss_mask: Tensor, au
     b, t = input_ids.shape
     with torch.no_grad():
         probs, t_arg, in_draft = target if target is not None else target_distribution(drafter, target_logits)
+        if mask_alignment == "specforge":
+            probs, t_arg, in_draft = _past_the_end(drafter, probs, t_arg, in_draft)
     draft_tids = drafter.d2t + torch.arange(drafter.draft_vocab_size, device=input_ids.device)
     layer, attn = drafter.midlayer, drafter.midlayer.self_attn
     backend = ttt_attention_backend(input_ids.device)
@@ -146,7 +159,8 @@ def ttt_forward(drafter: Eagle3Drafter, input_ids: Tensor, loss_mask: Tensor, au
              for k in ("loss_sum", "valid", "correct", "counted")}
     for i in range(ttt_length):
         ids_i = _shift(input_ids, 1 + i)
-        probs_i, arg_i, ind_i = _shift(probs, 1 + i), _shift(t_arg, 1 + i), _shift(in_draft, 1 + i, False)
+        probs_i, arg_i = _shift(probs, 1 + i)[:, :t], _shift(t_arg, 1 + i)[:, :t]
+        ind_i = _shift(in_draft, 1 + i, False)[:, :t]
         mask_i = _shift(loss_mask, i if mask_alignment == "specforge" else 2 + i).bool()
         valid = mask_i & ind_i
         embeds = drafter.embed_tokens(ids_i).to(hidden.dtype)
