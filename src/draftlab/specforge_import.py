@@ -48,10 +48,11 @@ def resolve_state_file(src: Path) -> Path | None:
 
 
 def _read_state(state_file: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    try:
-        state = torch.load(state_file, map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - any unreadable pickle is the same user error
-        raise DraftlabError(f"{state_file}: not a readable SpecForge training state ({exc})") from exc
+    try:  # tensors, numbers, strings and containers only: nothing in it runs code
+        state = torch.load(state_file, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable or non-tensor pickle is the same user error
+        raise DraftlabError(f"{state_file}: not a readable SpecForge training state (read with "
+                            f"weights_only=True: {str(exc).splitlines()[0]})") from exc
     if not isinstance(state, dict) or not isinstance(state.get("draft_state_dict"), dict):
         raise DraftlabError(f"{state_file}: key 'draft_state_dict' missing (expected SpecForge 0.2.0's training_state.pt)")
     if state.get("strategy") != "eagle3":
