@@ -69,7 +69,7 @@ def test_sglang_argv_matches_documented_flags():
         "python", "-m", "sglang.launch_server", "--model-path", "/m/K2.5",
         "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", "/m/eagle3",
         "--speculative-num-steps", "3", "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
-        "--tp", "8", "--mem-fraction-static", "0.85", "--cuda-graph-max-bs", "32",
+        "--tp-size", "8", "--mem-fraction-static", "0.85", "--cuda-graph-max-bs-decode", "32",
         "--host", "127.0.0.1", "--port", "30000",
     ]
     assert "--trust-remote-code" not in spec.argv()

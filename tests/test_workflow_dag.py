@@ -84,12 +84,12 @@ def test_kimi_dag_on_gpu8_prints_real_sglang_and_training_commands():
     probe = next(l for l in launches if "bench/probe/" in l)
     for flag in ("--model-path results/kimi-k25/models/target/model", "--speculative-algorithm EAGLE3",
                  "--speculative-draft-model-path results/kimi-k25/drafter/patched", "--speculative-num-steps 2",
-                 "--speculative-eagle-topk 1", "--speculative-num-draft-tokens 3", "--tp 8",
-                 "--mem-fraction-static 0.85", "--cuda-graph-max-bs 16", "--trust-remote-code",
+                 "--speculative-eagle-topk 1", "--speculative-num-draft-tokens 3", "--tp-size 8",
+                 "--mem-fraction-static 0.85", "--cuda-graph-max-bs-decode 16", "--trust-remote-code",
                  "--host 127.0.0.1", "--port 30000"):
         assert flag in probe, flag
     baseline = next(l for l in launches if "bench/baseline/" in l)
-    assert "--speculative" not in baseline and "--tp 8" in baseline
+    assert "--speculative" not in baseline and "--tp-size 8" in baseline
     # training: SpecForge 0.2.0's own launcher on the run config the prepare step writes from the merged
     # experiment config; the drafter config is the same file in the plan and at run time; mapping pinned
     train = [l for l in text.splitlines() if "draftlab specforge-command" in l]

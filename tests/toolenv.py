@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import venv
+from importlib import metadata
 from pathlib import Path
 from typing import Sequence
 
@@ -27,13 +28,15 @@ import pytest
 ROOT = Path(os.environ.get("DRAFTLAB_TOOLENV_DIR") or Path(tempfile.gettempdir()) / "draftlab-toolenvs")
 
 
-def _key(name: str, packages: Sequence[str], no_deps: Sequence[str], system_site: bool) -> str:
-    blob = json.dumps([name, sorted(packages), sorted(no_deps), system_site, sys.version_info[:2]])
+def _key(name: str, packages: Sequence[str], no_deps: Sequence[str], system_site: bool,
+         link: Sequence[str] = ()) -> str:
+    extra = [[d, metadata.version(d)] for d in _with_requirements(link)] if link else []
+    blob = json.dumps([name, sorted(packages), sorted(no_deps), system_site, sys.version_info[:2], *extra])
     return f"{name}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 
 
 def _pip(python: Path, args: Sequence[str], log: Path) -> None:
-    cmd = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-q", *args]
+    cmd = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--no-compile", "-q", *args]
     with log.open("a") as fh:
         fh.write("$ " + " ".join(cmd) + "\n")
         fh.flush()
@@ -43,16 +46,55 @@ def _pip(python: Path, args: Sequence[str], log: Path) -> None:
         pytest.fail(f"installing {list(args)} into {python.parent.parent} failed (rc {proc.returncode}):\n{tail}")
 
 
+def _with_requirements(names: Sequence[str]) -> list[str]:
+    """``names`` and, recursively, the installed distributions they require (markers honoured)."""
+    from packaging.requirements import Requirement
+
+    seen: dict[str, None] = {}
+    todo = list(names)
+    while todo:
+        dist = metadata.distribution(todo.pop())
+        key = dist.metadata["Name"].lower()
+        if key in seen:
+            continue
+        seen[key] = None
+        for text in dist.requires or ():
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return sorted(seen)
+
+
+def _link(python: Path, names: Sequence[str]) -> None:
+    """Symlink installed distributions (files and dist-info) of this interpreter into the tool's venv.
+
+    For a large wheel both sides need in the same version (the CPU torch): a second copy costs a
+    gigabyte of unpacking on every cold CI run. The venv then sees it as installed, so pip leaves it.
+    """
+    site = Path(subprocess.check_output([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                        text=True).strip())
+    for name in _with_requirements(names):
+        dist = metadata.distribution(name)
+        base = Path(dist.locate_file(""))
+        tops = {Path(str(f)).parts[0] for f in dist.files or () if not str(f).startswith("..")}
+        for top in sorted(tops):
+            if top != "__pycache__" and not (site / top).exists():
+                (site / top).symlink_to(base / top)
+
+
 def tool_python(name: str, packages: Sequence[str] = (), *, no_deps: Sequence[str] = (),
-                system_site: bool = False) -> Path:
+                link: Sequence[str] = (), system_site: bool = False) -> Path:
     """The interpreter of a venv holding ``no_deps`` (without requirements) and ``packages`` (with).
+
+    ``link`` names distributions installed here (in draftlab's venv) that the tool's venv gets as
+    symlinks, with everything they require, instead of a second install.
 
     Built at most once per key under ``$DRAFTLAB_TOOLENV_DIR`` (default: the temp dir), guarded by a
     file lock so parallel test processes wait for one build; a half-built env is never reused (the
     ``.ready`` marker is written last).
     """
     ROOT.mkdir(parents=True, exist_ok=True)
-    folder = ROOT / _key(name, packages, no_deps, system_site)
+    folder = ROOT / _key(name, packages, no_deps, system_site, link)
     python = folder / "bin" / "python"
     ready = folder / ".ready"
     with (ROOT / f"{folder.name}.lock").open("w") as lock:
@@ -65,11 +107,13 @@ def tool_python(name: str, packages: Sequence[str] = (), *, no_deps: Sequence[st
             shutil.rmtree(folder)  # our own half-built env (no .ready): rebuild it
         venv.EnvBuilder(with_pip=True, system_site_packages=system_site).create(folder)
         log = folder / "install.log"
+        if link:
+            _link(python, link)
         if no_deps:
             _pip(python, ["--no-deps", *no_deps], log)
         if packages:
             _pip(python, list(packages), log)
-        ready.write_text(json.dumps({"packages": list(packages), "no_deps": list(no_deps)}))
+        ready.write_text(json.dumps({"packages": list(packages), "no_deps": list(no_deps), "link": list(link)}))
         return python
 
 

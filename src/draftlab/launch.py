@@ -134,13 +134,15 @@ class ServerSpec:
                     cmd += ["--speculative-num-steps", str(nums[0]),
                             "--speculative-eagle-topk", str(nums[1]),
                             "--speculative-num-draft-tokens", str(nums[2])]
-            cmd += ["--tp", str(self.tp)]
+            cmd += ["--tp-size", str(self.tp)]
             if self.dtype:
                 cmd += ["--dtype", self.dtype]
             if self.mem_fraction_static is not None:
                 cmd += ["--mem-fraction-static", _num(self.mem_fraction_static)]
             if self.cuda_graph_max_bs is not None:
-                cmd += ["--cuda-graph-max-bs", str(self.cuda_graph_max_bs)]
+                # 0.5.23 splits the old --cuda-graph-max-bs (decode graphs) by phase; the old
+                # spelling is refused as ambiguous. Ours is the decode capture, as it always was.
+                cmd += ["--cuda-graph-max-bs-decode", str(self.cuda_graph_max_bs)]
             if self.trust_remote_code:
                 cmd += ["--trust-remote-code"]
             cmd += ["--host", self.host, "--port", str(port)]
