@@ -246,6 +246,7 @@ def test_sglang_accept_length_and_cycle_from_raw_counts():
     e2e = sum(r["server_latency_s"] for r in rows)
     assert s["cycle_ms"] == pytest.approx(1000 * e2e / sum(ver))
     assert s["cycle_time_source"] == "e2e_latency"
+    assert s["cycle_ms_is_verify_cycle"] is False  # prefill and queueing are in e2e_latency
     assert s["speculation_active"] is True
     assert [r["prompt_id"] for r in rows] == [p.id for p in PROMPTS] * 2
     assert res.server["speculative_algorithm"] == "EAGLE3"
@@ -283,6 +284,16 @@ def test_draft_plus_verify_time_is_preferred_for_cycle_time():
     assert all(r["cycle_ms"] == pytest.approx(5.0) for r in measured(res))
     ver = [r["verify_ct"] for r in measured(res)]
     assert res.summary["accepted_per_position_rate"] == pytest.approx([1.0, sum(v // 2 for v in ver) / sum(ver)])
+
+
+def test_sglang_first_token_latency_takes_prefill_out_of_the_cycle():
+    # SGLang 0.5.23 with --enable-metrics: first_token_latency (arrival -> first token) beside e2e_latency
+    extra = lambda c, v: {"e2e_latency": 0.05 + 0.006 * v, "first_token_latency": 0.05}
+    with ScriptedServer(extra_meta=extra) as srv:
+        res = run_benchmark(srv.url, PROMPTS, repeats=1, warmup=0, progress=False, measure_ttft=False)
+    s = res.summary
+    assert s["cycle_time_source"] == "e2e_latency-first_token_latency"
+    assert s["cycle_ms"] == pytest.approx(6.0) and s["cycle_ms_is_verify_cycle"] is True
 
 
 def test_baseline_without_speculation_has_no_accept_length():

@@ -26,13 +26,14 @@ def experiment_config(name: str = "exp-a", **over) -> dict:
     return load_config(deep_merge(raw, over))
 
 
-def _bench(path: Path, tps: list[float], accept: float | None, cycle_ms: float | None, fingerprint: str) -> None:
+def _bench(path: Path, tps: list[float], accept: float | None, cycle_ms: float | None, fingerprint: str,
+           cycle_source: str = "draft_time+verify_time") -> None:
     """A benchmark result in the layout draftlab.bench.write_results produces."""
     med = sorted(tps)[len(tps) // 2]
     summary = {"requests": 8, "repeats": len(tps), "total_completion_tokens": 384, "total_verify_ct":
                round(384 / accept) if accept else None, "output_tps_median": med, "output_tps_mean": sum(tps) / len(tps),
                "output_tps_ci95": [min(tps), max(tps)], "accept_length": accept, "cycle_ms": cycle_ms,
-               "ttft_s_median": 0.05, "latency_s_median": 0.4, "speculation_active": accept is not None}
+               "cycle_time_source": cycle_source if cycle_ms is not None else None, "ttft_s_median": 0.05, "latency_s_median": 0.4, "speculation_active": accept is not None}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"summary": summary, "rows": [], "config": {},
                                 "prompt_set": {"path": "prompts.jsonl", "sha256": "ab" * 32, "count": 8},
@@ -48,7 +49,8 @@ def _weights(folder: Path, seed: int) -> str:
     return hashlib.sha256((folder / "model.safetensors").read_bytes()).hexdigest()
 
 
-def make_experiment(root: Path, cfg: dict, *, gate_pass: bool = True, probe_accept: float = 1.6) -> Path:
+def make_experiment(root: Path, cfg: dict, *, gate_pass: bool = True, probe_accept: float = 1.6,
+                    cycle_source: str = "draft_time+verify_time") -> Path:
     """The files a finished run leaves under results/<experiment>/ (probe, finetune-keep, scratch)."""
     exp = root / cfg["experiment"]
     (exp / "models" / "target").mkdir(parents=True)
@@ -58,7 +60,8 @@ def make_experiment(root: Path, cfg: dict, *, gate_pass: bool = True, probe_acce
     (exp / "models" / "drafter" / "acquire.json").write_text(json.dumps(
         {"resolved_commit": "e" * 40, "files": [{"name": "model.safetensors", "sha256": sha}]}))
     _bench(exp / "bench" / "baseline" / "plain" / "default.json", [100.0, 102.0, 98.0], None, None, "f-base")
-    _bench(exp / "bench" / "probe" / "s2-k1-d3" / "default.json", [120.0, 118.0, 121.0], probe_accept, 13.0, "f-probe")
+    _bench(exp / "bench" / "probe" / "s2-k1-d3" / "default.json", [120.0, 118.0, 121.0], probe_accept, 13.0, "f-probe",
+           cycle_source)
     reason = "probe accept length 1.000 < 1.1 (gate.min_accept_length): fine-tuning skipped"
     gate = {"pass": gate_pass, "decision": "fine-tune" if gate_pass else "skip",
             "reason": "probe accept length 1.600 >= 1.1" if gate_pass else reason,
@@ -72,7 +75,7 @@ def make_experiment(root: Path, cfg: dict, *, gate_pass: bool = True, probe_acce
             _weights(run / "drafter", 2 if arm == "scratch" else 3)
             (run / "validation.json").write_text(json.dumps({"acc": [0.6, 0.45, 0.3] if arm != "scratch" else
                                                              [0.5, 0.3, 0.2], "loss": [1, 2, 3], "ttt_length": 3}))
-            _bench(res, tps, acc, 14.0, f"f-{arm}")
+            _bench(res, tps, acc, 14.0, f"f-{arm}", cycle_source)
         else:
             run.mkdir(parents=True)
             (run / "SKIPPED.json").write_text(json.dumps({"skipped": True, "reason": reason}))

@@ -56,6 +56,18 @@ def test_summary_has_every_section_and_the_decision(tmp_path):
         assert f"]({Path(out[key]).name})" in md
 
 
+def test_cycle_from_end_to_end_latency_is_never_shown_as_the_verify_cycle(tmp_path):
+    # SGLang 0.5.23 without --enable-metrics: the only timing is e2e_latency (prefill, queueing)
+    exp, _, md = _report(tmp_path, cycle_source="e2e_latency")
+    rows = (exp / "records" / "records.csv").read_text().splitlines()
+    assert "cycle_ms_source" in rows[0].split(",") and "e2e_latency" in rows[2]
+    assert "| finetune-keep | s2-k1-d3 | default | 160.0 [158.0, 162.0] | 2.10 | 14.0† | 0.450 | 1.60 |" in md
+    assert "| finetune-keep | s2-k1-d3 | default | 2.10 | 1.40† | above |" in md
+    assert "prefill and queueing included, so an upper bound, not the verify cycle" in md
+    _, _, measured = _report(tmp_path / "measured", cycle_source="e2e_latency-first_token_latency")
+    assert "†" not in measured and "| 2.10 | 14.0 | 0.450 |" in measured
+
+
 def test_report_says_why_fine_tuning_was_skipped(tmp_path):
     _, out, md = _report(tmp_path, gate_pass=False, probe_accept=1.0)
     assert "Probe gate failed: probe accept length 1.000 < 1.1" in md

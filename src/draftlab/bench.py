@@ -65,6 +65,17 @@ CSV_COLUMNS = (
     "ttft_s",
 )
 
+# Decode-time sources that time verify cycles only (prefill and queueing excluded): draftlab's
+# builtin engine reports draft/verify time; SGLang 0.5.23 reports neither, only ``e2e_latency``
+# (arrival to finish) and, with --enable-metrics, ``first_token_latency`` (arrival to first token).
+VERIFY_CYCLE_SOURCES = ("draft_time+verify_time", "e2e_latency-first_token_latency")
+
+
+def is_verify_cycle(source: str | None) -> bool:
+    """True when a ``cycle_time_source`` times verify cycles alone, not prefill and queueing too."""
+    return source in VERIFY_CYCLE_SOURCES
+
+
 GUARD_HINT = (
     "refusing to record this as a drafter result — check --speculative-algorithm EAGLE3 and the "
     "drafter path"
@@ -225,8 +236,11 @@ def parse_sglang_meta(meta: dict) -> dict[str, Any]:
         accepted, proposed = _int_or_none(meta.get(keys[0])), _int_or_none(meta.get(keys[1]))
     draft_t, verify_t = _float_or_none(meta.get("draft_time")), _float_or_none(meta.get("verify_time"))
     e2e = _float_or_none(meta.get("e2e_latency"))
+    first = _float_or_none(meta.get("first_token_latency"))  # SGLang with --enable-metrics
     if draft_t is not None and verify_t is not None:
         decode, source = draft_t + verify_t, "draft_time+verify_time"
+    elif e2e is not None and first is not None and e2e >= first:
+        decode, source = e2e - first, "e2e_latency-first_token_latency"
     elif e2e is not None:
         decode, source = e2e, "e2e_latency"
     else:
@@ -543,6 +557,7 @@ def summarize(
         "accepted_per_position_rate": accepted_per_pos,
         "cycle_ms": cycle_ms,
         "cycle_time_source": cycle_source,
+        "cycle_ms_is_verify_cycle": None if cycle_ms is None else is_verify_cycle(cycle_source),
         "ms_per_output_token": (
             1000.0 * sum(r["decode_time_s"] for r in decode_rows) / decode_tokens if decode_tokens else None
         ),
@@ -775,6 +790,12 @@ def _warnings(summary: dict[str, Any], server: dict[str, Any]) -> list[str]:
     return out
 
 
+def _cycle_label(summary: dict[str, Any]) -> str:
+    if summary.get("cycle_ms") is None or is_verify_cycle(summary.get("cycle_time_source")):
+        return "cycle"
+    return f"end-to-end time per verify step (from {summary.get('cycle_time_source')}: prefill and queueing included)"
+
+
 def human_summary(result: BenchResult) -> str:
     """A few lines for a person at a terminal."""
     s = result.summary
@@ -787,7 +808,7 @@ def human_summary(result: BenchResult) -> str:
         f"requests: {s['requests']} ({s['repeats']} repeats), completion tokens: {s['total_completion_tokens']}",
         f"output tok/s: median {f(s['output_tps_median'])}"
         + (f" (95% CI {ci[0]:.2f}..{ci[1]:.2f})" if ci else ""),
-        f"accept length: {f(s['accept_length'])}  cycle: {f(s['cycle_ms'])} ms  "
+        f"accept length: {f(s['accept_length'])}  {_cycle_label(s)}: {f(s['cycle_ms'])} ms  "
         f"TTFT median: {f(s['ttft_s_median'], '{:.3f}')} s",
         f"speculation active: {s['speculation_active']}",
     ]

@@ -225,6 +225,7 @@ def drafter_standing(
                 "source": origin,
                 "accept_length": length,
                 "cycle_ms": cycle,
+                "cycle_ms_source": (data.get("summary") or {}).get("cycle_time_source"),
                 "measured_tps": measured,
                 "modelled_tps": expected_tps(length, cycle),
                 "speedup": (measured / x) if measured else None,

@@ -186,6 +186,9 @@ def build_records(exp_dir: str | os.PathLike, cfg: Mapping[str, Any], *, servers
                 "tps_ci_low": ci[0],
                 "tps_ci_high": ci[1],
                 "cycle_ms": summary.get("cycle_ms"),
+                # what the cycle was timed from: only draftlab.bench.VERIFY_CYCLE_SOURCES time the
+                # verify cycle; e2e_latency / client_latency include prefill and queueing
+                "cycle_ms_source": summary.get("cycle_time_source"),
                 "ttft_s": summary.get("ttft_s_median"),
                 "latency_s_median": summary.get("latency_s_median"),
                 "speedup": None,

@@ -118,6 +118,26 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     return lines
 
 
+E2E_MARK = "†"
+E2E_NOTE = (f"{E2E_MARK} timed from the server's end-to-end latency per verify step (`cycle_ms_source` "
+            "`e2e_latency` or `client_latency`): prefill and queueing included, so an upper bound, not the "
+            "verify cycle; SGLang 0.5.23 reports no draft/verify times (add `--enable-metrics` to "
+            "`serve.extra_args` for `first_token_latency`, which draftlab then subtracts).")
+
+
+def _cycle(r: dict[str, Any]) -> tuple[float | None, str]:
+    """The row's cycle time and the mark it carries when it is not a verify-cycle timing."""
+    from draftlab.bench import is_verify_cycle
+
+    c = _num(r.get("cycle_ms"))
+    source = r.get("cycle_ms_source") or None
+    return c, "" if c is None or is_verify_cycle(source) else E2E_MARK
+
+
+def _e2e_note(rows: list[dict[str, Any]]) -> list[str]:
+    return ["", E2E_NOTE] if any(_cycle(r)[1] for r in rows) else []
+
+
 def comparison_table(rows: list[dict[str, Any]]) -> list[str]:
     body = []
     for r in rows:
@@ -127,10 +147,10 @@ def comparison_table(rows: list[dict[str, Any]]) -> list[str]:
         val = _fmt(r["val_acc_mean"], "{:.3f}")
         status = "" if r["status"] == "ok" else " (skipped)"
         body.append([r["variant"] + status, r["spec_id"], r["client"],
-                     _fmt(r["tps_median"], "{:.1f}") + ci, _fmt(r["accept_length"]), _fmt(r["cycle_ms"], "{:.1f}"),
-                     val, _fmt(r["speedup"])])
+                     _fmt(r["tps_median"], "{:.1f}") + ci, _fmt(r["accept_length"]),
+                     _fmt(r["cycle_ms"], "{:.1f}") + _cycle(r)[1], val, _fmt(r["speedup"])])
     return _table(["variant", "spec", "client", "tok/s median [95% CI]", "accept length", "cycle ms",
-                   "val. acc (mean over TTT steps)", "speedup"], body)
+                   "val. acc (mean over TTT steps)", "speedup"], body) + _e2e_note(rows)
 
 
 def breakeven_table(rows: list[dict[str, Any]], target_tps: Sequence[float]) -> list[str]:
@@ -139,16 +159,17 @@ def breakeven_table(rows: list[dict[str, Any]], target_tps: Sequence[float]) -> 
         if r["variant"] == "baseline":
             continue
         x = _baseline_tps(rows, r["client"])
-        c, length = _num(r["cycle_ms"]), _num(r["accept_length"])
+        (c, mark), length = _cycle(r), _num(r["accept_length"])
         be = break_even(x, c)
         goals = []
         for t in target_tps:
             need = t * c / 1000.0 if c else None
             goals.append("–" if need is None else f"{need:.2f} ({'met' if length and length >= need else 'not met'})")
         verdict = "–" if be is None or length is None else ("above" if length >= be else "below")
-        body.append([r["variant"], r["spec_id"], r["client"], _fmt(length), _fmt(be), verdict] + goals)
+        body.append([r["variant"], r["spec_id"], r["client"], _fmt(length), _fmt(be) + (mark if be else ""), verdict]
+                    + goals)
     return _table(["variant", "spec", "client", "accept length", "break-even accept length", "vs break-even"]
-                  + [f"needed for {t:g} tok/s" for t in target_tps], body)
+                  + [f"needed for {t:g} tok/s" for t in target_tps], body) + _e2e_note(_ok(rows))
 
 
 def ttt_curves(exp_dir: Path) -> dict[str, list[float]]:

@@ -153,6 +153,8 @@ def _standing(args: argparse.Namespace) -> int:
 
 
 def _human_standing(s: dict) -> str:
+    from draftlab.bench import is_verify_cycle
+
     lines = [f"baseline {s['baseline_tps']:.2f} tok/s"]
     for d in s["drafters"]:
         if d.get("skipped"):
@@ -161,6 +163,8 @@ def _human_standing(s: dict) -> str:
         lines.append(
             f"  {d['name']}: accept {d['accept_length']:.3f} vs break-even {d['break_even_accept_length']:.3f} "
             f"({'above' if d['above_break_even'] else 'BELOW'}), cycle {d['cycle_ms']:.2f} ms"
+            + ("" if is_verify_cycle(d.get("cycle_ms_source"))
+               else f" (from {d.get('cycle_ms_source')}: prefill and queueing included)")
         )
         for g in d["goals"]:
             lines.append(
