@@ -82,6 +82,10 @@ def case_aux_unusual(tmp_path, target):
     return broken(tmp_path, aux_layer_ids=[2, 4, 5]), target, "EAGLE3"
 
 
+def case_vllm_aux(tmp_path, target):
+    return write_drafter(tmp_path / "drafter"), target, "EAGLE3", "vllm"  # default ids, nested only
+
+
 def case_algorithm(tmp_path, target):
     return write_drafter(tmp_path / "drafter"), target, "EAGLE"
 
@@ -146,6 +150,7 @@ CASES = {
     "non-finite-weights": (case_non_finite, "lm_head.weight (1 NaN, 0 inf)"),
     "dtype-mismatch": (case_dtype, "weights are BF16 but the drafter config declares F32"),
     "rope-mismatch": (case_rope, "rope_theta 500000 vs target 10000"),
+    "vllm-aux-layers-ignored": (case_vllm_aux, "ignores eagle_config.eagle_aux_hidden_state_layer_ids"),
 }
 
 
@@ -156,8 +161,8 @@ def test_every_code_has_a_case():
 @pytest.mark.parametrize("code", list(CASES))
 def test_each_code_is_triggered_by_its_broken_drafter(tmp_path, target, code):
     build, phrase = CASES[code]
-    drafter, tgt, algorithm = build(tmp_path, target)
-    report = doctor.run_doctor(drafter, tgt, algorithm=algorithm)
+    drafter, tgt, algorithm, *backend = build(tmp_path, target)
+    report = doctor.run_doctor(drafter, tgt, algorithm=algorithm, backend=(backend or ["sglang"])[0])
     found = codes(report)
     assert found == {code: doctor.SEVERITY[code]}, report["findings"]
     assert phrase in messages(report, code)
@@ -166,7 +171,7 @@ def test_each_code_is_triggered_by_its_broken_drafter(tmp_path, target, code):
 
 def test_severities():
     warnings = {c for c, s in doctor.SEVERITY.items() if s == "warning"}
-    assert warnings == {"aux-layers-unusual", "dtype-mismatch", "rope-mismatch"}
+    assert warnings == {"aux-layers-unusual", "dtype-mismatch", "rope-mismatch", "vllm-aux-layers-ignored"}
 
 
 # --- details a user relies on --------------------------------------------------------------------
@@ -184,6 +189,18 @@ def test_aux_unusual_names_both_conventions(tmp_path):
     msg = messages(doctor.run_doctor(drafter, target), "aux-layers-unusual")
     assert "outputs of target layers 2, 30, 58 (captured at the inputs of layers 3, 31, 59)" in msg
     assert "[1, 29, 57], outputs of layers 1, 29, 57 (captured at the inputs of layers 2, 30, 58)" in msg
+
+
+def test_vllm_is_told_it_ignores_the_nested_aux_ids(tmp_path):
+    target = write_target_config(tmp_path / "t", num_hidden_layers=61, max_position_embeddings=1024)
+    drafter = broken(tmp_path, aux_layer_ids=[1, 29, 57])
+    assert "vllm-aux-layers-ignored" not in codes(doctor.run_doctor(drafter, target))  # SGLang reads them
+    report = doctor.run_doctor(drafter, target, backend="vllm")
+    assert codes(report)["vllm-aux-layers-ignored"] == "warning" and report["ok"]
+    assert "(2, 30, 58)" in messages(report, "vllm-aux-layers-ignored")
+    cfg = json.loads((drafter / "config.json").read_text())
+    (drafter / "config.json").write_text(json.dumps({**cfg, "eagle_aux_hidden_state_layer_ids": [2, 30, 58]}))
+    assert "vllm-aux-layers-ignored" not in codes(doctor.run_doctor(drafter, target, backend="vllm"))
 
 
 def test_nested_text_config_is_read_through(tmp_path):

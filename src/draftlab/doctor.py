@@ -54,6 +54,7 @@ class Subject:
     target_source: str
     algorithm: str
     skipped: list[dict[str, str]] = field(default_factory=list)
+    backend: str = "sglang"
 
     @property
     def tensors(self):
@@ -403,6 +404,25 @@ def check_rope_mismatch(s: Subject) -> list[Finding]:
     ))]
 
 
+VLLM_AUX_KEY = "eagle_aux_hidden_state_layer_ids"  # top level of the drafter config.json
+
+
+def check_vllm_aux_key(s: Subject) -> list[Finding]:
+    """vLLM 0.34 takes aux layers from the top-level key only; the nested SGLang one it ignores."""
+    ids = fmt.aux_layer_ids(s.cfg)
+    if s.backend != "vllm" or ids is None or s.cfg.get(VLLM_AUX_KEY):
+        return []
+    n = int(s.target["num_hidden_layers"])
+    return [_warn("vllm-aux-layers-ignored", (
+        f"vLLM reads aux layer ids only from the top-level '{VLLM_AUX_KEY}' of the drafter config "
+        "(get_eagle3_aux_layers_from_config in vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py) and "
+        f"ignores eagle_config.{VLLM_AUX_KEY} {ids}; without the top-level key it captures its model's default, "
+        f"the inputs of layers (2, N//2, N-3) = (2, {n // 2}, {n - 3}) of this {n}-layer target. Add the "
+        "top-level key, listing the layers whose inputs vLLM should capture (it uses the ids as given), if the "
+        "drafter was trained on others"
+    ))]
+
+
 CHECKS: dict[str, Callable[[Subject], list[Finding]]] = {
     "pickle-weights": check_pickle_weights,
     "algorithm-mismatch": check_algorithm,
@@ -418,8 +438,10 @@ CHECKS: dict[str, Callable[[Subject], list[Finding]]] = {
     "rope-mismatch": check_rope_mismatch,
     "dtype-mismatch": check_dtype_mismatch,
     "non-finite-weights": check_non_finite,
+    "vllm-aux-layers-ignored": check_vllm_aux_key,
 }
-SEVERITY = {code: (WARNING if code in ("aux-layers-unusual", "dtype-mismatch", "rope-mismatch") else ERROR) for code in CHECKS}
+SEVERITY = {code: (WARNING if code in ("aux-layers-unusual", "dtype-mismatch", "rope-mismatch",
+                                       "vllm-aux-layers-ignored") else ERROR) for code in CHECKS}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -432,8 +454,9 @@ def _require(cfg: dict[str, Any], keys: tuple[str, ...], where: str) -> None:
             raise DraftlabError(f"{where}: missing key '{key}' (expected an integer)")
 
 
-def run_doctor(drafter: str | os.PathLike, target: str | os.PathLike, algorithm: str = "EAGLE3") -> dict[str, Any]:
-    """Run every check; the result is the ``doctor --json`` document."""
+def run_doctor(drafter: str | os.PathLike, target: str | os.PathLike, algorithm: str = "EAGLE3",
+               backend: str = "sglang") -> dict[str, Any]:
+    """Run every check for serving with ``backend``; the result is the ``doctor --json`` document."""
     info = read_checkpoint(drafter)
     if info.config is None:
         raise DraftlabError(f"{drafter}: no config.json beside the weights; doctor needs the drafter config")
@@ -442,7 +465,8 @@ def run_doctor(drafter: str | os.PathLike, target: str | os.PathLike, algorithm:
     tcfg = text_config(raw_target)
     nested = nested_text_key(raw_target)
     _require(tcfg, _REQUIRED_TARGET_KEYS, f"{target} config.json" + (f" ({nested})" if nested else ""))
-    s = Subject(drafter=info, cfg=info.config, target=tcfg, target_source=str(target), algorithm=algorithm)
+    s = Subject(drafter=info, cfg=info.config, target=tcfg, target_source=str(target), algorithm=algorithm,
+                backend=backend)
     findings = [f for check in CHECKS.values() for f in check(s)]
     errors = sum(f.severity == ERROR for f in findings)
     return {

@@ -93,6 +93,7 @@ rule doctor:
         drafter=get_drafter_dir_from,
         target=lambda wildcards, input: model_dir(input.target),
         algorithm=config["doctor"]["algorithm"],
+        backend=config["serve"]["backend"],
         gated=lambda wc: (
             f"draftlab gated --unless-skipped {R}/train/{wc.variant}"
             f" --skip-file {R}/static/doctor-{wc.variant}.json"
@@ -102,7 +103,8 @@ rule doctor:
         ),
     shell:
         "{params.gated}draftlab doctor --drafter {params.drafter} --target {params.target}"
-        " --algorithm {params.algorithm} --out {output.json} --summary {output.md} > {log} 2>&1"
+        " --algorithm {params.algorithm} --backend {params.backend} --out {output.json}"
+        " --summary {output.md} > {log} 2>&1"
 
 
 rule d2t_diff:

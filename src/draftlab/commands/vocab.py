@@ -43,6 +43,8 @@ def register(sub) -> None:
     p.add_argument("--drafter", required=True, help="drafter folder, .safetensors file or hf: source")
     p.add_argument("--target", required=True, help="target config.json, folder or hf: source")
     p.add_argument("--algorithm", default="EAGLE3", help="speculative algorithm it will be served with")
+    p.add_argument("--backend", default="sglang", choices=("builtin", "sglang", "vllm"),
+                   help="server it will be served with (vLLM reads aux layer ids from another config key)")
     _add_records(p)
     p.set_defaults(func=_doctor)
 
@@ -191,7 +193,7 @@ def _coverage_markdown(r: dict[str, Any]) -> str:
 def _doctor(args: argparse.Namespace) -> int:
     from draftlab import doctor
 
-    report = doctor.run_doctor(args.drafter, args.target, algorithm=args.algorithm)
+    report = doctor.run_doctor(args.drafter, args.target, algorithm=args.algorithm, backend=args.backend)
     _record(args, report, doctor.to_markdown(report))
     emit(args, report, doctor.to_text)
     return 1 if report["errors"] else 0
