@@ -94,6 +94,12 @@ def test_sglang_speculative_numbers_all_or_none():
         ServerSpec(backend="sglang", target="t", num_steps=3)
 
 
+def test_cuda_graph_max_bs_is_refused_where_it_would_be_ignored():
+    for backend in ("vllm", "builtin"):
+        with pytest.raises(DraftlabError, match="'cuda_graph_max_bs': only the sglang backend"):
+            ServerSpec(backend=backend, target="t", cuda_graph_max_bs=16)
+
+
 def test_vllm_argv_has_speculative_config_json():
     spec = ServerSpec(backend="vllm", target="/m/t", drafter="/m/d", num_steps=4, tp=8, port=8000)
     argv = spec.argv()

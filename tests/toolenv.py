@@ -30,7 +30,8 @@ ROOT = Path(os.environ.get("DRAFTLAB_TOOLENV_DIR") or Path(tempfile.gettempdir()
 
 def _key(name: str, packages: Sequence[str], no_deps: Sequence[str], system_site: bool,
          link: Sequence[str] = ()) -> str:
-    extra = [[d, metadata.version(d)] for d in _with_requirements(link)] if link else []
+    extra = [[d, metadata.version(d), str(metadata.distribution(d).locate_file(""))]
+             for d in _with_requirements(link)] if link else []
     blob = json.dumps([name, sorted(packages), sorted(no_deps), system_site, sys.version_info[:2], *extra])
     return f"{name}-{hashlib.sha256(blob.encode()).hexdigest()[:12]}"
 

@@ -238,6 +238,9 @@ def _validate(s: ServerSpec, source: str) -> None:
         raise DraftlabError(f"{source}: key 'tp': the builtin engine runs on one device (tp 1), got {s.tp}")
     if s.backend == "vllm" and s.drafter is not None and s.num_steps is None:
         raise DraftlabError(f"{source}: key 'num_steps' is required for vllm (num_speculative_tokens)")
+    if s.cuda_graph_max_bs is not None and s.backend != "sglang":
+        raise DraftlabError(f"{source}: key 'cuda_graph_max_bs': only the sglang backend takes it "
+                            f"(--cuda-graph-max-bs-decode); {s.backend} would ignore it")
     if s.backend == "vllm" and topk != 1:
         raise DraftlabError(f"{source}: key 'topk': vllm drafts a chain (topk 1), got {s.topk}")
     if s.algorithm.upper() not in ("EAGLE3", "EAGLE"):
