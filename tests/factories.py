@@ -41,11 +41,34 @@ def target_config(**overrides) -> dict:
     return cfg
 
 
-def write_target_config(folder: Path, **overrides) -> Path:
+def write_target_config(folder: Path, cfg: dict | None = None, **overrides) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(target_config(**overrides), indent=2))
+    (folder / "config.json").write_text(json.dumps(cfg or target_config(**overrides), indent=2))
     return folder
+
+
+def qwen3_config(**overrides) -> dict:
+    """A tiny config shaped like Qwen3's (``Qwen3ForCausalLM``, explicit head_dim, q/k norms)."""
+    return target_config(architectures=["Qwen3ForCausalLM"], model_type="qwen3", head_dim=8, attention_bias=False,
+                         rope_theta=1000000.0, **overrides)
+
+
+def kimi_k25_config(num_hidden_layers: int = 61, **text_overrides) -> dict:
+    """A config shaped like Kimi-K2.5's: a multimodal wrapper around a DeepSeek-V3 (Kimi-K2) text model.
+
+    Sizes are tiny; the depth (61), the wrapper and the context/rope keys are Kimi-K2.5's.
+    """
+    text = target_config(
+        architectures=["DeepseekV3ForCausalLM"], model_type="kimi_k2", num_hidden_layers=num_hidden_layers,
+        max_position_embeddings=262144, rope_theta=50000.0, first_k_dense_replace=1, kv_lora_rank=16,
+        q_lora_rank=24, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+        rope_scaling={"type": "yarn", "factor": 64.0, "original_max_position_embeddings": 4096,
+                      "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
+    )
+    text.update(text_overrides)
+    return {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": text,
+            "vision_config": {"hidden_size": 16, "num_hidden_layers": 2}}
 
 
 def tiny_drafter_config(target: dict | None = None, **overrides) -> dict:

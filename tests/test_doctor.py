@@ -12,7 +12,8 @@ from safetensors.torch import save_file
 from draftlab import doctor
 from draftlab.cli import main
 from draftlab.errors import DraftlabError
-from factories import drafter_tensors, target_config, tiny_drafter_config, write_drafter, write_target_config
+from factories import (drafter_tensors, kimi_k25_config, target_config, tiny_drafter_config, write_drafter,
+                       write_target_config)
 
 N_LAYERS = 8  # the tiny target: default aux layers [1, 3, 4]
 
@@ -141,7 +142,7 @@ CASES = {
     "context-shorter-than-target": (case_context, "max_position_embeddings 512 < target 1024: "),
     "hidden-size-mismatch": (case_hidden, "3 x 64 = 192"),
     "vocab-size-mismatch": (case_vocab, "vocab_size 256 != target vocab_size 512"),
-    "aux-layers-out-of-range": (case_aux_range, "[7] outside 0..6"),
+    "aux-layers-out-of-range": (case_aux_range, "layer inputs [8] do not exist on a 8-layer target"),
     "aux-layers-unusual": (case_aux_unusual, "[1, 3, 4]"),
     "algorithm-mismatch": (case_algorithm, "accept length 1.0"),
     "pickle-weights": (case_pickle, "pytorch_model.bin"),
@@ -183,12 +184,51 @@ def test_pickle_weights_are_never_unpickled(tmp_path, target):
     assert not (tmp_path / "UNPICKLED").exists()
 
 
-def test_aux_unusual_names_both_conventions(tmp_path):
+def test_aux_unusual_on_llama_says_which_layers_sglang_feeds(tmp_path):
     target = write_target_config(tmp_path / "t", num_hidden_layers=61, max_position_embeddings=1024)
-    drafter = broken(tmp_path, aux_layer_ids=[2, 30, 58])  # SpecForge's Kimi config on a 61-layer target
+    drafter = broken(tmp_path, aux_layer_ids=[2, 30, 58])  # a Kimi drafter's ids on a 61-layer Llama target
     msg = messages(doctor.run_doctor(drafter, target), "aux-layers-unusual")
-    assert "outputs of target layers 2, 30, 58 (captured at the inputs of layers 3, 31, 59)" in msg
-    assert "[1, 29, 57], outputs of layers 1, 29, 57 (captured at the inputs of layers 2, 30, 58)" in msg
+    assert "SGLang 0.5.23 (LlamaForCausalLM, sglang 0.5.23 srt/models/llama.py)" in msg
+    assert "feeds the drafter the outputs of layers 2, 30, 58 (inputs of layers 3, 31, 59)" in msg
+    assert "default capture for a 61-layer target is the outputs of layers 1, 29, 57 (inputs of layers 2, 30, 58), " \
+           "written [1, 29, 57]" in msg
+
+
+def aux_findings(report: dict) -> dict[str, str]:
+    return {f["code"]: f["message"] for f in report["findings"] if f["code"].startswith("aux-")}
+
+
+def kimi_pair(tmp_path, ids, **target_overrides):
+    target = write_target_config(tmp_path / "kimi-k25", kimi_k25_config(**target_overrides))
+    return broken(tmp_path, aux_layer_ids=ids), target
+
+
+@pytest.mark.parametrize("ids", [[2, 30, 58], [1, 29, 57]])
+def test_kimi_default_capture_is_not_flagged(tmp_path, ids):
+    """[2, 30, 58] on a DeepSeek-V3 (Kimi-K2.5) target is SGLang's default capture, not an off-by-one."""
+    assert aux_findings(doctor.run_doctor(*kimi_pair(tmp_path, ids))) == {}
+
+
+def test_kimi_shifted_ids_say_what_deepseek_loader_feeds(tmp_path):
+    msg = aux_findings(doctor.run_doctor(*kimi_pair(tmp_path, [3, 31, 59])))["aux-layers-unusual"]
+    assert "(KimiK25ForConditionalGeneration, sglang 0.5.23 srt/models/deepseek_v2.py)" in msg
+    assert "feeds the drafter the outputs of layers 2, 30, 58 (inputs of layers 3, 31, 59)" in msg
+    assert "written [2, 30, 58] for this architecture" in msg
+
+
+def test_kimi_out_of_range_and_order(tmp_path):
+    found = aux_findings(doctor.run_doctor(*kimi_pair(tmp_path, [2, 30, 61])))
+    assert list(found) == ["aux-layers-out-of-range"] and "layer inputs [61] do not exist on a 61-layer target" in \
+        found["aux-layers-out-of-range"]
+    found = aux_findings(doctor.run_doctor(*kimi_pair(tmp_path / "b", [30, 2, 58])))
+    assert list(found) == ["aux-layers-unusual"] and "out of layer order" in found["aux-layers-unusual"]
+    assert "not the default" not in found["aux-layers-unusual"]
+
+
+def test_unknown_target_architecture_is_named(tmp_path):
+    target = write_target_config(tmp_path / "t", architectures=["NovelForCausalLM"], model_type="novel")
+    msg = messages(doctor.run_doctor(broken(tmp_path, aux_layer_ids=[1, 3, 4]), target), "aux-layers-unusual")
+    assert "NovelForCausalLM" in msg and "assumed the llama.py rule" in msg
 
 
 def test_vllm_is_told_it_ignores_the_nested_aux_ids(tmp_path):

@@ -87,3 +87,18 @@ def tiny_chat_data(path: Path, n: int = 40, seed: int = 0, reply_words: int = 16
         ]}))
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return Path(path)
+
+
+def tiny_deepseek_v3_target(folder: Path, *, num_layers: int = 6, vocab_size: int = 128, seed: int = 0) -> Path:
+    """Write a random tiny transformers ``DeepseekV3ForCausalLM`` (MLA attention, MoE after layer 0), no tokenizer."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    cfg = DeepseekV3Config(hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=num_layers,
+                           num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, n_shared_experts=1,
+                           num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=1,
+                           kv_lora_rank=16, q_lora_rank=24, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=8,
+                           vocab_size=vocab_size, max_position_embeddings=256, tie_word_embeddings=False,
+                           bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    torch.manual_seed(seed)
+    DeepseekV3ForCausalLM(cfg).save_pretrained(str(folder))
+    return Path(folder)

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
+from draftlab import aux_layers
 from draftlab import eagle3_format as fmt
 from draftlab.checkpoint import CheckpointInfo, checkpoint_format, load_tensors, read_checkpoint
 from draftlab.errors import DraftlabError
@@ -55,6 +56,12 @@ class Subject:
     algorithm: str
     skipped: list[dict[str, str]] = field(default_factory=list)
     backend: str = "sglang"
+    target_full: dict[str, Any] | None = None  # the target's config.json as written (wrapper included)
+
+    @property
+    def target_arch(self) -> dict[str, Any]:
+        """The config SGLang picks the target's model class from (the wrapper's ``architectures``)."""
+        return self.target_full if self.target_full is not None else self.target
 
     @property
     def tensors(self):
@@ -195,41 +202,63 @@ def check_vocab_size(s: Subject) -> list[Finding]:
     return out
 
 
-def _layer_words(ids: list[int]) -> str:
-    return ", ".join(str(i) for i in ids) + f" (captured at the inputs of layers {', '.join(str(i + 1) for i in ids)})"
+def _aux_capture(s: Subject) -> tuple[list[int], list[int], list[str]] | None:
+    """(configured ids, SGLang's capture list, problems) for a drafter that lists ids, else None."""
+    ids = fmt.aux_layer_ids(s.cfg)
+    if ids is None:
+        return None
+    capture = aux_layers.capture_layers(ids, s.target_arch)
+    return ids, capture, aux_layers.capture_problems(capture, int(s.target["num_hidden_layers"]))
+
+
+def _reader(s: Subject) -> str:
+    rule = aux_layers.rule_for(s.target_arch)
+    arch = rule.architecture or f"model_type {s.target.get('model_type')!r}"
+    return f"SGLang {aux_layers.SGLANG_VERSION} ({arch}, {rule.source})"
+
+
+def _default_words(s: Subject) -> str:
+    n = int(s.target["num_hidden_layers"])
+    default = aux_layers.default_capture(n)
+    words = f"SGLang's default capture for a {n}-layer target is {aux_layers.describe(default)}"
+    try:
+        return words + f", written {aux_layers.config_ids_for([c - 1 for c in default], s.target_arch)} for this architecture"
+    except DraftlabError:  # a target too shallow for the default capture
+        return words
 
 
 def check_aux_out_of_range(s: Subject) -> list[Finding]:
-    ids = fmt.aux_layer_ids(s.cfg)
-    if ids is None:
+    got = _aux_capture(s)
+    if got is None or not got[2]:
         return []
-    n = int(s.target["num_hidden_layers"])
-    out: list[Finding] = []
-    if len(ids) != 3:
-        out.append(_err("aux-layers-out-of-range", (
-            f"eagle_aux_hidden_state_layer_ids lists {len(ids)} ids {ids}; EAGLE-3's fc fuses exactly 3"
-        )))
-    bad = [i for i in ids if not 0 <= i <= n - 2]
-    if bad:
-        out.append(_err("aux-layers-out-of-range", (
-            f"eagle_aux_hidden_state_layer_ids {ids} has {bad} outside 0..{n - 2}: SGLang captures the "
-            f"output of layer id at the input of layer id+1, and the target has {n} layers (0..{n - 1}); "
-            f"use ids for this target, e.g. the default {fmt.default_aux_layer_ids(n)}"
-        )))
-    return out
+    ids, capture, problems = got
+    return [_err("aux-layers-out-of-range", (
+        f"eagle_aux_hidden_state_layer_ids {ids}: {_reader(s)} captures the inputs of layers {capture}: "
+        + "; ".join(problems) + f". {_default_words(s)}"
+    ))]
 
 
 def check_aux_unusual(s: Subject) -> list[Finding]:
-    ids = fmt.aux_layer_ids(s.cfg)
-    n = int(s.target["num_hidden_layers"])
-    default = fmt.default_aux_layer_ids(n)
-    if ids is None or ids == default or len(ids) != 3 or not all(0 <= i <= n - 2 for i in ids):
-        return []  # absent, default, or already an aux-layers-out-of-range error
+    got = _aux_capture(s)
+    if got is None or got[2]:
+        return []  # absent (SGLang's default capture) or already an aux-layers-out-of-range error
+    ids, capture, _ = got
+    rule = aux_layers.rule_for(s.target_arch)
+    notes = []
+    if sorted(capture) != aux_layers.default_capture(int(s.target["num_hidden_layers"])):
+        notes.append(f"these are not the default layers: {_default_words(s)}. If the drafter was trained on the "
+                     "default layers its aux states are off; benchmark both settings before trusting either")
+    if capture != sorted(capture):
+        notes.append(f"the ids are out of layer order: SGLang fuses them in layer order, "
+                     f"{aux_layers.describe(capture)}, whatever order the list has")
+    if not rule.known:
+        notes.append(f"draftlab has no entry for this architecture; it assumed the llama.py rule (id + 1), "
+                     f"check set_eagle3_layers_to_capture of the target's SGLang model class")
+    if not notes:
+        return []
     return [_warn("aux-layers-unusual", (
-        f"drafter lists aux layers {ids}: SGLang reads them as 'output of layer id', i.e. outputs of target "
-        f"layers {_layer_words(ids)}; the default for a {n}-layer target is [1, N/2-1, N-4] = {default}, "
-        f"outputs of layers {_layer_words(default)}. If the drafter was trained on the default layers its "
-        "aux states are off; benchmark both settings before trusting either"
+        f"drafter lists aux layers {ids}; {_reader(s)} feeds the drafter {aux_layers.describe(capture)}: "
+        + "; ".join(notes)
     ))]
 
 
@@ -466,7 +495,7 @@ def run_doctor(drafter: str | os.PathLike, target: str | os.PathLike, algorithm:
     nested = nested_text_key(raw_target)
     _require(tcfg, _REQUIRED_TARGET_KEYS, f"{target} config.json" + (f" ({nested})" if nested else ""))
     s = Subject(drafter=info, cfg=info.config, target=tcfg, target_source=str(target), algorithm=algorithm,
-                backend=backend)
+                backend=backend, target_full=raw_target)
     findings = [f for check in CHECKS.values() for f in check(s)]
     errors = sum(f.severity == ERROR for f in findings)
     return {

@@ -122,6 +122,7 @@ class Engine:
 
     def __init__(self, target, drafter=None, *, num_steps: int = 3, aux_layer_ids: Sequence[int] | None = None,
                  eos_token_ids: Iterable[int] | None = None):
+        from draftlab import aux_layers
         from draftlab.target import aux_layer_ids_for
 
         self.target = target
@@ -135,8 +136,8 @@ class Engine:
         self.aux_layer_ids: list[int] = []
         if drafter is not None:
             tcfg = target.config.to_dict()
-            self.aux_layer_ids = list(aux_layer_ids) if aux_layer_ids is not None else aux_layer_ids_for(
-                drafter.config, tcfg)
+            self.aux_layer_ids = aux_layers.check_output_ids(aux_layer_ids, tcfg) if aux_layer_ids is not None \
+                else aux_layer_ids_for(drafter.config, tcfg)
             t_hidden = int(getattr(target.config, "hidden_size"))
             want = drafter.fc.in_features
             if want != 3 * t_hidden:

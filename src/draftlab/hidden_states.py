@@ -71,13 +71,16 @@ def dump_hidden_states(target: str | os.PathLike, tokens: str | os.PathLike, out
                        progress: bool = True) -> dict[str, Any]:
     """Run the target over a tokens file and write the shards; returns the index dict."""
     from draftlab.data import read_tokens
+    from draftlab.aux_layers import check_output_ids
     from draftlab.target import aux_hidden, aux_layer_ids_for, load_target, read_config, text_config
 
     if store not in STORES:
         raise DraftlabError(f"store {store!r}: expected one of {', '.join(STORES)}")
-    tcfg = text_config(read_config(target))
+    raw = read_config(target)
+    tcfg = text_config(raw)
     hidden, vocab = int(tcfg["hidden_size"]), int(tcfg["vocab_size"])
-    ids = list(aux_layer_ids) if aux_layer_ids is not None else aux_layer_ids_for(drafter_config, tcfg)
+    ids = check_output_ids(aux_layer_ids, raw, "--aux-layer-ids") if aux_layer_ids is not None \
+        else aux_layer_ids_for(drafter_config, raw)
     samples = read_tokens(tokens, vocab_size=vocab)
     if max_length:
         samples = [{k: v[:max_length] for k, v in s.items()} for s in samples]

@@ -1,8 +1,9 @@
 """The target model: load it frozen with transformers and read the aux hidden states EAGLE-3 fuses.
 
 transformers returns ``hidden_states`` with the embeddings first, so the *output of layer L* is
-``hidden_states[L + 1]``; SGLang's ``eagle_aux_hidden_state_layer_ids`` mean "output of layer id"
-(captured at the input of layer id+1), so the same ids index both.
+``hidden_states[L + 1]``. draftlab's aux ids are such output ids; what a drafter's
+``eagle_aux_hidden_state_layer_ids`` mean depends on the target's architecture in SGLang
+(:mod:`draftlab.aux_layers`), and :func:`aux_layer_ids_for` is the one place that translates them.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
+from draftlab import aux_layers
 from draftlab import eagle3_format as fmt
 from draftlab.errors import DraftlabError
 from draftlab.target_config import load_json_config, text_config
@@ -50,21 +52,17 @@ def load_tokenizer(folder: str | Path, trust_remote_code: bool = False):
 
 
 def aux_layer_ids_for(drafter_config: dict[str, Any] | None, target_config: dict[str, Any]) -> list[int]:
-    """The drafter's ``eagle_aux_hidden_state_layer_ids``, else SGLang's default for the target's depth."""
-    ids = fmt.aux_layer_ids(drafter_config or {})
-    n_layers = int(text_config(target_config)["num_hidden_layers"])
-    if ids is None:
-        ids = fmt.default_aux_layer_ids(n_layers)
-    bad = [i for i in ids if not 0 <= i < n_layers]
-    if bad:
-        raise DraftlabError(f"drafter config: eagle_aux_hidden_state_layer_ids {ids} has ids {bad} outside "
-                            f"the target's layers 0..{n_layers - 1}")
-    return list(ids)
+    """The target layers SGLang feeds this drafter, as output ids (``hidden_states[i + 1]``) in fc order.
+
+    Read the way the target's SGLang model class reads the drafter's
+    ``eagle_config.eagle_aux_hidden_state_layer_ids`` (or its default capture without them).
+    """
+    return aux_layers.fed_output_ids(fmt.aux_layer_ids(drafter_config or {}), target_config)
 
 
 def aux_hidden(hidden_states: Sequence[Tensor], layer_ids: Sequence[int]) -> Tensor:
-    """Concatenate the outputs of ``layer_ids`` (``hidden_states[L+1]``) in order: [B, T, len(ids)*H]."""
-    if len(hidden_states) < max(layer_ids) + 2:
+    """Concatenate the outputs of ``layer_ids`` (``hidden_states[L+1]``; -1 = embeddings) in order: [B, T, len(ids)*H]."""
+    if min(layer_ids) < -1 or len(hidden_states) < max(layer_ids) + 2:
         raise DraftlabError(f"target returned {len(hidden_states) - 1} layers, aux layer ids {list(layer_ids)} need more")
     return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
 

@@ -384,7 +384,8 @@ class Features:
 # ----------------------------------------------------------------------------------------------
 def scratch_config(target_cfg: dict[str, Any], draft_vocab: int, aux_ids: list[int],
                    overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A drafter config that follows the target (hidden, heads, context, RoPE)."""
+    """A drafter config that follows the target (hidden, heads, context, RoPE); ``aux_ids`` are output ids."""
+    from draftlab.aux_layers import config_ids_for
     from draftlab.target import text_config
 
     t = text_config(target_cfg)
@@ -392,7 +393,7 @@ def scratch_config(target_cfg: dict[str, Any], draft_vocab: int, aux_ids: list[i
               num_attention_heads=t["num_attention_heads"], num_key_value_heads=t.get("num_key_value_heads"),
               head_dim=t.get("head_dim"), vocab_size=t["vocab_size"], draft_vocab_size=draft_vocab,
               max_position_embeddings=t["max_position_embeddings"], target_hidden_size=t["hidden_size"],
-              aux_layer_ids=aux_ids, rope_theta=float(t.get("rope_theta") or 10000.0),
+              aux_layer_ids=config_ids_for(aux_ids, target_cfg), rope_theta=float(t.get("rope_theta") or 10000.0),
               rope_scaling=t.get("rope_scaling"), rms_norm_eps=float(t.get("rms_norm_eps", 1e-5)),
               torch_dtype="float32")
     kw.update(overrides or {})
@@ -439,6 +440,7 @@ def build_drafter(cfg: TrainConfig, target_cfg: dict, samples: Samples, output_e
                   ) -> tuple[Eagle3Drafter, dict[str, Any]]:
     """The drafter to train and a note of what was done to its vocabulary."""
     from draftlab import vocab
+    from draftlab.aux_layers import config_ids_for
     from draftlab.target import aux_layer_ids_for, text_config
 
     vsize = int(text_config(target_cfg)["vocab_size"])
@@ -480,10 +482,11 @@ def build_drafter(cfg: TrainConfig, target_cfg: dict, samples: Samples, output_e
     if int(drafter.config["vocab_size"]) != vsize:
         raise DraftlabError(f"{cfg.checkpoint}/config.json: vocab_size {drafter.config['vocab_size']} differs from "
                             f"the target's {vsize}")
-    if cfg.aux_layer_ids:
-        drafter.config.setdefault("eagle_config", {})["eagle_aux_hidden_state_layer_ids"] = list(cfg.aux_layer_ids)
-    elif fmt.aux_layer_ids(drafter.config) is None:
-        drafter.config.setdefault("eagle_config", {})["eagle_aux_hidden_state_layer_ids"] = aux_layer_ids_for(None, target_cfg)
+    if cfg.aux_layer_ids or fmt.aux_layer_ids(drafter.config) is None:
+        # Written so that SGLang reads them back to the same layers on this target's architecture.
+        outputs = cfg.aux_layer_ids or aux_layer_ids_for(None, target_cfg)
+        drafter.config.setdefault("eagle_config", {})["eagle_aux_hidden_state_layer_ids"] = config_ids_for(
+            outputs, target_cfg)
     note: dict[str, Any] = {"init": "checkpoint", "checkpoint": str(cfg.checkpoint), "vocab_mode": cfg.vocab_mode}
     if cfg.vocab_mode == "keep":
         note["mapping"] = "the checkpoint's own d2t/t2d"
@@ -898,6 +901,10 @@ def _run(cfg: TrainConfig) -> dict[str, Any]:
     resume_from = _agree(lambda: resume_point(cfg, ident, say), rank, world, dev)
 
     target_cfg = read_config(cfg.target)
+    if cfg.aux_layer_ids:
+        from draftlab.aux_layers import check_output_ids
+
+        cfg.aux_layer_ids = check_output_ids(cfg.aux_layer_ids, target_cfg, "train: aux_layer_ids")
     vsize = int(text_config(target_cfg)["vocab_size"])
     samples = Samples(cfg, vsize)
     train_idx, val_idx = split_indices(len(samples), cfg.val_samples, cfg.seed)
