@@ -119,3 +119,11 @@ def write_drafter(folder: Path, cfg: dict | None = None, tensors: dict | None = 
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
     return folder
+
+
+def with_sglang_options(cfg: dict, **keys) -> dict:
+    """``cfg`` with every architecture option SGLang 0.5.23's llama_eagle3.py reads switched on (or ``keys``)."""
+    out = {**cfg, "fc_norm": True, "norm_output": True, "bias": True, "attention_bias": True}
+    out["eagle_config"] = {**(cfg.get("eagle_config") or {}), "norm_before_fc": True}
+    out.update(keys)
+    return out

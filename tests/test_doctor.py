@@ -132,6 +132,17 @@ def case_dtype(tmp_path, target):
     return write_drafter(tmp_path / "drafter", cfg, tensors), target, "EAGLE3"
 
 
+def case_unsupported(tmp_path, target):
+    cfg = {**tiny_drafter_config(), "num_hidden_layers": 2}
+    return write_drafter(tmp_path / "drafter", cfg, drafter_tensors(cfg)), target, "EAGLE3"  # layers.1.* included
+
+
+def case_ignored(tmp_path, target):
+    def trained_with_fc_norm(t):  # but the config does not say fc_norm: SGLang would skip them
+        t.update({f"fc_norm.{i}.weight": torch.ones(32) for i in range(3)})
+    return broken(tmp_path, edit=trained_with_fc_norm), target, "EAGLE3"
+
+
 def case_rope(tmp_path, target):
     return broken(tmp_path, rope_theta=500000.0), target, "EAGLE3"
 
@@ -152,6 +163,8 @@ CASES = {
     "dtype-mismatch": (case_dtype, "weights are BF16 but the drafter config declares F32"),
     "rope-mismatch": (case_rope, "rope_theta 500000 vs target 10000"),
     "vllm-aux-layers-ignored": (case_vllm_aux, "ignores eagle_config.eagle_aux_hidden_state_layer_ids"),
+    "unsupported-option": (case_unsupported, "config key 'num_hidden_layers': num_hidden_layers 2"),
+    "ignored-tensors": (case_ignored, "3 tensors are not loaded by SGLang 0.5.23 for this config: fc_norm.0.weight"),
 }
 
 

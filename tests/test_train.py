@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from factories import tiny_drafter_config, write_drafter
+from factories import tiny_drafter_config, with_sglang_options, write_drafter
 from safetensors.torch import load_file
 from tiny_models import tiny_chat_data, tiny_target
 
@@ -57,12 +57,14 @@ def test_loss_decreases_and_outputs(setup, tmp_path):
     assert main(["doctor", "--drafter", str(tmp_path / "run" / "drafter"), "--target", str(target)]) == 0
 
 
-def test_ttt_steps_equal_inference_with_a_kv_cache(setup):
+@pytest.mark.parametrize("sglang_options", [False, True], ids=["plain", "fc_norm-norm_before_fc-norm_output-bias"])
+def test_ttt_steps_equal_inference_with_a_kv_cache(setup, sglang_options):
     """Step i of the training loss at position t = the i-th chained draft step at inference."""
     _, target, _ = setup
     tmodel = load_target(target)
     torch.manual_seed(0)
-    drafter = Eagle3Drafter(tiny_drafter_config(vocab_size=tmodel.config.vocab_size, aux_layer_ids=[1, 3, 4]))
+    dcfg = tiny_drafter_config(vocab_size=tmodel.config.vocab_size, aux_layer_ids=[1, 3, 4])
+    drafter = Eagle3Drafter(with_sglang_options(dcfg) if sglang_options else dcfg)
     init_weights(drafter, seed=3, std=0.3)
     drafter.load_target_embeddings(tmodel.get_input_embeddings().weight)
     ids = torch.randint(0, 300, (1, 12))

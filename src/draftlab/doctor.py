@@ -9,7 +9,7 @@ and the non-finite scan, which streams one slab of one tensor at a time).
 Codes (``severity`` error unless marked): missing-d2t, d2t-invalid, context-shorter-than-target,
 hidden-size-mismatch, vocab-size-mismatch, aux-layers-out-of-range, aux-layers-unusual (warning),
 algorithm-mismatch, pickle-weights, missing-tensor, shape-mismatch, non-finite-weights,
-dtype-mismatch (warning), rope-mismatch (warning).
+unsupported-option, ignored-tensors, dtype-mismatch (warning), rope-mismatch (warning).
 """
 
 from __future__ import annotations
@@ -66,6 +66,13 @@ class Subject:
     @property
     def tensors(self):
         return self.drafter.tensors
+
+    @property
+    def canonical(self):
+        """Tensor headers under the names SGLang's loader resolves them to (``model.`` prefix, legacy names)."""
+        from draftlab.model import canonical_name
+
+        return {canonical_name(n): t for n, t in self.tensors.items()}
 
     @property
     def data_local(self) -> bool:
@@ -282,7 +289,7 @@ def check_missing_tensor(s: Subject) -> list[Finding]:
         return []
     # d2t has its own code; t2d is not read by SGLang and is rebuilt from d2t when absent.
     wanted = [n for n in fmt.expected_tensor_shapes(s.cfg) if n not in ("d2t", "t2d")]
-    missing = [n for n in wanted if n not in s.tensors]
+    missing = [n for n in wanted if n not in s.canonical]
     if not missing:
         return []
     return [_err("missing-tensor", (
@@ -291,15 +298,41 @@ def check_missing_tensor(s: Subject) -> list[Finding]:
     ))]
 
 
+def check_unsupported_option(s: Subject) -> list[Finding]:
+    if s.kind == "eagle":
+        return []  # an EAGLE-1/2 drafter: algorithm-mismatch says what matters
+    return [_err("unsupported-option", f"config key '{key}': {msg}") for key, msg in fmt.refused_options(s.cfg)]
+
+
+def check_ignored_tensors(s: Subject) -> list[Finding]:
+    """Tensors SGLang 0.5.23's loader would skip without a word: the served drafter is not the trained one."""
+    if not s.eagle3_layout:
+        return []
+    from draftlab.model import canonical_name
+
+    loaded = set(fmt.expected_tensor_shapes(s.cfg)) | {"embed_tokens.weight"}
+    loaded |= {f"layers.{i}.input_layernorm.weight" for i in range(1, int(s.cfg.get("num_hidden_layers") or 1))}
+    skipped = sorted(n for n in s.tensors if canonical_name(n) not in loaded and not n.endswith("rotary_emb.inv_freq"))
+    if not skipped:
+        return []
+    return [_err("ignored-tensors", (
+        f"{len(skipped)} tensors are not loaded by SGLang 0.5.23 for this config: {', '.join(skipped[:8])}"
+        f"{' ...' if len(skipped) > 8 else ''}; a drafter trained with them is served without them. Set the config "
+        "keys that enable them (fc_norm, norm_before_fc, bias, attention_bias; see docs/vocab-and-doctor.md) "
+        "or remove them"
+    ))]
+
+
 def check_shape_mismatch(s: Subject) -> list[Finding]:
     if not s.eagle3_layout:
         return []
     expected = dict(fmt.expected_tensor_shapes(s.cfg))
     expected["embed_tokens.weight"] = (int(s.cfg["vocab_size"]), int(s.cfg["hidden_size"]))
+    have = s.canonical
     wrong = [
-        f"{n} is {list(s.tensors[n].shape)}, config implies {list(shape)}"
+        f"{n} is {list(have[n].shape)}, config implies {list(shape)}"
         for n, shape in expected.items()
-        if n in s.tensors and s.tensors[n].shape != tuple(shape)
+        if n in have and have[n].shape != tuple(shape)
     ]
     if not wrong:
         return []
@@ -468,6 +501,8 @@ CHECKS: dict[str, Callable[[Subject], list[Finding]]] = {
     "dtype-mismatch": check_dtype_mismatch,
     "non-finite-weights": check_non_finite,
     "vllm-aux-layers-ignored": check_vllm_aux_key,
+    "unsupported-option": check_unsupported_option,
+    "ignored-tensors": check_ignored_tensors,
 }
 SEVERITY = {code: (WARNING if code in ("aux-layers-unusual", "dtype-mismatch", "rope-mismatch",
                                        "vllm-aux-layers-ignored") else ERROR) for code in CHECKS}

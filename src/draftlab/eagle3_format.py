@@ -7,8 +7,14 @@ Facts encoded (see docs and ../shared/FIELD-NOTES.md):
 - ``fc.weight [H, 3*H_target]`` fuses three target aux hidden states;
 - the single decoder layer's q/k/v take ``2*H`` (normed token embedding || normed fused hidden);
 - ``d2t [draft_vocab]`` int64 offsets, target_id = draft_id + d2t[draft_id]; ``t2d [vocab]`` bool;
-- ``embed_tokens.weight`` is optional: serving takes the target's embeddings.
-- aux hidden states default to the outputs of target layers ``[1, N/2-1, N-4]``.
+- ``embed_tokens.weight`` is optional: serving takes the target's embeddings, except when the
+  drafter's ``target_hidden_size`` differs from its ``hidden_size`` (then SGLang keeps the drafter's own);
+- aux hidden states default to the outputs of target layers ``[1, N/2-1, N-4]`` (see ``aux_layers``);
+- the options SGLang 0.5.23's ``llama_eagle3.py`` reads (:func:`options`): per-aux ``fc_norm``
+  (or legacy ``use_aux_norm``), ``norm_before_fc`` (``input_norm`` over the concatenation),
+  ``norm_output`` (the normed hidden is carried to the next step), ``bias`` (fc and o_proj bias),
+  ``attention_bias`` (o_proj bias only: its q/k/v never have one). What draftlab cannot run the
+  way SGLang does is listed by :func:`refused_options`, never silently dropped.
 """
 
 from __future__ import annotations
@@ -45,16 +51,56 @@ def aux_layer_ids(cfg: dict[str, Any]) -> list[int] | None:
     return [int(i) for i in ids] if ids is not None else None
 
 
+def options(cfg: dict[str, Any]) -> dict[str, bool]:
+    """The architecture switches, resolved from the config keys as SGLang 0.5.23's ``llama_eagle3.py`` does."""
+    eagle = cfg.get("eagle_config") or {}
+    bias = bool(cfg.get("bias", False))
+    own = cfg.get("target_hidden_size") is not None and int(cfg["target_hidden_size"]) != int(cfg["hidden_size"])
+    return {
+        "fc_norm": bool(cfg.get("fc_norm") or cfg.get("use_aux_norm", False)),
+        "norm_before_fc": bool(eagle.get("norm_before_fc", cfg.get("norm_before_fc", False))),
+        "norm_output": bool(cfg.get("norm_output", False)),
+        "fc_bias": bias,
+        "o_proj_bias": bool(cfg.get("attention_bias", False)) or bias,
+        "own_embeddings": own,
+    }
+
+
+def refused_options(cfg: dict[str, Any]) -> list[tuple[str, str]]:
+    """(key, message) for each config setting draftlab will not run, saying what SGLang 0.5.23 does with it."""
+    out: list[tuple[str, str]] = []
+    layers = int(cfg.get("num_hidden_layers") or 1)
+    if layers != 1:
+        out.append(("num_hidden_layers", f"num_hidden_layers {layers}: SGLang 0.5.23 stacks {layers} draft layers (layers.1.* take H, "
+                   "not 2H), but draftlab's engine and trainer implement one; use a 1-layer drafter"))
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        out.append(("hidden_act", f"hidden_act {act!r}: SGLang 0.5.23's LlamaMLP supports only 'silu' and refuses "
+                                  "to load this drafter"))
+    if cfg.get("tie_word_embeddings"):
+        out.append(("tie_word_embeddings", "tie_word_embeddings true: SGLang 0.5.23 then uses the (target's) input embeddings over the full "
+                   "vocabulary as lm_head and never loads lm_head.weight; set it to false"))
+    if cfg.get("mlp_bias"):
+        out.append(("mlp_bias", "mlp_bias true: SGLang 0.5.23 builds the draft MLP without biases and drops any "
+                                "mlp *_proj.bias"))
+    if cfg.get("draft_vocab_size") is None:
+        out.append(("draft_vocab_size", "draft_vocab_size missing: SGLang 0.5.23 then replaces the drafter's lm_head "
+                                        "with the target's; set draft_vocab_size to lm_head's row count"))
+    return out
+
+
 def expected_tensor_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
-    """Every required tensor of a drafter with config ``cfg`` and the shape it must have."""
+    """Every tensor SGLang loads for a drafter with config ``cfg`` (d2t/t2d included) and the shape it must have."""
     h = int(cfg["hidden_size"])
     inter = int(cfg["intermediate_size"])
     heads = int(cfg["num_attention_heads"])
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     hd = head_dim(cfg)
     vocab = int(cfg["vocab_size"])
-    return {
-        "fc.weight": (h, 3 * target_hidden_size(cfg)),
+    ht = target_hidden_size(cfg)
+    opts = options(cfg)
+    shapes: dict[str, tuple[int, ...]] = {
+        "fc.weight": (h, 3 * ht),
         "midlayer.input_layernorm.weight": (h,),
         "midlayer.hidden_norm.weight": (h,),
         "midlayer.self_attn.q_proj.weight": (heads * hd, 2 * h),
@@ -70,6 +116,26 @@ def expected_tensor_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
         "d2t": (draft_vocab_size(cfg),),
         "t2d": (vocab,),
     }
+    if opts["fc_bias"]:
+        shapes["fc.bias"] = (h,)
+    if opts["o_proj_bias"]:
+        shapes["midlayer.self_attn.o_proj.bias"] = (h,)
+    if opts["fc_norm"]:
+        shapes.update({f"fc_norm.{i}.weight": (ht,) for i in range(3)})
+    if opts["norm_before_fc"]:
+        shapes["input_norm.weight"] = (3 * ht,)
+    if opts["own_embeddings"]:
+        shapes["embed_tokens.weight"] = (vocab, h)
+    for i in range(1, int(cfg.get("num_hidden_layers") or 1)):  # SGLang's later layers read H, not 2H
+        p = f"layers.{i}."
+        shapes.update({p + "hidden_norm.weight": (h,), p + "self_attn.q_proj.weight": (heads * hd, h),
+                       p + "self_attn.k_proj.weight": (kv_heads * hd, h), p + "self_attn.v_proj.weight": (kv_heads * hd, h),
+                       p + "self_attn.o_proj.weight": (h, heads * hd), p + "post_attention_layernorm.weight": (h,),
+                       p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
+                       p + "mlp.down_proj.weight": (h, inter)})
+        if opts["o_proj_bias"]:
+            shapes[p + "self_attn.o_proj.bias"] = (h,)
+    return shapes
 
 
 def drafter_config(

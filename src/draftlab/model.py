@@ -9,6 +9,11 @@ Matches SGLang's ``LlamaForCausalLMEagle3`` tensor for tensor (see ``eagle3_form
     logits  = lm_head(norm(h_out))                             # over the draft vocabulary [M]
     target_id = draft_id + d2t[draft_id]
 
+and the options SGLang 0.5.23 reads (``eagle3_format.options``): ``input_norm`` over the aux
+concatenation (``norm_before_fc``), one ``fc_norm`` per aux state (``fc_norm``/``use_aux_norm``),
+fc/o_proj biases (``bias``, ``attention_bias``), ``norm_output`` (the next step gets ``norm(h_out)``),
+and the drafter's own ``embed_tokens`` when ``target_hidden_size != hidden_size``.
+
 Alignment used everywhere in draftlab: at position ``t`` the drafter sees the token ``x[t+1]`` and
 the hidden state ``h[t]`` (the target's features after reading ``x[..t]``, or the drafter's own
 ``h_out`` one step earlier) and predicts ``x[t+2]``. RoPE uses the position ``t`` (``t+i`` at draft
@@ -121,7 +126,7 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(2 * h, self.n_heads * self.hd, bias=False)
         self.k_proj = nn.Linear(2 * h, self.n_kv * self.hd, bias=False)
         self.v_proj = nn.Linear(2 * h, self.n_kv * self.hd, bias=False)
-        self.o_proj = nn.Linear(self.n_heads * self.hd, h, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.hd, h, bias=fmt.options(cfg)["o_proj_bias"])
 
     def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Project and rotate: q [B, heads, T, hd], k/v [B, kv_heads, T, hd]."""
@@ -176,14 +181,20 @@ class Eagle3Drafter(nn.Module):
 
     def __init__(self, config: dict[str, Any]):
         super().__init__()
+        refused = [msg for key, msg in fmt.refused_options(config) if key != "draft_vocab_size"]
+        if refused:
+            raise DraftlabError("drafter config: " + "; ".join(refused))
         self.config = dict(config)
-        h = int(config["hidden_size"])
+        self.opts = fmt.options(config)
+        h, ht, eps = int(config["hidden_size"]), fmt.target_hidden_size(config), float(config.get("rms_norm_eps", 1e-5))
         vocab, draft = int(config["vocab_size"]), fmt.draft_vocab_size(config)
-        self.embed_tokens = nn.Embedding(vocab, h)
+        self.embed_tokens = nn.Embedding(vocab, h)  # frozen: the target's, or (own_embeddings) the drafter's own
         self.embed_tokens.weight.requires_grad_(False)
-        self.fc = nn.Linear(3 * fmt.target_hidden_size(config), h, bias=False)
+        self.input_norm = RMSNorm(3 * ht, eps) if self.opts["norm_before_fc"] else None
+        self.fc_norm = nn.ModuleList(RMSNorm(ht, eps) for _ in range(3)) if self.opts["fc_norm"] else None
+        self.fc = nn.Linear(3 * ht, h, bias=self.opts["fc_bias"])
         self.midlayer = MidLayer(config)
-        self.norm = RMSNorm(h, float(config.get("rms_norm_eps", 1e-5)))
+        self.norm = RMSNorm(h, eps)
         self.lm_head = nn.Linear(h, draft, bias=False)
         ids = torch.arange(draft)
         self.register_buffer("d2t", torch.zeros(draft, dtype=torch.long))
@@ -204,7 +215,12 @@ class Eagle3Drafter(nn.Module):
 
     def fuse(self, aux_hidden: Tensor) -> Tensor:
         """Three concatenated target aux hidden states [B, T, 3*Ht] -> the drafter's hidden [B, T, H]."""
-        return self.fc(aux_hidden.to(self.fc.weight.dtype))
+        x = aux_hidden.to(self.fc.weight.dtype)
+        if self.input_norm is not None:
+            x = self.input_norm(x)
+        if self.fc_norm is not None:
+            x = torch.cat([norm(c) for norm, c in zip(self.fc_norm, x.chunk(3, dim=-1))], dim=-1)
+        return self.fc(x)
 
     def rope(self, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         freqs = position_ids[..., None].float() * self.inv_freq.to(position_ids.device)
@@ -214,12 +230,23 @@ class Eagle3Drafter(nn.Module):
     def logits(self, hidden_out: Tensor) -> Tensor:
         return self.lm_head(self.norm(hidden_out))
 
+    def head(self, hidden_out: Tensor) -> tuple[Tensor, Tensor]:
+        """(logits, the hidden the next draft step reads): ``norm(h_out)`` with ``norm_output``, else ``h_out``."""
+        normed = self.norm(hidden_out)
+        return self.lm_head(normed), (normed if self.opts["norm_output"] else hidden_out)
+
     def draft_to_target(self, draft_ids: Tensor) -> Tensor:
         """Map draft-vocabulary ids to target ids: ``draft_id + d2t[draft_id]``."""
         return draft_ids + self.d2t[draft_ids]
 
     def load_target_embeddings(self, weight: Tensor) -> None:
-        """Take the (frozen) token embeddings from the target, as serving does."""
+        """Take the (frozen) token embeddings from the target, as serving does.
+
+        Not for a drafter whose ``target_hidden_size`` differs from its ``hidden_size``: SGLang keeps
+        that drafter's own ``embed_tokens`` (``LlamaForCausalLM.set_embed``), and so does draftlab.
+        """
+        if self.opts["own_embeddings"]:
+            return
         if tuple(weight.shape) != tuple(self.embed_tokens.weight.shape):
             raise DraftlabError(
                 f"target embeddings have shape {tuple(weight.shape)}, the drafter expects "
@@ -256,14 +283,13 @@ class Eagle3Drafter(nn.Module):
         else:
             mask = torch.ones(t, past + t, dtype=torch.bool, device=q.device).tril(diagonal=past)
             out = attn.attend(q, k, v, mask)
-        hidden_out = self.midlayer.finish(out, hidden)
-        return self.logits(hidden_out), hidden_out
+        return self.head(self.midlayer.finish(out, hidden))
 
     # -- checkpoint folders ---------------------------------------------------------------------
     def drafter_state_dict(self, include_embeddings: bool = False) -> dict[str, Tensor]:
-        """Tensors as SGLang names them (no ``model.`` prefix; embeddings only on request)."""
+        """Tensors as SGLang names them (no ``model.`` prefix; embeddings on request or when the drafter owns them)."""
         state = {k: v.detach().contiguous() for k, v in self.state_dict().items()}
-        if not include_embeddings:
+        if not include_embeddings and not self.opts["own_embeddings"]:
             state.pop("embed_tokens.weight", None)
         return state
 
@@ -287,7 +313,10 @@ class Eagle3Drafter(nn.Module):
     def from_pretrained(
         cls, folder: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device | None = None
     ) -> "Eagle3Drafter":
-        """Load a drafter folder (single, sharded or SpecForge-exported safetensors); embeddings are ignored."""
+        """Load a drafter folder (single, sharded or SpecForge-exported safetensors).
+
+        Embeddings are ignored unless the drafter owns them (``target_hidden_size != hidden_size``).
+        """
         folder = Path(folder)
         cfg_path = folder / "config.json"
         cfg = load_json_config(cfg_path)
@@ -297,13 +326,13 @@ class Eagle3Drafter(nn.Module):
         tensors = read_drafter_tensors(folder)
         model = cls(cfg)
         expected = fmt.expected_tensor_shapes(cfg)
-        missing = [k for k in expected if k not in tensors and k not in ("d2t", "t2d")]
-        if missing:
-            raise DraftlabError(f"{folder}: tensors {missing} are missing from the safetensors files")
         for name, shape in expected.items():
             if name in tensors and tuple(tensors[name].shape) != tuple(shape):
                 raise DraftlabError(f"{folder}: tensor {name} has shape {tuple(tensors[name].shape)}, "
                                     f"config.json implies {tuple(shape)}")
+        missing = [k for k in expected if k not in tensors and k not in ("d2t", "t2d")]
+        if missing:
+            raise DraftlabError(f"{folder}: tensors {missing} are missing from the safetensors files")
         if dtype is None:
             dtype = tensors["fc.weight"].dtype
         model.mapping_missing = "d2t" not in tensors
@@ -328,7 +357,10 @@ class Eagle3Drafter(nn.Module):
         return out
 
 
-def _canonical_name(name: str) -> str:
+LEGACY_NAMES = {"aux_norm_low.": "fc_norm.0.", "aux_norm_mid.": "fc_norm.1.", "aux_norm_high.": "fc_norm.2."}
+
+
+def canonical_name(name: str) -> str:
     """Map the names seen in the wild (``model.`` prefix, ``layers.0.``) onto SGLang's."""
     for prefix in ("model.", "draft_model."):
         if name.startswith(prefix):
@@ -337,11 +369,14 @@ def _canonical_name(name: str) -> str:
         name = "midlayer." + name[len("layers.0."):]
     if name.startswith("midlayers.0."):
         name = "midlayer." + name[len("midlayers.0."):]
+    for legacy, new in LEGACY_NAMES.items():  # SGLang's legacy_name_map in llama_eagle3.py
+        if name.startswith(legacy):
+            name = new + name[len(legacy):]
     return name
 
 
 def read_drafter_tensors(folder: str | Path) -> dict[str, Tensor]:
-    """All tensors of a drafter folder, canonically named; ``embed_tokens`` is dropped."""
+    """All tensors of a drafter folder, canonically named (``embed_tokens.weight`` included when present)."""
     folder = Path(folder)
     index = folder / "model.safetensors.index.json"
     if index.is_file():
@@ -356,21 +391,23 @@ def read_drafter_tensors(folder: str | Path) -> dict[str, Tensor]:
     for path in files:
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():
-                canon = _canonical_name(name)
+                canon = canonical_name(name)
                 if canon.endswith("embed_tokens.weight"):
-                    continue
+                    canon = "embed_tokens.weight"
                 out[canon] = f.get_tensor(name)
     return out
 
 
 def init_weights(model: Eagle3Drafter, seed: int = 0, std: float = 0.02) -> None:
-    """Scratch init: normal(0, std) linears, unit norms (deterministic under ``seed``)."""
+    """Scratch init: normal(0, std) linears, zero biases, unit norms (deterministic under ``seed``)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name == "embed_tokens.weight":
                 continue
-            if p.ndim == 1:
+            if name.endswith(".bias"):
+                p.zero_()
+            elif p.ndim == 1:
                 p.fill_(1.0)
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * std)

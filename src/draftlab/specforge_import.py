@@ -88,7 +88,7 @@ def import_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
     """
     from safetensors.torch import save_file
 
-    from draftlab.model import _canonical_name, read_drafter_tensors
+    from draftlab.model import canonical_name, read_drafter_tensors
 
     src = Path(src)
     if not src.exists():
@@ -97,8 +97,9 @@ def import_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
     meta: dict[str, Any] = {}
     if state_file is not None:
         raw, meta = _read_state(state_file)
-        tensors = {_canonical_name(k): v for k, v in raw.items() if not k.endswith("embed_tokens.weight")}
-        had_embed = len(tensors) != len(raw)
+        tensors = {("embed_tokens.weight" if k.endswith("embed_tokens.weight") else canonical_name(k)): v
+                   for k, v in raw.items()}
+        had_embed = "embed_tokens.weight" in tensors
         ckpt = state_file.parent
     elif (src / "config.json").is_file():
         tensors, had_embed, ckpt = read_drafter_tensors(src), _has_embeddings(src), src
@@ -123,7 +124,8 @@ def import_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
         if tuple(tensors[name].shape) != tuple(shape):
             raise DraftlabError(f"{ckpt}: tensor {name} has shape {tuple(tensors[name].shape)}, "
                                 f"{cfg_path} implies {tuple(shape)}")
-    extra = sorted(set(tensors) - set(expected))
+    # Kept: every tensor SGLang loads for this config (eagle3_format); embed_tokens only where the drafter owns it.
+    extra = sorted(set(tensors) - set(expected) - {"embed_tokens.weight"})
     tensors = {k: tensors[k].contiguous() for k in expected}
     tensors["d2t"] = tensors["d2t"].to(torch.int64)
     tensors["t2d"] = tensors["t2d"].to(torch.bool)
@@ -134,7 +136,7 @@ def import_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
         "source": str(ckpt),
         "specforge_step": meta.get("global_step", ckpt.name),
         "draft_config": str(cfg_path),
-        "embeddings_stripped": had_embed,
+        "embeddings_stripped": had_embed and "embed_tokens.weight" not in expected,
         "ignored_tensors": extra,
         "mapping_check": mapping_check,
     }

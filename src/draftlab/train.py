@@ -172,8 +172,8 @@ def ttt_forward(drafter: Eagle3Drafter, input_ids: Tensor, loss_mask: Tensor, au
             out = attn.attend(q, k, v, None, causal=True)
         else:
             out = cross_step_attend(attn, q, keys, values, i, backend)
-        hidden = layer.finish(out, hidden)
-        logits = drafter.logits(hidden).float()
+        logits, hidden = drafter.head(layer.finish(out, hidden))
+        logits = logits.float()
         if collect is not None:
             collect.append(logits.detach())
         ce = -(probs_i * F.log_softmax(logits, dim=-1)).sum(-1)
