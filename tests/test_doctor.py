@@ -150,7 +150,8 @@ def case_rope(tmp_path, target):
 CASES = {
     "missing-d2t": (case_missing_d2t, "would read draft id i as target id i"),
     "d2t-invalid": (case_d2t_invalid, "appear more than once"),
-    "context-shorter-than-target": (case_context, "max_position_embeddings 512 < target 1024: "),
+    "context-shorter-than-target": (case_context, "drafter context 512 (max_position_embeddings 512) < target 1024 "
+                                                  "(max_position_embeddings 1024): SGLang 0.5.23 refuses to start"),
     "hidden-size-mismatch": (case_hidden, "3 x 64 = 192"),
     "vocab-size-mismatch": (case_vocab, "vocab_size 256 != target vocab_size 512"),
     "aux-layers-out-of-range": (case_aux_range, "layer inputs [8] do not exist on a 8-layer target"),

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
-from draftlab import aux_layers
+from draftlab import aux_layers, context_length
 from draftlab import eagle3_format as fmt
 from draftlab.checkpoint import CheckpointInfo, checkpoint_format, load_tensors, read_checkpoint
 from draftlab.errors import DraftlabError
@@ -164,13 +164,16 @@ def check_d2t_invalid(s: Subject) -> list[Finding]:
 
 
 def check_context(s: Subject) -> list[Finding]:
-    mine, theirs = s.cfg.get("max_position_embeddings"), s.target.get("max_position_embeddings")
-    if mine is None or theirs is None or int(mine) >= int(theirs):
+    """Compared the way SGLang 0.5.23 derives both context lengths (:mod:`draftlab.context_length`)."""
+    mine, theirs = context_length.derive(s.cfg, "drafter config"), context_length.derive(s.target, "target config")
+    if mine.value >= theirs.value:
         return []
     return [_err("context-shorter-than-target", (
-        f"drafter max_position_embeddings {mine} < target {theirs}: past {mine} tokens the drafter's "
-        f"positions clamp or the server refuses; run draftlab patch-config --drafter {s.drafter.source} "
-        f"--target {s.target_source} --out PATCHED_DIR"
+        f"drafter context {mine.explain()} < target {theirs.explain()}: SGLang 0.5.23 refuses to start "
+        f"(\"Target model's context_length ({theirs.value}) is greater than the derived context_length "
+        f"({mine.value})\") unless {context_length.ALLOW_ENV}=1, which overwrites the drafter's "
+        f"max_position_embeddings at load; patch the config instead: run draftlab patch-config --drafter "
+        f"{s.drafter.source} --target {s.target_source} --out PATCHED_DIR"
     ))]
 
 

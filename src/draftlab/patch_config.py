@@ -10,10 +10,12 @@ fields deliberately left alone and why, so nobody has to guess what was touched.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
 
+from draftlab.context_length import CONTEXT_LENGTH_KEYS, derive
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import atomic_dir, to_json
 from draftlab.safetensors_header import read_header
@@ -54,30 +56,35 @@ def plan_patch(
 ) -> tuple[dict, list[dict], list[dict]]:
     """The patched config, the changes made and the fields left alone (pure: no I/O)."""
     target = text_config(target_cfg)
-    if not isinstance(target.get(CONTEXT_KEY), int):
+    if not any(isinstance(target.get(k), int) for k in CONTEXT_LENGTH_KEYS):
         where = f" (read through '{nested_text_key(target_cfg)}')" if nested_text_key(target_cfg) else ""
         raise DraftlabError(f"{target_name}: key '{CONTEXT_KEY}'{where} missing or not an integer")
+    want = derive(target, target_name)
+    have = derive(drafter_cfg, "drafter config")
+    key = have.key or CONTEXT_KEY  # the key SGLang reads the drafter's context from
     patched = json.loads(json.dumps(drafter_cfg))
     changed: list[dict] = []
     left: list[dict] = []
-    before, after = drafter_cfg.get(CONTEXT_KEY), target[CONTEXT_KEY]
-    if not isinstance(before, int) or before < after:
-        patched[CONTEXT_KEY] = after
+    before = drafter_cfg.get(key)
+    if have.value < want.value:
+        after = math.ceil(want.value / have.factor)  # SGLang multiplies it by the drafter's rope factor
+        patched[key] = after
         changed.append(
             {
-                "field": CONTEXT_KEY,
+                "field": key,
                 "before": before,
                 "after": after,
-                "reason": "drafter context shorter than the target's: RoPE positions past it clamp or crash",
+                "reason": f"drafter context {have.explain()} shorter than the target's {want.explain()}, as SGLang "
+                          "0.5.23 derives both: it refuses to start, and RoPE positions past it clamp",
             }
         )
     else:
         left.append(
             {
-                "field": CONTEXT_KEY,
+                "field": key,
                 "drafter": before,
-                "target": after,
-                "reason": "drafter context already covers the target's",
+                "target": target.get(key),
+                "reason": f"drafter context already covers the target's ({have.explain()} >= {want.explain()})",
             }
         )
     for key, reason in LEFT_ALONE.items():

@@ -1,0 +1,58 @@
+"""A model's context length as SGLang 0.5.23 derives it from ``config.json``.
+
+``get_context_length`` (``sglang/srt/utils/hf_transformers/common.py``) takes the first of
+``CONTEXT_LENGTH_KEYS`` the (text) config has and multiplies it by the rope scaling ``factor``,
+except when ``rope_scaling`` has ``original_max_position_embeddings`` or ``rope_type`` "llama3"
+(then 1); with none of the keys it is 2048. A drafter gets the target's derived context as its
+``context_length``; when that exceeds the drafter's own derived one, SGLang 0.5.23 raises
+``ValueError`` at startup (``ModelConfig._derive_context_length``) unless
+``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1``, which then overwrites the drafter's
+``max_position_embeddings`` with the target's context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from draftlab.errors import DraftlabError
+
+CONTEXT_LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
+DEFAULT = 2048
+ALLOW_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+
+
+@dataclass(frozen=True)
+class ContextLength:
+    value: int  # what SGLang uses
+    key: str | None  # the config key it read (None: the 2048 default)
+    raw: int | None  # that key's value
+    factor: float  # the rope scaling factor applied
+
+    def explain(self) -> str:
+        if self.key is None:
+            return f"{self.value} (no context key: SGLang's default)"
+        return f"{self.value} ({self.key} {self.raw}" + (f" x rope factor {self.factor:g})" if self.factor != 1 else ")")
+
+
+def rope_factor(cfg: dict[str, Any]) -> float:
+    """The factor SGLang multiplies the context key by (``rope_parameters`` is transformers 5's name)."""
+    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if not isinstance(scaling, dict) or not scaling:
+        return 1.0
+    if "original_max_position_embeddings" in scaling or scaling.get("rope_type") == "llama3":
+        return 1.0
+    return float(scaling.get("factor", 1))
+
+
+def derive(cfg: dict[str, Any], where: str = "config.json") -> ContextLength:
+    """SGLang's context length of the (text) config ``cfg``."""
+    factor = rope_factor(cfg)
+    for key in CONTEXT_LENGTH_KEYS:
+        val = cfg.get(key)
+        if val is None:
+            continue
+        if isinstance(val, bool) or not isinstance(val, (int, float)):
+            raise DraftlabError(f"{where}: key '{key}': expected an integer context length, got {val!r}")
+        return ContextLength(int(factor * val), key, int(val), factor)
+    return ContextLength(DEFAULT, None, None, factor)
