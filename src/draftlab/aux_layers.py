@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from draftlab.eagle3_format import default_aux_layer_ids
 from draftlab.errors import DraftlabError
 from draftlab.target_config import text_config
 
@@ -88,8 +89,8 @@ def num_layers(target_config: dict[str, Any]) -> int:
 
 
 def default_capture(n_layers: int) -> list[int]:
-    """SGLang's capture without ids: the inputs of layers 2, N//2, N-3."""
-    return [2, n_layers // 2, n_layers - 3]
+    """SGLang's capture without ids: the inputs of layers 2, N//2, N-3 (outputs of 1, N//2-1, N-4)."""
+    return [i + 1 for i in default_aux_layer_ids(n_layers)]
 
 
 def capture_layers(config_ids: Sequence[int] | None, target_config: dict[str, Any]) -> list[int]:

@@ -27,7 +27,10 @@ OPTIONAL_TENSORS = ("embed_tokens.weight",)
 
 
 def default_aux_layer_ids(num_target_layers: int) -> list[int]:
-    """SGLang's default: outputs of layers 1, N/2-1 and N-4 (captured at the inputs of 2, N/2, N-3)."""
+    """SGLang's default as output ids: layers 1, N//2-1, N-4 (it captures the inputs of 2, N//2, N-3).
+
+    What a drafter's listed ids mean depends on the target's architecture: see ``aux_layers``.
+    """
     n = int(num_target_layers)
     return [1, n // 2 - 1, n - 4]
 

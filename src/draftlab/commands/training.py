@@ -27,7 +27,8 @@ def register(sub) -> None:
     p.add_argument("--store", choices=["last_hidden", "logits"], default="last_hidden",
                    help="keep the target's last hidden state (logits recomputed with its lm_head) or its logits")
     p.add_argument("--drafter", help="drafter folder whose eagle_aux_hidden_state_layer_ids to use")
-    p.add_argument("--aux-layer-ids", help="comma-separated layer ids (default: the drafter's, else 1,N/2-1,N-4)")
+    p.add_argument("--aux-layer-ids", help="comma-separated output-of-layer ids, -1 = embeddings (default: the layers "
+                   "SGLang feeds the drafter on this target, else 1,N/2-1,N-4)")
     p.add_argument("--max-length", type=int, default=None)
     p.add_argument("--shard-samples", type=int, default=256)
     p.add_argument("--device")
@@ -72,7 +73,9 @@ def register(sub) -> None:
     p.add_argument("--state-dir", help="checkpoints and run.json (default: <out>/checkpoints); keep it outside "
                                        "--out when a workflow deletes --out after a failure")
     p.add_argument("--val-samples", type=int, help="held-out samples for validation.json (default 5%%, <= 64)")
-    p.add_argument("--aux-layer-ids", help="comma-separated target layer ids (default: drafter's, else 1,N/2-1,N-4)")
+    p.add_argument("--aux-layer-ids", help="comma-separated output-of-layer ids, -1 = embeddings (default: the layers "
+                   "SGLang feeds the drafter on this target, else 1,N/2-1,N-4); written to the drafter config "
+                   "the way SGLang reads them back")
     p.add_argument("--drafter-config", help="JSON object of drafter config overrides for --init scratch")
     p.add_argument("--device")
     p.add_argument("--log", dest="log_file", help="append per-step JSON lines here")
