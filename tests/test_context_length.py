@@ -21,6 +21,10 @@ from factories import kimi_k25_config, tiny_drafter_config, write_drafter, write
      "max_position_embeddings"),
     ({"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, 131072,
      "max_position_embeddings"),
+    ({"max_position_embeddings": 4096, "rope_scaling": {"type": "yarn", "factor": 4.0}}, 4096,
+     "max_position_embeddings"),  # transformers 5 fills original_max_position_embeddings for yarn
+    ({"max_position_embeddings": 4096, "rope_scaling": {"type": "dynamic", "factor": 2.0}}, 8192,
+     "max_position_embeddings"),
     ({}, 2048, None),
 ])
 def test_sglang_key_precedence_and_rope_factor(cfg, value, key):

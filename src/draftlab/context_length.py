@@ -3,7 +3,8 @@
 ``get_context_length`` (``sglang/srt/utils/hf_transformers/common.py``) takes the first of
 ``CONTEXT_LENGTH_KEYS`` the (text) config has and multiplies it by the rope scaling ``factor``,
 except when ``rope_scaling`` has ``original_max_position_embeddings`` or ``rope_type`` "llama3"
-(then 1); with none of the keys it is 2048. A drafter gets the target's derived context as its
+(then 1); with none of the keys it is 2048. It reads the config transformers 5 built, which adds
+``original_max_position_embeddings`` to yarn/llama3/longrope scaling: their factor never counts. A drafter gets the target's derived context as its
 ``context_length``; when that exceeds the drafter's own derived one, SGLang 0.5.23 raises
 ``ValueError`` at startup (``ModelConfig._derive_context_length``) unless
 ``SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1``, which then overwrites the drafter's
@@ -35,12 +36,18 @@ class ContextLength:
         return f"{self.value} ({self.key} {self.raw}" + (f" x rope factor {self.factor:g})" if self.factor != 1 else ")")
 
 
+# transformers 5 (SGLang 0.5.23 pins 5.19) fills rope_parameters' original_max_position_embeddings
+# for these types when it loads a config, so SGLang never applies their factor.
+ORIGINAL_FILLED = ("llama3", "yarn", "longrope")
+
+
 def rope_factor(cfg: dict[str, Any]) -> float:
-    """The factor SGLang multiplies the context key by (``rope_parameters`` is transformers 5's name)."""
+    """The factor SGLang multiplies the context key by, on the config as transformers 5 loads it."""
     scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters")
     if not isinstance(scaling, dict) or not scaling:
         return 1.0
-    if "original_max_position_embeddings" in scaling or scaling.get("rope_type") == "llama3":
+    rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
+    if "original_max_position_embeddings" in scaling or rope_type in ORIGINAL_FILLED:
         return 1.0
     return float(scaling.get("factor", 1))
 
