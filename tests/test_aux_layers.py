@@ -64,7 +64,7 @@ def test_fed_layers(cfg, ids, fed):
     (LLAMA61, [1, 29, 60], "layer inputs [61] do not exist on a 61-layer target"),
     (KIMI, [2, 30, 61], "layer inputs [61] do not exist"),
     (KIMI, [2, 30, 30], "layers [30] are listed twice"),
-    (QWEN61, [1, 2], "2 ids where EAGLE-3's fc fuses exactly 3"),
+    (QWEN61, [1, 2], "2 ids where draftlab's EAGLE-3 drafter fuses exactly 3"),
 ])
 def test_ids_sglang_cannot_feed_are_refused(cfg, ids, phrase):
     with pytest.raises(DraftlabError, match=r"eagle_aux_hidden_state_layer_ids .*" + re.escape(phrase)):

@@ -110,7 +110,7 @@ def capture_problems(capture: Sequence[int], n_layers: int) -> list[str]:
     """Why SGLang would not feed exactly three aux states for this capture list (empty: it would)."""
     out = []
     if len(capture) != 3:
-        out.append(f"{len(capture)} ids where EAGLE-3's fc fuses exactly 3")
+        out.append(f"{len(capture)} ids where draftlab's EAGLE-3 drafter fuses exactly 3 (SGLang sizes fc by the count)")
     outside = [c for c in capture if not 0 <= c < n_layers]
     if outside:
         out.append(f"layer inputs {outside} do not exist on a {n_layers}-layer target (inputs of layers "
