@@ -9,7 +9,8 @@ and the non-finite scan, which streams one slab of one tensor at a time).
 Codes (``severity`` error unless marked): missing-d2t, d2t-invalid, context-shorter-than-target,
 hidden-size-mismatch, vocab-size-mismatch, aux-layers-out-of-range, aux-layers-unusual (warning),
 algorithm-mismatch, pickle-weights, missing-tensor, shape-mismatch, non-finite-weights,
-unsupported-option, ignored-tensors, dtype-mismatch (warning), rope-mismatch (warning).
+unsupported-option, ignored-tensors, dtype-mismatch (warning), rope-mismatch (warning),
+vllm-aux-layers-ignored (warning).
 """
 
 from __future__ import annotations
