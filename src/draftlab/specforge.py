@@ -194,19 +194,10 @@ def specforge_aux_ids(drafter_cfg: dict[str, Any], target_cfg: dict[str, Any]) -
     the output ids draftlab reads for this drafter (:func:`draftlab.target.aux_layer_ids_for`) become
     the config ids that SGLang's rule for the target's architecture maps back onto them.
     """
+    from draftlab import aux_layers
     from draftlab.target import aux_layer_ids_for
 
-    outputs = aux_layer_ids_for(drafter_cfg, target_cfg)
-    try:
-        from draftlab import aux_layers
-    except ImportError:  # draftlab without per-architecture rules: ids mean "output of layer id"
-        return list(outputs)
-    want = [o + 1 for o in outputs]
-    for ids in (list(outputs), want):
-        if aux_layers.capture_layers(ids, target_cfg) == want:
-            return ids
-    raise DraftlabError(f"no aux layer ids make SGLang capture the outputs of layers {outputs} on this target "
-                        f"({aux_layers.rule_for(target_cfg).source})")
+    return aux_layers.config_ids_for(aux_layer_ids_for(drafter_cfg, target_cfg), target_cfg)
 
 
 def num_epochs_for(job: SpecForgeJob) -> tuple[int, list[str]]:
