@@ -39,7 +39,7 @@ def setup(tmp_path_factory):
     from draftlab.data import tokenize_file
 
     root = tmp_path_factory.mktemp("resume_state")
-    target = tiny_target(root / "target", num_layers=4)
+    target = tiny_target(root / "target", num_layers=7)  # 7: SGLang's default capture [2, 3, 4] has three distinct layers
     tokenize_file(target, tiny_chat_data(root / "data.jsonl", n=20), root / "tokens.jsonl", max_length=40)
     return root, target, root / "tokens.jsonl"
 
