@@ -19,6 +19,7 @@ from factories import tiny_drafter_config, write_drafter, write_target_config
 
 from draftlab.acquire import acquire, fetch_config
 from draftlab.errors import DraftlabError
+from draftlab.fsutil import MARKER
 from draftlab.hf_cache import publish_to_cache
 
 REPO = "draftlab-demo/drafter-v1"
@@ -74,7 +75,7 @@ def test_acquire_from_hf_cache_takes_only_config_and_safetensors(tmp_path, repo_
     commit = publish_to_cache(repo_folder, REPO, cache)
     out = tmp_path / "acquired"
     record = acquire(f"hf:{REPO}", out, cache_dir=cache)
-    assert sorted(p.name for p in out.iterdir()) == ["acquire.json", "config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir() if p.name != MARKER) == ["acquire.json", "config.json", "model.safetensors"]
     on_disk = json.loads((out / "acquire.json").read_text())
     assert on_disk["source"] == f"hf:{REPO}" and on_disk["repo_id"] == REPO
     assert on_disk["requested_revision"] is None and on_disk["resolved_commit"] == commit
@@ -125,7 +126,7 @@ def test_local_folder_is_accepted(tmp_path, repo_folder):
     out = tmp_path / "acquired"
     record = acquire(str(repo_folder), out)
     assert record["repo_id"] is None and record["resolved_commit"] is None
-    assert sorted(p.name for p in out.iterdir()) == ["acquire.json", "config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir() if p.name != MARKER) == ["acquire.json", "config.json", "model.safetensors"]
     assert os.path.samefile(out / "model.safetensors", repo_folder / "model.safetensors")
     with pytest.raises(DraftlabError, match="--revision applies to hf:ORG/NAME sources only"):
         acquire(str(repo_folder), tmp_path / "x", revision="main")
@@ -362,7 +363,7 @@ def test_online_acquire_downloads_only_config_and_safetensors(tmp_path, fake_hub
     assert proc.returncode == 0, proc.stderr
     record = json.loads((out / "acquire.json").read_text())
     assert record["resolved_commit"] == fake_hub.commits[REPO] and record["requested_revision"] == "main"
-    assert sorted(p.name for p in out.iterdir()) == ["acquire.json", "config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir() if p.name != MARKER) == ["acquire.json", "config.json", "model.safetensors"]
     fetched = {r["path"].rsplit("/", 1)[-1] for r in fake_hub.log if "/resolve/" in r["path"]}
     assert fetched == {"config.json", "model.safetensors"}  # README, .bin, .pt never requested
     assert {f["name"]: f.get("sha256") for f in record["files"]}["model.safetensors"] == _sha256(repo_folder / "model.safetensors")

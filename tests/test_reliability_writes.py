@@ -51,7 +51,7 @@ from safetensors.numpy import save_file
 from draftlab.fsutil import atomic_dir
 print("started", flush=True)
 for gen in itertools.count():
-    with atomic_dir(sys.argv[1]) as tmp:
+    with atomic_dir(sys.argv[1], stage="test-writer") as tmp:
         (tmp / "config.json").write_text(json.dumps({"gen": gen}))
         save_file({"w": np.full((4 << 20,), float(gen), dtype=np.float32)}, str(tmp / "model.safetensors"))
 """
@@ -125,7 +125,7 @@ def test_folder_killed_at_random_moments_is_always_complete_or_absent(tmp_path):
     from safetensors.numpy import load_file
 
     def check(out: Path) -> None:
-        assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+        assert sorted(p.name for p in out.iterdir()) == [".draftlab-output.json", "config.json", "model.safetensors"]
         gen = json.loads((out / "config.json").read_text())["gen"]
         w = load_file(str(out / "model.safetensors"))["w"]
         assert w.size == 4 << 20 and bool((w == gen).all())  # both files from the same write

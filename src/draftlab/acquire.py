@@ -119,7 +119,7 @@ def acquire(
         files.append(entry)
     record["files"] = files
     record["num_bytes"] = sum(f["size"] for f in files)
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, stage="acquire", inputs=(folder,)) as tmp:
         for name in names:
             link_file(folder / name, tmp / name)
         (tmp / "acquire.json").write_text(to_json(record))

@@ -41,7 +41,7 @@ import torch
 from tqdm import tqdm
 
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import atomic_dir, write_json
+from draftlab.fsutil import atomic_dir, claim_dir, remove_own, write_json
 
 DEMO_FORMAT = 2  # bump when the recipe changes: old manifests then no longer match
 # 2: every process trains with 1 torch thread; --threads N = stages run side by side
@@ -404,6 +404,7 @@ def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", se
     if not force and (hit := _reuse(out, args)) is not None:
         return hit
 
+    claim_dir(out, "demo-models")  # never build into (or wipe parts of) a folder draftlab did not write
     (out / "manifest.json").unlink(missing_ok=True)  # a half-done rebuild must not look complete
     t0, cpu0 = time.perf_counter(), _cpu_seconds()
     timings = _StageTimes(log_file)
@@ -418,7 +419,7 @@ def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", se
 
         # tokenizer: trained on the v1 and v2 slices (the held-out text stays unseen)
         tok_dir = work / "tokenizer"
-        with atomic_dir(tok_dir) as tmp:
+        with atomic_dir(tok_dir, stage="demo-tokenizer") as tmp:
             texts = [render_chat(c) for c in convs["v1"] + convs["v2"]]
             train_tokenizer(texts, spec.vocab_size, tmp, V2_CONTEXT)
         from transformers import AutoTokenizer, LlamaForCausalLM
@@ -445,7 +446,7 @@ def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", se
         held = {"v1_heldout_loss": eval_lm_loss(v1, streams["heldout"], spec.block),
                 "v1_final_train_loss": sum(v1_losses[-20:]) / len(v1_losses[-20:])}
         data_dir = work / "data"
-        with atomic_dir(data_dir) as tmp:
+        with atomic_dir(data_dir, stage="demo-data") as tmp:
             for name in ("v1", "v2", "heldout"):
                 _write_jsonl(tmp / f"{name}.jsonl", [{"messages": c} for c in convs[name]])
 
@@ -528,7 +529,7 @@ def _drafter_job(spec: DemoSize, target_dir: Path, data_dir: Path, run_dir: Path
 
 def _save_target(model, tokenizer, folder: Path) -> None:
     tokenizer.model_max_length = int(model.config.max_position_embeddings)
-    with atomic_dir(folder) as tmp:
+    with atomic_dir(folder, stage="demo-target") as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
         tokenizer.save_pretrained(str(tmp))
 
@@ -570,7 +571,7 @@ def train_demo_drafter(spec: DemoSize, target_dir: Path, data_dir: Path, run_dir
     counts, first_seen = count_tokens(tokens, vocab_size, order=True)
     mapping = build_mapping(counts, spec.draft_vocab_size, first_seen)
     save_mapping(data_dir / "v1.mapping.safetensors", mapping, meta={"source": "demo v1 data"})
-    shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run: the manifest did not match
+    remove_own(run_dir, "train")  # a fresh run: the manifest did not match
     return train_drafter(
         target=str(target_dir), out=str(run_dir), tokens=str(tokens),
         vocab_mapping=str(data_dir / "v1.mapping.safetensors"), init="scratch",

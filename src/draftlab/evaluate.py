@@ -34,6 +34,8 @@ _HASH_LIMIT_BYTES = 2 << 30
 
 def _link(target: Path, link: Path) -> None:
     """Point ``link`` at ``target`` (absolute), replacing an old link atomically."""
+    if os.path.lexists(link) and not link.is_symlink():
+        raise DraftlabError(f"{link}: --link exists and is not a symlink draftlab made; refusing to replace it")
     link.parent.mkdir(parents=True, exist_ok=True)
     tmp = link.with_name(f".{link.name}.tmp-{os.getpid()}")
     if tmp.is_symlink() or tmp.exists():

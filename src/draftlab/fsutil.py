@@ -10,9 +10,10 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 
 @contextlib.contextmanager
@@ -31,14 +32,84 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
             tmp_path.unlink()
 
 
+MARKER = ".draftlab-output.json"
+
+
+def check_replaceable(path: str | os.PathLike, stage: str, inputs: Iterable[str | os.PathLike] = ()) -> None:
+    """Refuse to let ``stage`` replace ``path`` unless it is draftlab's own earlier output of that stage.
+
+    Why: an ``--out`` that names a user's folder (or one holding the input) must never be wiped.
+    ``path`` may be absent or an empty folder; otherwise it must hold :data:`MARKER` naming ``stage``.
+    It may never equal or contain one of ``inputs``, whether or not it exists yet.
+    """
+    from draftlab.errors import DraftlabError
+
+    path = Path(path)
+    out = path.resolve()
+    for inp in inputs:
+        src = Path(inp).resolve()
+        if src == out or out in src.parents:
+            raise DraftlabError(f"{path}: output folder {'is' if src == out else 'contains'} the input {inp}; "
+                                "choose an --out outside it")
+    if not os.path.lexists(path):
+        return
+    if path.is_symlink() or not path.is_dir():
+        raise DraftlabError(f"{path}: exists and is not a folder draftlab wrote; refusing to replace it")
+    if not any(path.iterdir()):
+        return
+    owner = output_stage(path)
+    if owner != stage:
+        what = f"draftlab's {owner!r} output" if owner else f"not draftlab's output (no {MARKER})"
+        raise DraftlabError(f"{path}: exists and is {what}; {stage} replaces only its own earlier output: "
+                            "remove it or choose another --out")
+
+
+def output_stage(path: str | os.PathLike) -> str | None:
+    """The stage named by the marker draftlab wrote into ``path``, or None."""
+    try:
+        data = json.loads((Path(path) / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data.get("stage") if isinstance(data, dict) and isinstance(data.get("stage"), str) else None
+
+
+def mark_output(folder: str | os.PathLike, stage: str) -> None:
+    """Write the marker that lets a later run of ``stage`` replace ``folder``."""
+    write_text(Path(folder) / MARKER, json.dumps({"stage": stage}) + "\n")
+
+
+def claim_dir(path: str | os.PathLike, stage: str, inputs: Iterable[str | os.PathLike] = ()) -> Path:
+    """Create (or reuse) ``path`` as ``stage``'s output folder that is written into in place."""
+    check_replaceable(path, stage, inputs)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    if output_stage(path) != stage:
+        mark_output(path, stage)
+    return path
+
+
+def remove_own(path: str | os.PathLike, stage: str) -> None:
+    """Delete ``path`` only when it is absent, empty or ``stage``'s own output (else refuse)."""
+    check_replaceable(path, stage)
+    shutil.rmtree(path, ignore_errors=True)
+
+
 @contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary directory beside ``path``; it replaces ``path`` only if the block succeeds."""
+def atomic_dir(path: str | os.PathLike, *, stage: str, inputs: Iterable[str | os.PathLike] = ()) -> Iterator[Path]:
+    """Yield a temporary directory beside ``path``; it replaces ``path`` only if the block succeeds.
+
+    ``path`` is checked by :func:`check_replaceable` before the block (so a refusal costs nothing)
+    and again before the swap; the new folder carries the marker naming ``stage``.
+    """
+    inputs = tuple(inputs)
+    check_replaceable(path, stage, inputs)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
         yield tmp
+        mark_output(tmp, stage)
+        check_replaceable(path, stage, inputs)
         if path.exists():
             old = path.with_name(f".{path.name}.old")
             shutil.rmtree(old, ignore_errors=True)
@@ -69,18 +140,74 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
     write_text(path, to_json(obj))
 
 
-def read_json(path: str | os.PathLike, what: str = "JSON file") -> dict[str, Any]:
-    """Read a JSON object; a missing file, bad JSON or a non-object is a user error naming ``path``."""
+def open_regular(path: str | os.PathLike, what: str) -> int:
+    """A read-only descriptor of the regular file ``path``; FIFOs, sockets and devices are refused.
+
+    ``O_NONBLOCK`` makes opening a FIFO return at once, and the type is checked on the open
+    descriptor, so neither a FIFO nor a special file swapped in after a check can make a reader hang.
+    """
     from draftlab.errors import DraftlabError
 
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         raise DraftlabError(f"{path}: {what} not found") from None
     except IsADirectoryError:
-        raise DraftlabError(f"{path}: expected a {what} file, got a directory") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise DraftlabError(f"{path}: {what} is not valid JSON ({exc})") from None
+        raise DraftlabError(f"{path}: expected a {what}, got a directory") from None
+    except OSError as exc:
+        raise DraftlabError(f"{path}: cannot read the {what} ({exc.strerror or exc})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(mode) else "a special file (FIFO, socket or device)"
+        raise DraftlabError(f"{path}: expected a regular file ({what}), got {kind}")
+    os.set_blocking(fd, True)
+    return fd
+
+
+# A config or record JSON larger than this is not one draftlab (or transformers) writes.
+MAX_JSON_BYTES = 64 << 20
+
+
+def read_text_file(path: str | os.PathLike, what: str, limit: int = MAX_JSON_BYTES) -> str:
+    """The UTF-8 text of a regular file of at most ``limit`` bytes; every failure is one user error."""
+    from draftlab.errors import DraftlabError
+
+    fd = open_regular(path, what)
+    with os.fdopen(fd, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size > limit:
+            raise DraftlabError(f"{path}: {what} is {size} bytes; expected at most {limit} bytes")
+        try:
+            data = fh.read(limit + 1)
+        except OSError as exc:
+            raise DraftlabError(f"{path}: cannot read the {what} ({exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DraftlabError(f"{path}: {what} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def parse_json_text(text: str, where: str, what: str = "JSON") -> Any:
+    """``json.loads`` whose every failure (syntax, nesting too deep, a 5000-digit number) is one user error."""
+    from draftlab.errors import DraftlabError
+
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DraftlabError(f"{where}: invalid JSON in the {what} ({exc})") from None
+    except RecursionError:
+        raise DraftlabError(f"{where}: {what} nests too deeply to be a config or record") from None
+    except ValueError as exc:  # e.g. an integer literal longer than Python's 4300-digit limit
+        raise DraftlabError(f"{where}: {what} is not usable JSON ({' '.join(str(exc).split())[:120]})") from None
+
+
+def read_json(path: str | os.PathLike, what: str = "JSON file") -> dict[str, Any]:
+    """Read a JSON object; a missing/unreadable/special file, bad UTF-8 or JSON, or a non-object is a
+    user error naming ``path``."""
+    from draftlab.errors import DraftlabError
+
+    data = parse_json_text(read_text_file(path, what), str(path), what)
     if not isinstance(data, dict):
         raise DraftlabError(f"{path}: {what}: expected a JSON object, got {type(data).__name__}")
     return data

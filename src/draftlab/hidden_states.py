@@ -92,7 +92,7 @@ def dump_hidden_states(target: str | os.PathLike, tokens: str | os.PathLike, out
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = load_target(target, dtype=dtype, device=device, trust_remote_code=trust_remote_code)
     shards: list[dict[str, Any]] = []
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, stage="hidden-states", inputs=(target, tokens)) as tmp:
         buf: dict[str, Tensor] = {}
         first = 0
         for j, s in enumerate(tqdm(samples, desc="dumping hidden states", unit="sample", disable=not progress or None)):

@@ -293,7 +293,8 @@ class Eagle3Drafter(nn.Module):
             state.pop("embed_tokens.weight", None)
         return state
 
-    def save_pretrained(self, folder: str | Path, include_embeddings: bool = False) -> None:
+    def save_pretrained(self, folder: str | Path, include_embeddings: bool = False, stage: str = "drafter",
+                        inputs: tuple = ()) -> None:
         """Write ``config.json`` + ``model.safetensors`` atomically (the folder appears complete or not at all)."""
         cfg = dict(self.config)
         cfg["architectures"] = [fmt.ARCHITECTURE]
@@ -304,7 +305,7 @@ class Eagle3Drafter(nn.Module):
             raise DraftlabError("drafter config: eagle_config.eagle_aux_hidden_state_layer_ids is missing; "
                                 "set it (target.aux_layer_ids_for) before saving")
         self.config = cfg
-        with atomic_dir(folder) as tmp:
+        with atomic_dir(folder, stage=stage, inputs=inputs) as tmp:
             (tmp / "config.json").write_text(to_json(cfg), encoding="utf-8")
             save_file(self.drafter_state_dict(include_embeddings), str(tmp / "model.safetensors"),
                       metadata={"format": "pt"})

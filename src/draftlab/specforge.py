@@ -468,15 +468,13 @@ def prepare(job: SpecForgeJob, write: bool = True) -> dict[str, Any]:
 
 def read_job_file(path: str | os.PathLike) -> dict[str, Any]:
     """A YAML or JSON mapping from ``path`` (a job file or an experiment config)."""
-    import yaml
+    from draftlab.config import load_yaml_text
+    from draftlab.fsutil import read_text_file
 
     path = Path(path)
     if not path.is_file():
         raise DraftlabError(f"{path}: config file not found")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise DraftlabError(f"{path}: not valid YAML/JSON: {exc}") from None
+    data = load_yaml_text(read_text_file(path, "config file"), str(path))
     if not isinstance(data, dict):
         raise DraftlabError(f"{path}: expected a mapping of keys at the top level")
     return data

@@ -140,7 +140,7 @@ def import_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
         "ignored_tensors": extra,
         "mapping_check": mapping_check,
     }
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, stage="specforge-import", inputs=(src,)) as tmp:
         (tmp / "config.json").write_text(to_json(cfg), encoding="utf-8")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "draftlab_import.json").write_text(to_json(record), encoding="utf-8")

@@ -18,7 +18,7 @@ if DEMO:
             size=config["size"],
         shell:
             "draftlab demo-models --out {params.out} --size {params.size} --threads {threads} --json"
-            " > {output.demo}.tmp 2> {log} && mv {output.demo}.tmp {output.demo}"
+            " > {log}.json 2> {log} && mv {log}.json {output.demo}"
 
 
 rule resolve_target:
