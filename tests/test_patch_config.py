@@ -14,6 +14,7 @@ from factories import target_config, tiny_drafter_config, write_drafter
 
 from draftlab.checkpoint import compare_checkpoints, inspect_checkpoint
 from draftlab.errors import DraftlabError
+from draftlab.fsutil import MARKER
 from draftlab.hf_cache import publish_to_cache
 from draftlab.patch_config import patch_config
 
@@ -90,7 +91,7 @@ def test_acquired_drafter_metadata_is_not_carried_over(tmp_path, k2_drafter, k25
     acquire(str(k2_drafter), tmp_path / "acquired")
     record = patch_config(tmp_path / "acquired", k25_target, tmp_path / "out")
     assert record["linked"] == ["model.safetensors"]
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors", "patch.json"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir() if p.name != MARKER) == ["config.json", "model.safetensors", "patch.json"]
 
 
 def test_longer_drafter_context_is_left_alone(tmp_path, k25_target):
@@ -125,6 +126,56 @@ def test_sharded_drafter_links_every_shard_and_index(tmp_path, k25_target):
     for shard in folder.glob("*.safetensors"):
         assert os.path.samefile(out / shard.name, shard)
     assert inspect_checkpoint(out)["tensors"] == inspect_checkpoint(folder)["tensors"]
+
+
+def _sharded_drafter(tmp_path: Path) -> Path:
+    """A real two-shard EAGLE-3 drafter: the tensors split over two files and an index naming them."""
+    from safetensors.torch import load_file, save_file
+
+    from draftlab.checkpoint import index_json
+
+    folder = write_drafter(tmp_path / "sharded-drafter", cfg=tiny_drafter_config(max_position_embeddings=131072))
+    tensors = load_file(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    names = sorted(tensors)
+    half = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+            "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    for shard, keys in half.items():
+        save_file({k: tensors[k] for k in keys}, str(folder / shard))
+    weight_map = {k: shard for shard, keys in half.items() for k in keys}
+    (folder / "model.safetensors.index.json").write_text(index_json(weight_map, 0))
+    return folder
+
+
+@pytest.mark.parametrize("case", ["missing-shard", "parent-path", "absolute-path", "fifo-shard", "empty-map"])
+def test_sharded_index_is_read_and_bad_shards_are_refused(tmp_path, k25_target, case):
+    """Issue 16 item 6: patch-config reads a sharded drafter's index; a missing shard, a shard path
+    outside the drafter folder or a special file is refused before any output exists."""
+    folder = _sharded_drafter(tmp_path)
+    assert patch_config(folder, k25_target, tmp_path / "ok")["linked"]  # the intact drafter patches
+    index = folder / "model.safetensors.index.json"
+    doc = json.loads(index.read_text())
+    first = sorted(set(doc["weight_map"].values()))[0]
+    outside = tmp_path / "elsewhere.safetensors"
+    (folder / first).rename(outside)
+    if case == "missing-shard":
+        phrase = f"shard '{first}' listed in 'weight_map' is missing"
+    elif case in ("parent-path", "absolute-path"):
+        name = "../elsewhere.safetensors" if case == "parent-path" else str(outside)
+        doc["weight_map"] = {k: (name if v == first else v) for k, v in doc["weight_map"].items()}
+        index.write_text(json.dumps(doc))
+        phrase = "is not a file name inside"
+    elif case == "fifo-shard":
+        os.mkfifo(folder / first)
+        phrase = "special file"
+    else:
+        doc["weight_map"] = {}
+        index.write_text(json.dumps(doc))
+        phrase = "no .safetensors weights to link"
+    out = tmp_path / "out"
+    with pytest.raises(DraftlabError, match=phrase):
+        patch_config(folder, k25_target, out)
+    assert not out.exists()
 
 
 def test_target_from_a_real_hf_cache_offline(tmp_path, k2_drafter, k25_target, monkeypatch):

@@ -156,7 +156,85 @@ def test_truncated_real_file_is_caught(tmp_path):
 
 
 def test_missing_file_and_directory(tmp_path):
-    with pytest.raises(DraftlabError, match="no such safetensors file"):
+    with pytest.raises(DraftlabError, match="safetensors file not found"):
         read_header(tmp_path / "nope.safetensors")
     with pytest.raises(DraftlabError, match="got a directory"):
         read_header(tmp_path)
+
+
+# --- issue 16 item 6: the safetensors library is the judge ----------------------------------------
+
+
+def _library_opens(path: Path) -> bool:
+    try:
+        with safe_open(str(path), framework="np") as fh:
+            list(fh.keys())
+        return True
+    except Exception:  # SafetensorError and friends: the library refuses the file
+        return False
+
+
+@pytest.mark.parametrize("seed", [11, 12])
+def test_refuses_exactly_the_files_the_safetensors_library_refuses(tmp_path, seed):
+    """1500 seeded mutants per seed (offsets, gaps, overlaps, trailing bytes, dtypes, shapes, metadata,
+    nesting, surrogates, header length, truncation): draftlab's header check and ``safe_open`` agree
+    on every one; a refusal is a DraftlabError naming the file."""
+    import random
+
+    from mutants import mutant_safetensors
+
+    rng = random.Random(seed)
+    refused = accepted = 0
+    for i in range(1500):
+        path = tmp_path / f"m{i}.safetensors"
+        path.write_bytes(mutant_safetensors(rng))
+        judge = _library_opens(path)
+        try:
+            read_header(path)
+            ours = True
+        except DraftlabError as exc:
+            ours = False
+            assert str(exc).startswith(str(path)) and "\n" not in str(exc)
+        assert ours == judge, f"mutant {i}: safetensors {'opens' if judge else 'refuses'} it, draftlab does not agree: {path.read_bytes()[:200]!r}"
+        refused += not judge
+        accepted += judge
+        path.unlink()
+    assert refused > 600 and accepted > 200  # both sides are really exercised
+
+
+@pytest.mark.parametrize("case", ["trailing", "gap", "metadata-not-strings", "metadata-empty-string", "bool-offset",
+                                  "u64-overflow"])
+def test_named_library_rules(tmp_path, case):
+    """The rules the old check missed, each named: data covered exactly, offsets contiguous from 0,
+    ``__metadata__`` string -> string, integers not booleans, 64-bit counts."""
+    t = {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}
+    header, data, phrase = {
+        "trailing": ({"t": t}, bytes(5), "trailing bytes"),
+        "gap": ({"t": {**t, "data_offsets": [1, 5]}}, bytes(5), "gap of 1 bytes"),
+        "metadata-not-strings": ({"__metadata__": {"step": 3}, "t": t}, bytes(4), "'__metadata__'"),
+        "metadata-empty-string": ({"__metadata__": "", "t": t}, bytes(4), "'__metadata__'"),
+        "bool-offset": ({"t": {**t, "data_offsets": [False, 4]}}, bytes(4), "'data_offsets'"),
+        "u64-overflow": ({"t": {**t, "shape": [2**40, 2**40]}}, bytes(4), "64-bit"),
+    }[case]
+    path = _raw_file(tmp_path / "x.safetensors", header, data)
+    assert not _library_opens(path)
+    with pytest.raises(DraftlabError, match=phrase):
+        read_header(path)
+
+
+def test_special_files_are_refused_without_blocking(tmp_path):
+    """A FIFO named model.safetensors (or config.json) would block a plain open() forever."""
+    import os
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "model.safetensors"
+    os.mkfifo(fifo)
+    code = ("import sys\nfrom draftlab.safetensors_header import read_header\nfrom draftlab.target_config import "
+            "load_json_config\nfrom draftlab.errors import DraftlabError\nfor f in (read_header, load_json_config):\n"
+            "    try:\n        f(sys.argv[1])\n    except DraftlabError as e:\n        print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=30)
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 2 and all("special file" in line and str(fifo) in line for line in lines), out
+    with pytest.raises(DraftlabError, match="special file"):
+        read_header("/dev/null")

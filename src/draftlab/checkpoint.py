@@ -95,9 +95,14 @@ def _read_sharded(folder: Path, index: Path) -> tuple[dict[str, TensorInfo], lis
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise DraftlabError(f"{index}: key 'weight_map' must map tensor names to shard file names")
     tensors: dict[str, TensorInfo] = {}
+    for name in sorted(set(weight_map.values())):
+        parts = Path(name).parts
+        if not name or Path(name).is_absolute() or ".." in parts or len(parts) != 1 or "\\" in name:
+            raise DraftlabError(f"{index}: key 'weight_map': shard {name!r} is not a file name inside {folder} "
+                                "(expected a plain name such as model-00001-of-00002.safetensors)")
     files = [folder / name for name in sorted(set(weight_map.values()))]
     for f in files:
-        if not f.is_file():
+        if not os.path.lexists(f):
             raise DraftlabError(f"{index}: shard '{f.name}' listed in 'weight_map' is missing from {folder}")
         for name, info in read_header(f).items():
             if name in tensors:

@@ -17,8 +17,8 @@ from typing import Any
 
 from draftlab.context_length import CONTEXT_LENGTH_KEYS, derive
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import atomic_dir, to_json
-from draftlab.safetensors_header import read_header
+from draftlab.fsutil import MARKER, atomic_dir, to_json
+from draftlab.checkpoint import read_checkpoint
 from draftlab.target_config import load_json_config, nested_text_key, read_config, resolve_config_path, text_config
 
 CONTEXT_KEY = "max_position_embeddings"
@@ -133,11 +133,16 @@ def patch_config(
     files = sorted(
         p for p in drafter.iterdir() if p.name not in NOT_LINKED and not p.name.startswith(".") and p.is_file()
     )
-    if not any(p.suffix == ".safetensors" for p in files):
+    # every header (and a sharded drafter's index: shards present, inside the folder) is validated
+    # here, before a patched folder appears
+    info = read_checkpoint(drafter)
+    if not info.weight_files:
         raise DraftlabError(f"{drafter}: no .safetensors weights to link")
-    for p in files:  # a truncated or corrupt weight file fails here, before a patched folder appears
-        if p.suffix == ".safetensors":
-            read_header(p)
+    if not info.tensors:
+        raise DraftlabError(f"{drafter}: the .safetensors files hold no tensors (an empty drafter)")
+    unlinked = sorted({p.name for p in info.weight_files} - {p.name for p in files})
+    if unlinked:
+        raise DraftlabError(f"{drafter}: weight file(s) {', '.join(unlinked)} are not regular files in the folder")
     record = {
         "drafter": str(drafter),
         "target": str(target),
@@ -149,7 +154,7 @@ def patch_config(
     }
     if _up_to_date(out, record, patched, files):
         return record
-    with atomic_dir(out) as tmp:
+    with atomic_dir(out, stage="patch-config", inputs=(drafter, target_path)) as tmp:
         how = {p.name: link_file(p, tmp / p.name) for p in files}
         (tmp / "config.json").write_text(json.dumps(patched, indent=2) + "\n")
         (tmp / "patch.json").write_text(to_json({**record, "link_kind": how}))
@@ -166,5 +171,5 @@ def _up_to_date(out: Path, record: dict, patched: dict, files: list[Path]) -> bo
     old.pop("link_kind", None)
     if old != json.loads(to_json(record)) or cfg != patched:
         return False
-    present = {p.name for p in out.iterdir()} - {"config.json", "patch.json"}
+    present = {p.name for p in out.iterdir()} - {"config.json", "patch.json", MARKER}
     return present == {p.name for p in files} and all(same_file(p, out / p.name) for p in files)

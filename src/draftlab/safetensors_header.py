@@ -16,6 +16,7 @@ from math import prod
 from typing import Any
 
 from draftlab.errors import DraftlabError
+from draftlab.fsutil import open_regular
 
 # Bits per element of every dtype the safetensors format defines (BOOL is stored as one byte).
 DTYPE_BITS: dict[str, int] = {
@@ -25,6 +26,8 @@ DTYPE_BITS: dict[str, int] = {
     "F8_E5M2": 8,
     "F8_E4M3": 8,
     "F8_E8M0": 8,
+    "F8_E4M3FNUZ": 8,
+    "F8_E5M2FNUZ": 8,
     "F4": 4,
     "F6_E2M3": 6,
     "F6_E3M2": 6,
@@ -70,56 +73,120 @@ def read_header(path: str | os.PathLike) -> dict[str, TensorInfo]:
 
 
 def read_header_with_metadata(path: str | os.PathLike) -> tuple[dict[str, TensorInfo], dict[str, str]]:
-    """Like :func:`read_header`, plus the free-form ``__metadata__`` dict (empty when absent)."""
+    """Like :func:`read_header`, plus the free-form ``__metadata__`` dict (empty when absent).
+
+    Enforces every rule of the safetensors library's own reader (``SafeTensors::read_metadata`` in
+    the Rust crate), so a file draftlab passes is one that ``safe_open`` opens.
+    """
     path = os.fspath(path)
-    try:
-        with open(path, "rb") as fh:
-            size = os.fstat(fh.fileno()).st_size
-            head = fh.read(8)
-            if len(head) < 8:
-                raise DraftlabError(
-                    f"{path}: truncated safetensors file: {size} bytes, expected at least the 8-byte header length"
-                )
-            (n,) = struct.unpack("<Q", head)
-            if n > MAX_HEADER_BYTES:
-                raise DraftlabError(
-                    f"{path}: safetensors header length {n} bytes exceeds the {MAX_HEADER_BYTES}-byte limit "
-                    "(not a safetensors file, or corrupt)"
-                )
-            if 8 + n > size:
-                raise DraftlabError(
-                    f"{path}: safetensors header length {n} bytes is beyond the file size ({size} bytes): "
-                    "the file is truncated or not a safetensors file"
-                )
-            raw = fh.read(n)
-    except FileNotFoundError:
-        raise DraftlabError(f"{path}: no such safetensors file") from None
-    except IsADirectoryError:
-        raise DraftlabError(f"{path}: expected a .safetensors file, got a directory") from None
-    except PermissionError:
-        raise DraftlabError(f"{path}: permission denied reading the safetensors header") from None
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DraftlabError(f"{path}: safetensors header is not valid JSON ({exc})") from None
+    fd = open_regular(path, "safetensors file")
+    with os.fdopen(fd, "rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        head = fh.read(8)
+        if len(head) < 8:
+            raise DraftlabError(
+                f"{path}: truncated safetensors file: {size} bytes, expected at least the 8-byte header length"
+            )
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER_BYTES:
+            raise DraftlabError(
+                f"{path}: safetensors header length {n} bytes exceeds the {MAX_HEADER_BYTES}-byte limit "
+                "(not a safetensors file, or corrupt)"
+            )
+        if 8 + n > size:
+            raise DraftlabError(
+                f"{path}: safetensors header length {n} bytes is beyond the file size ({size} bytes): "
+                "the file is truncated or not a safetensors file"
+            )
+        raw = fh.read(n)
+    header = decode_header_json(raw, path)
     return parse_header(header, file=path, data_size=size - 8 - n)
+
+
+# serde_json, which the safetensors crate parses headers with, nests at most 128 levels.
+MAX_JSON_DEPTH = 128
+U64_MAX = 2**64 - 1
+
+
+def decode_header_json(raw: bytes, path: str) -> Any:
+    """Decode header bytes as the crate does: strict UTF-8, JSON without NaN/Infinity or lone surrogates."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DraftlabError(f"{path}: safetensors header is not valid JSON (not UTF-8: {exc.reason} at byte {exc.start})") from None
+
+    def no_constant(name: str) -> Any:
+        raise ValueError(f"{name} is not JSON")
+
+    try:
+        header = json.loads(text, parse_constant=no_constant)
+    except RecursionError:
+        raise DraftlabError(f"{path}: safetensors header nests deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as exc:  # JSONDecodeError is a ValueError; so is a huge integer literal
+        raise DraftlabError(f"{path}: safetensors header is not valid JSON ({exc})") from None
+    bad = _json_problem(header, 1)
+    if bad:
+        raise DraftlabError(f"{path}: safetensors header is not valid JSON ({bad})")
+    return header
+
+
+def _json_problem(value: Any, depth: int) -> str | None:
+    """What serde_json would refuse in an already-decoded value: deep nesting, lone surrogates."""
+    if depth > MAX_JSON_DEPTH and isinstance(value, (dict, list)):
+        return f"nests deeper than {MAX_JSON_DEPTH} levels"
+    if isinstance(value, str):
+        return _surrogate(value)
+    if isinstance(value, dict):
+        for k, v in value.items():
+            bad = _surrogate(k) or _json_problem(v, depth + 1)
+            if bad:
+                return bad
+    elif isinstance(value, list):
+        for v in value:
+            bad = _json_problem(v, depth + 1)
+            if bad:
+                return bad
+    return None
+
+
+def _surrogate(text: str) -> str | None:
+    return "a string holds a lone UTF-16 surrogate" if any(0xD800 <= ord(c) <= 0xDFFF for c in text) else None
+
+
+def _u64(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= U64_MAX
 
 
 def parse_header(
     header: Any, *, file: str, data_size: int | None
 ) -> tuple[dict[str, TensorInfo], dict[str, str]]:
-    """Validate a decoded header dict; ``data_size`` (bytes after the header) bounds the offsets when known."""
+    """Validate a decoded header dict; ``data_size`` (bytes after the header), when known, must be
+    covered exactly: tensors sorted by offsets start at 0, follow each other without gaps or overlap,
+    and the last ends at the end of the file."""
     if not isinstance(header, dict):
         raise DraftlabError(f"{file}: safetensors header must be a JSON object, got {type(header).__name__}")
-    metadata = header.get("__metadata__") or {}
-    if not isinstance(metadata, dict):
+    metadata = header.get("__metadata__")
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise DraftlabError(f"{file}: safetensors header key '__metadata__' must be an object of strings")
     tensors: dict[str, TensorInfo] = {}
     for name, entry in header.items():
         if name == "__metadata__":
             continue
         tensors[name] = _tensor_info(name, entry, file, data_size)
-    return tensors, {str(k): str(v) for k, v in metadata.items()}
+    end = 0
+    for name, info in sorted(tensors.items(), key=lambda kv: kv[1].offsets):
+        begin = info.offsets[0]
+        if begin != end:
+            what = "overlaps the previous tensor" if begin < end else f"leaves a gap of {begin - end} bytes before it"
+            raise DraftlabError(f"{file}: tensor '{name}': data_offsets {list(info.offsets)} {what} "
+                                f"(expected to start at {end})")
+        end = info.offsets[1]
+    if data_size is not None and end != data_size:
+        raise DraftlabError(f"{file}: tensors cover {end} bytes of data but the file holds {data_size} "
+                            "bytes after the header (trailing bytes: not a file safetensors would open)")
+    return tensors, dict(metadata)
 
 
 def _tensor_info(name: str, entry: Any, file: str, data_size: int | None) -> TensorInfo:
@@ -127,27 +194,39 @@ def _tensor_info(name: str, entry: Any, file: str, data_size: int | None) -> Ten
     if not isinstance(entry, dict):
         raise DraftlabError(f"{where}: expected an object with dtype, shape and data_offsets")
     dtype = entry.get("dtype")
-    if dtype not in DTYPE_BITS:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
         raise DraftlabError(f"{where}: unknown dtype {dtype!r}; expected one of {', '.join(DTYPE_BITS)}")
     shape = entry.get("shape")
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise DraftlabError(f"{where}: 'shape' must be a list of non-negative integers, got {shape!r}")
+    if not isinstance(shape, list) or not all(_u64(d) for d in shape):
+        raise DraftlabError(f"{where}: 'shape' must be a list of non-negative integers, got {_short(shape)}")
     offsets = entry.get("data_offsets")
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2
-        or not all(isinstance(o, int) for o in offsets)
-        or not 0 <= offsets[0] <= offsets[1]
+        or not all(_u64(o) for o in offsets)
+        or not offsets[0] <= offsets[1]
     ):
-        raise DraftlabError(f"{where}: 'data_offsets' must be [begin, end] with 0 <= begin <= end, got {offsets!r}")
+        raise DraftlabError(f"{where}: 'data_offsets' must be [begin, end] with 0 <= begin <= end, got {_short(offsets)}")
     begin, end = offsets
     if data_size is not None and end > data_size:
         raise DraftlabError(
             f"{where}: data_offsets end {end} is beyond the data region ({data_size} bytes): file truncated"
         )
-    bits = prod(shape) * DTYPE_BITS[dtype]
+    numel = 1
+    for d in shape:
+        numel *= d
+        if numel > U64_MAX:
+            raise DraftlabError(f"{where}: shape {_short(shape)} has more elements than a 64-bit count holds")
+    bits = numel * DTYPE_BITS[dtype]
+    if bits > U64_MAX:
+        raise DraftlabError(f"{where}: shape {_short(shape)} of {dtype} overflows a 64-bit bit count")
     if bits % 8 or bits // 8 != end - begin:
         raise DraftlabError(
-            f"{where}: {dtype} {shape} needs {bits / 8:g} bytes but data_offsets span {end - begin}"
+            f"{where}: {dtype} {_short(shape)} needs {bits / 8:g} bytes but data_offsets span {end - begin}"
         )
     return TensorInfo(dtype=dtype, shape=tuple(shape), file=file, offsets=(begin, end))
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
