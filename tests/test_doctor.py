@@ -147,7 +147,16 @@ def case_rope(tmp_path, target):
     return broken(tmp_path, rope_theta=500000.0), target, "EAGLE3"
 
 
+def case_no_tensors(tmp_path, target):
+    folder = tmp_path / "drafter"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(tiny_drafter_config()))
+    save_file({}, str(folder / "model.safetensors"))  # a valid file with an empty header
+    return folder, target, "EAGLE3"
+
+
 CASES = {
+    "no-tensors": (case_no_tensors, "holds no tensors"),
     "missing-d2t": (case_missing_d2t, "would read draft id i as target id i"),
     "d2t-invalid": (case_d2t_invalid, "appear more than once"),
     "context-shorter-than-target": (case_context, "drafter context 512 (max_position_embeddings 512) < target 1024 "
@@ -385,3 +394,14 @@ def test_cli_hf_sources_from_a_real_hf_cache_offline(tmp_path):
     report = json.loads(out.stdout)
     assert codes(report) == {"context-shorter-than-target": "error", "non-finite-weights": "error"}
     assert report["target_text_config"] == "text_config" and report["skipped"] == []
+
+
+def test_index_with_an_empty_weight_map_is_not_ready_to_serve(tmp_path, target):
+    """Issue 16 item 5: the doctor called an index with no tensors "ready to serve"."""
+    folder = tmp_path / "drafter"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(tiny_drafter_config()))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {}}))
+    report = doctor.run_doctor(folder, target)
+    assert not report["ok"] and [f["code"] for f in report["findings"]] == ["no-tensors"]
+    assert "ready to serve" not in doctor.to_text(report)

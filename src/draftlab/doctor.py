@@ -120,6 +120,16 @@ def check_pickle_weights(s: Subject) -> list[Finding]:
     return []
 
 
+def check_no_tensors(s: Subject) -> list[Finding]:
+    """An empty header (or an index with an empty ``weight_map``) is a drafter with nothing to serve."""
+    if s.tensors or s.drafter.pickle_files:
+        return []
+    where = ", ".join(str(p) for p in s.drafter.weight_files[:3]) or "the folder"
+    return [_err("no-tensors", (
+        f"the drafter holds no tensors ({where}): no weights to serve; the download or export is incomplete"
+    ))]
+
+
 def check_missing_d2t(s: Subject) -> list[Finding]:
     if not s.eagle3_layout or "d2t" in s.tensors:
         return []
@@ -491,6 +501,7 @@ def check_vllm_aux_key(s: Subject) -> list[Finding]:
 
 CHECKS: dict[str, Callable[[Subject], list[Finding]]] = {
     "pickle-weights": check_pickle_weights,
+    "no-tensors": check_no_tensors,
     "algorithm-mismatch": check_algorithm,
     "missing-tensor": check_missing_tensor,
     "shape-mismatch": check_shape_mismatch,

@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from draftlab import eagle3_format as fmt
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import atomic_dir, atomic_path, to_json, write_json
+from draftlab.fsutil import atomic_dir, atomic_path, check_replaceable, claim_dir, to_json, write_json
 from draftlab.model import Eagle3Drafter, init_weights
 
 INIT_MODES = ("scratch", "checkpoint")
@@ -255,6 +255,11 @@ class TrainConfig:
                    "max_length", "lr", "warmup_ratio", "grad_clip", "weight_decay", "adam_betas", "loss_norm", "mask_alignment",
                    "seed", "precision", "val_samples", "aux_layer_ids", "drafter_overrides")
 
+    def inputs(self) -> tuple[str, ...]:
+        """The paths this run reads: its output may not contain (or be) any of them."""
+        return tuple(p for p in (self.target, self.tokens, self.data, self.hidden_states, self.vocab_mapping,
+                                 self.checkpoint) if p)
+
     def state_path(self) -> Path:
         """Where checkpoints and run.json live (outside ``out`` when a workflow deletes ``out`` on failure)."""
         return Path(self.state_dir) if self.state_dir else Path(self.out) / "checkpoints"
@@ -288,6 +293,10 @@ class Samples:
         keep = [i for i, s in enumerate(self.tokens) if len(s["input_ids"]) >= 3]
         if not keep:
             raise DraftlabError("train: no training sample has at least 3 tokens")
+        if not any(any(self.tokens[i]["loss_mask"]) for i in keep):
+            src = cfg.hidden_states or cfg.tokens or cfg.data
+            raise DraftlabError(f"{src}: key 'loss_mask': no sample has a loss token (every loss_mask is 0, or no "
+                                "assistant turn): training would learn nothing and report loss 0.0")
         self.index = keep
 
     def __len__(self) -> int:
@@ -562,7 +571,7 @@ def save_checkpoint(folder: Path, drafter: Eagle3Drafter, opt, sched, state: dic
                     metrics_csv: Path | None = None) -> None:
     """One resumable checkpoint: drafter folder, optimizer + RNG tensors (safetensors), state.json, and a
     copy of ``metrics_csv`` as it stands at this step (so a resume does not need the run folder)."""
-    with atomic_dir(folder) as tmp:
+    with atomic_dir(folder, stage="train-checkpoint") as tmp:
         drafter.save_pretrained(tmp / "drafter")
         if metrics_csv is not None and metrics_csv.is_file():
             shutil.copyfile(metrics_csv, tmp / "metrics.csv")
@@ -890,6 +899,8 @@ def _run(cfg: TrainConfig) -> dict[str, Any]:
 
     if cfg.resume not in (False, True, "auto"):
         raise DraftlabError(f"train: resume {cfg.resume!r}: expected false, true or 'auto'")
+    inputs = cfg.inputs()
+    check_replaceable(out, "train", inputs)  # before any work: never train into a folder we may not own
     state_dir = cfg.state_path()
     messages: list[str] = []
 
@@ -962,7 +973,7 @@ def _run(cfg: TrainConfig) -> dict[str, Any]:
         start = int(st["step"])
         last = dict(st.get("last_step") or {})
     if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
+        claim_dir(out, "train", inputs)
         write_json(out / "train_config.json", asdict(cfg))
         if ident is not None and cfg.checkpoint_every:
             write_json(state_dir / "run.json", ident)
@@ -1047,7 +1058,7 @@ def _run(cfg: TrainConfig) -> dict[str, Any]:
                "param_checksums": sums, "ranks_in_sync": in_sync, "state_dir": str(state_dir),
                "resumed_from_step": start if resume_from is not None else None}
     if rank == 0:
-        drafter.save_pretrained(out / "drafter")
+        drafter.save_pretrained(out / "drafter", inputs=inputs)
         write_json(out / "validation.json", validation)
         write_json(out / "summary.json", summary)
     if log:

@@ -80,8 +80,7 @@ def count_tokens(tokens_path: str | os.PathLike, vocab_size: int, *, order: bool
     path = Path(tokens_path)
     if not path.is_file():
         raise DraftlabError(f"{path}: tokens file not found")
-    if vocab_size <= 0:
-        raise DraftlabError(f"vocab size must be positive, got {vocab_size}")
+    vocab_size = check_vocab_size(vocab_size, f"{path}: target vocab size")
     if path.suffix == ".npy":
         counts = _count_npy(path, vocab_size)
         return (counts, torch.nonzero(counts).flatten()) if order else counts
@@ -380,28 +379,55 @@ def _load_file(path: Path) -> VocabMapping:
     vocab = meta.get("vocab_size")
     if "t2d" not in tensors and vocab is None:
         raise DraftlabError(f"{path}: has 'd2t' but no 't2d' tensor; cannot tell the target vocab size")
-    return _mapping_from(tensors, str(path), int(vocab) if vocab is not None else None)
+    return _mapping_from(tensors, str(path), vocab)
 
 
 def _mapping_from(tensors: dict[str, torch.Tensor], where: str, vocab_size: int | None) -> VocabMapping:
+    """A mapping from loaded tensors, checked as every reader needs it: 1-D integer ``d2t`` whose
+    target ids lie in the vocabulary and are distinct, ``t2d`` a 1-D 0/1 mask marking exactly them."""
     d2t = tensors["d2t"]
     if d2t.dim() != 1:
-        raise DraftlabError(f"{where}: 'd2t' has shape {list(d2t.shape)}; expected one dimension [draft_vocab_size]")
-    if d2t.dtype.is_floating_point or d2t.dtype == torch.bool:
-        raise DraftlabError(f"{where}: 'd2t' has dtype {d2t.dtype}; expected integer offsets (I64)")
+        raise DraftlabError(f"{where}: key 'd2t': shape {list(d2t.shape)}; expected one dimension [draft_vocab_size]")
+    if d2t.dtype.is_floating_point or d2t.dtype.is_complex or d2t.dtype == torch.bool:
+        raise DraftlabError(f"{where}: key 'd2t': dtype {d2t.dtype}; expected integer offsets (I64)")
+    if d2t.numel() == 0:
+        raise DraftlabError(f"{where}: key 'd2t': empty; expected one offset per draft id")
     d2t = d2t.to(torch.int64)
     ids = torch.arange(d2t.numel()) + d2t
     if "t2d" in tensors:
         t2d = tensors["t2d"]
         if t2d.dim() != 1:
-            raise DraftlabError(f"{where}: 't2d' has shape {list(t2d.shape)}; expected one dimension [vocab_size]")
+            raise DraftlabError(f"{where}: key 't2d': shape {list(t2d.shape)}; expected one dimension [vocab_size]")
+        if t2d.dtype.is_floating_point or t2d.dtype.is_complex or (
+                t2d.dtype != torch.bool and t2d.numel() and bool(((t2d != 0) & (t2d != 1)).any())):
+            raise DraftlabError(f"{where}: key 't2d': dtype {t2d.dtype}; expected a boolean mask (BOOL, or 0/1)")
         _check_d2t_range(ids, t2d.numel(), where)
-        return VocabMapping(d2t=d2t, t2d=t2d.to(torch.bool))
-    assert vocab_size is not None
-    _check_d2t_range(ids, int(vocab_size), where)
-    t2d = torch.zeros(int(vocab_size), dtype=torch.bool)
-    t2d[ids] = True
-    return VocabMapping(d2t=d2t, t2d=t2d)
+        mapping = VocabMapping(d2t=d2t, t2d=t2d.to(torch.bool))
+    else:
+        assert vocab_size is not None
+        vocab_size = check_vocab_size(vocab_size, f"{where}: key 'vocab_size'")
+        _check_d2t_range(ids, vocab_size, where)
+        t2d = torch.zeros(vocab_size, dtype=torch.bool)
+        t2d[ids] = True
+        mapping = VocabMapping(d2t=d2t, t2d=t2d)
+    problems = validate(mapping)
+    if problems:
+        key = "t2d" if problems[0].startswith("t2d") else "d2t"
+        raise DraftlabError(f"{where}: key '{key}': {problems[0]}")
+    return mapping
+
+
+def check_vocab_size(value: Any, where: str) -> int:
+    """An integer vocabulary size within :data:`MAX_VOCAB` (a dense ``t2d`` of it must be cheap)."""
+    from draftlab.target_config import MAX_VOCAB
+
+    try:
+        n = int(value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError):
+        n = None
+    if n is None or not 1 <= n <= MAX_VOCAB:
+        raise DraftlabError(f"{where}: expected a vocabulary size in 1..{MAX_VOCAB}, got {str(value)[:40]!r}")
+    return n
 
 
 def _check_d2t_range(ids: torch.Tensor, vocab_size: int, where: str) -> None:

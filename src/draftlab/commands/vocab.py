@@ -10,6 +10,7 @@ import argparse
 from typing import Any
 
 from draftlab.commands._common import add_json_flag, emit
+from draftlab.errors import DraftlabError
 from draftlab.fsutil import write_json, write_text
 
 
@@ -70,8 +71,11 @@ def _build(args: argparse.Namespace) -> int:
     from draftlab import vocab
 
     counts, first_seen = vocab.count_tokens(args.tokens, args.target_vocab_size, order=True)
-    mapping = vocab.build_mapping(counts, args.draft_vocab_size, first_seen)
     total = int(counts.sum())
+    if total == 0:
+        raise DraftlabError(f"{args.tokens}: no loss-masked tokens to count (every loss_mask is 0, or no samples); "
+                            "a mapping built from nothing would be padding ids only")
+    mapping = vocab.build_mapping(counts, args.draft_vocab_size, first_seen)
     distinct = int((counts > 0).sum())
     result = {
         "tokens": str(args.tokens),
