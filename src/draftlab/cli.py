@@ -3,16 +3,25 @@
 Each area of the library registers its own subcommands from ``draftlab.commands.<area>`` (a
 ``register(subparsers)`` function), so this file only dispatches. A handler returns the exit
 status; a :class:`DraftlabError` becomes one clear ``error:`` line and exit status 2.
+
+Exit statuses (README "Commands", docs/RELIABILITY.md): 0 done; 1 the command ran and found
+problems (doctor findings, a failed gate); 2 bad input or environment (``error:`` line); 3 draftlab
+itself crashed (``internal error:`` line; ``DRAFTLAB_TRACEBACK=1`` prints the traceback), so a crash
+is never mistaken for findings; 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 
 from draftlab import __version__
 from draftlab.errors import DraftlabError
+
+EXIT_CRASH = 3
 
 COMMAND_MODULES = (
     "draftlab.commands.static",
@@ -48,6 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:  # a bug, not bad input: say so on one line, with its own status
+        if os.environ.get("DRAFTLAB_TRACEBACK"):
+            traceback.print_exc()
+        detail = " ".join(str(exc).split())[:300]
+        print(f"internal error: draftlab {args.command} crashed: {type(exc).__name__}: {detail} "
+              "(a draftlab bug; DRAFTLAB_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        return EXIT_CRASH
 
 
 if __name__ == "__main__":

@@ -28,14 +28,70 @@ def load_schema(path: str | Path | None = None) -> dict[str, Any]:
         return yaml.safe_load(fh)
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
+# A config is a few hundred nodes; YAML aliases can make a 1 kB file expand to 10^9 ("billion
+# laughs"), which costs nothing to parse but everything to validate, merge or print.
+MAX_YAML_NODES = 200_000
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a document whose aliases expand to more than MAX_YAML_NODES nodes."""
+
+    def get_single_node(self):
+        node = super().get_single_node()
+        if node is not None:
+            _expanded_size(node, {}, self)
+        return node
+
+
+def _expanded_size(node, memo: dict[int, int], loader) -> int:
+    """Nodes of ``node`` with every alias expanded (memoised per node, so linear in the file)."""
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    memo[key] = 1  # a recursive alias counts once more per visit below
+    size = 1
+    if isinstance(node, yaml.SequenceNode):
+        size += sum(_expanded_size(child, memo, loader) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size += sum(_expanded_size(k, memo, loader) + _expanded_size(v, memo, loader) for k, v in node.value)
+    if size > MAX_YAML_NODES:
+        raise yaml.YAMLError(f"aliases expand the document to more than {MAX_YAML_NODES} nodes "
+                             f"(near line {node.start_mark.line + 1}); refusing an alias bomb")
+    memo[key] = size
+    return size
+
+
+def load_yaml_text(text: str, where: str) -> Any:
+    """Parse YAML safely and boundedly; every failure is one user error naming ``where``."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DraftlabError(f"{path}: config file not found") from None
+        return yaml.load(text, Loader=_BoundedLoader)
     except yaml.YAMLError as exc:
-        raise DraftlabError(f"{path}: not valid YAML: {exc}") from None
+        raise DraftlabError(f"{where}: not valid YAML: {' '.join(str(exc).split())}") from None
+    except RecursionError:
+        raise DraftlabError(f"{where}: YAML nests too deeply to be a config") from None
+
+
+def check_size(cfg: Any, source: str, budget: int = MAX_YAML_NODES) -> None:
+    """Refuse a loaded config (e.g. Snakemake's, aliases already resolved into shared objects) that
+    expands to more than ``budget`` values; stops counting at the budget, so it is cheap either way."""
+    stack, seen = [cfg], 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > budget:
+            raise DraftlabError(f"{source}: the config expands to more than {budget} values "
+                                "(YAML aliases repeating a large block?); refusing it")
+        if isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    from draftlab.fsutil import read_text_file
+
+    path = Path(path)
+    data = load_yaml_text(read_text_file(path, "config file"), str(path))
     if not isinstance(data, dict):
         raise DraftlabError(f"{path}: expected a mapping of keys at the top level, got {type(data).__name__}")
     return data
@@ -130,6 +186,7 @@ def load_config(cfg: str | Path | Mapping[str, Any], source: str | None = None) 
         source = source or str(cfg)
         raw = read_yaml(cfg)
     else:
+        check_size(cfg, source or "config")
         raw = copy.deepcopy(dict(cfg))
     source = source or "config"
     schema = load_schema()

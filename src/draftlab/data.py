@@ -24,29 +24,50 @@ from typing import Any, Iterator
 from tqdm import tqdm
 
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import atomic_path
+from draftlab.fsutil import atomic_path, open_regular
 
 ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant"}
+
+
+def text_lines(path: str | os.PathLike, what: str) -> Iterator[tuple[int, str]]:
+    """``(line number, line)`` of a UTF-8 text file, streamed; a missing, special or non-UTF-8 file
+    is one user error naming the file (and the line)."""
+    path = Path(path)
+    if not path.exists():
+        raise DraftlabError(f"{path}: {what} not found")
+    fd = open_regular(path, what)
+    with os.fdopen(fd, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                yield lineno, raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DraftlabError(f"{path}:{lineno}: {what} is not UTF-8 text ({exc.reason} at byte {exc.start} "
+                                    "of the line)") from None
+
+
+def json_line(line: str, where: str) -> Any:
+    """One JSONL line parsed; bad JSON, nesting too deep or a 5000-digit number is one user error."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise DraftlabError(f"{where}: not valid JSON ({exc.msg})") from None
+    except (RecursionError, ValueError) as exc:
+        reason = "nests too deeply" if isinstance(exc, RecursionError) else " ".join(str(exc).split())[:100]
+        raise DraftlabError(f"{where}: not usable JSON ({reason})") from None
 
 
 def iter_lines(path: str | os.PathLike, what: str) -> Iterator[tuple[int, str | Any]]:
     """``(line number, item)`` for every non-blank line: the parsed JSON value in a ``.jsonl``/``.json``
     file, else the line's text (a plain-text file is one sample per line)."""
     path = Path(path)
-    if not path.is_file():
-        raise DraftlabError(f"{path}: {what} not found")
     as_json = path.suffix in (".jsonl", ".json")
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            if not as_json:
-                yield lineno, line.rstrip("\n")
-                continue
-            try:
-                yield lineno, json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DraftlabError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+    for lineno, line in text_lines(path, what):
+        if not line.strip():
+            continue
+        if not as_json:
+            yield lineno, line.rstrip("\n")
+            continue
+        yield lineno, json_line(line, f"{path}:{lineno}")
 
 
 def read_records(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
@@ -111,24 +132,47 @@ def conversation_spans(tokenizer, messages: list[dict[str, str]]) -> tuple[str, 
     return full, spans
 
 
+# Characters tokenized per wanted token in the first try; a window that yields too few tokens grows
+# (x4) until it does or covers the text. Real tokenizers average 3-5 characters per token.
+CHARS_PER_TOKEN = 8
+# Tokens beyond max_length the window must reach, so the cut through the last word cannot change
+# the tokens that are kept.
+_CUT_MARGIN = 16
+
+
 def tokenize_record(tokenizer, record: dict[str, Any], max_length: int | None = None) -> dict[str, list[int]]:
-    """``{"input_ids", "loss_mask"}`` for one sample (truncated to ``max_length`` tokens)."""
+    """``{"input_ids", "loss_mask"}`` for one sample (truncated to ``max_length`` tokens).
+
+    Only a prefix of the text is tokenized (about ``max_length * CHARS_PER_TOKEN`` characters,
+    grown when it falls short), so a 10 MB line costs what ``max_length`` tokens cost, not 2 GB.
+    """
     if "text" in record:
-        enc = tokenizer(record["text"], add_special_tokens=True)
-        ids = list(enc["input_ids"])
-        mask = [1] * len(ids)
+        text, spans, special = record["text"], None, True
     else:
         text, spans = conversation_spans(tokenizer, record["messages"])
-        templated = bool(getattr(tokenizer, "chat_template", None))
-        enc = tokenizer(text, add_special_tokens=not templated, return_offsets_mapping=True)
-        ids = list(enc["input_ids"])
-        mask = []
-        for a, b in enc["offset_mapping"]:
-            inside = b > a and any(a < e and b > s for s, e in spans)  # token overlaps an assistant span
-            mask.append(1 if inside else 0)
+        special = not bool(getattr(tokenizer, "chat_template", None))
+    window = max_length * CHARS_PER_TOKEN if max_length else len(text)
+    while True:
+        part = text[:window]
+        ids, mask = _encode(tokenizer, part, spans, special)
+        if len(part) == len(text) or len(ids) >= max_length + _CUT_MARGIN:
+            break
+        window *= 4
     if max_length:
         ids, mask = ids[:max_length], mask[:max_length]
     return {"input_ids": ids, "loss_mask": mask}
+
+
+def _encode(tokenizer, text: str, spans: list[tuple[int, int]] | None, special: bool) -> tuple[list[int], list[int]]:
+    """Token ids and loss mask of ``text``: all 1 for plain text (``spans`` None), else 1 on tokens
+    overlapping an assistant span."""
+    if spans is None:
+        ids = list(tokenizer(text, add_special_tokens=special)["input_ids"])
+        return ids, [1] * len(ids)
+    enc = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
+    mask = [1 if b > a and any(a < e and b > s for s, e in spans) else 0  # token overlaps an assistant span
+            for a, b in enc["offset_mapping"]]
+    return list(enc["input_ids"]), mask
 
 
 def write_tokens(path: str | os.PathLike, samples) -> int:
@@ -144,28 +188,24 @@ def write_tokens(path: str | os.PathLike, samples) -> int:
 def read_tokens(path: str | os.PathLike, vocab_size: int | None = None) -> list[dict[str, list[int]]]:
     """Read and check a tokens JSONL (equal lengths, 0/1 mask, ids in range)."""
     path = Path(path)
-    if not path.is_file():
-        raise DraftlabError(f"{path}: tokens file not found")
     out = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DraftlabError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
-            ids, mask = obj.get("input_ids"), obj.get("loss_mask")
-            if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
-                raise DraftlabError(f"{path}:{lineno}: 'input_ids' must be a list of integers")
-            if mask is None:
-                mask = [1] * len(ids)
-            if not isinstance(mask, list) or len(mask) != len(ids) or any(m not in (0, 1) for m in mask):
-                raise DraftlabError(f"{path}:{lineno}: 'loss_mask' must be a 0/1 list as long as 'input_ids'")
-            if vocab_size is not None and ids and (min(ids) < 0 or max(ids) >= vocab_size):
-                raise DraftlabError(f"{path}:{lineno}: 'input_ids' has ids outside the target vocabulary "
-                                    f"0..{vocab_size - 1}")
-            out.append({"input_ids": ids, "loss_mask": mask})
+    for lineno, line in text_lines(path, "tokens file"):
+        if not line.strip():
+            continue
+        obj = json_line(line, f"{path}:{lineno}")
+        if not isinstance(obj, dict):
+            raise DraftlabError(f"{path}:{lineno}: expected an object with 'input_ids' and 'loss_mask'")
+        ids, mask = obj.get("input_ids"), obj.get("loss_mask")
+        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+            raise DraftlabError(f"{path}:{lineno}: 'input_ids' must be a list of integers")
+        if mask is None:
+            mask = [1] * len(ids)
+        if not isinstance(mask, list) or len(mask) != len(ids) or any(m not in (0, 1) for m in mask):
+            raise DraftlabError(f"{path}:{lineno}: 'loss_mask' must be a 0/1 list as long as 'input_ids'")
+        if vocab_size is not None and ids and (min(ids) < 0 or max(ids) >= vocab_size):
+            raise DraftlabError(f"{path}:{lineno}: 'input_ids' has ids outside the target vocabulary "
+                                f"0..{vocab_size - 1}")
+        out.append({"input_ids": ids, "loss_mask": mask})
     if not out:
         raise DraftlabError(f"{path}: no samples")
     return out

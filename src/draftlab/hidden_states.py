@@ -35,7 +35,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import atomic_dir, to_json
+from draftlab.fsutil import atomic_dir, read_json, to_json
 
 FORMAT = "draftlab-hidden-states/1"
 STORES = ("last_hidden", "logits")
@@ -126,7 +126,7 @@ class HiddenStateShards:
         path = self.folder / "index.json"
         if not path.is_file():
             raise DraftlabError(f"{path}: not found (expected a folder written by draftlab dump-hidden-states)")
-        self.index = json.loads(path.read_text(encoding="utf-8"))
+        self.index = read_json(path, "hidden-state index")
         if self.index.get("format") != FORMAT:
             raise DraftlabError(f"{path}: key 'format' is {self.index.get('format')!r}, expected {FORMAT!r}")
         self._where: list[tuple[str, int]] = []
@@ -166,7 +166,9 @@ def read_target_tensors(target: str | os.PathLike, names: Sequence[str]) -> dict
     folder = Path(target)
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = read_json(index, "safetensors index").get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise DraftlabError(f"{index}: key 'weight_map': expected an object of tensor name -> shard file")
     else:
         files = sorted(folder.glob("*.safetensors"))
         if not files:

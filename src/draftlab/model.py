@@ -22,7 +22,6 @@ step ``i``), as SGLang and SpecForge do.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -378,14 +377,10 @@ def canonical_name(name: str) -> str:
 
 def read_drafter_tensors(folder: str | Path) -> dict[str, Tensor]:
     """All tensors of a drafter folder, canonically named (``embed_tokens.weight`` included when present)."""
+    from draftlab.checkpoint import read_checkpoint
+
     folder = Path(folder)
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted({folder / f for f in json.loads(index.read_text())["weight_map"].values()})
-    elif (folder / "model.safetensors").is_file():
-        files = [folder / "model.safetensors"]
-    else:
-        files = sorted(folder.glob("*.safetensors"))
+    files = read_checkpoint(folder).weight_files  # the index, shard names and every header validated first
     if not files:
         raise DraftlabError(f"{folder}: no *.safetensors file (expected model.safetensors or a sharded index)")
     out: dict[str, Tensor] = {}

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from draftlab.errors import DraftlabError
+from draftlab.fsutil import parse_json_text, read_text_file
 from draftlab.hf_cache import is_hf_source, is_offline, hub_call, parse_hf_source
 
 # Keys under which multimodal wrappers nest the language model's config, most common first.
@@ -22,16 +23,7 @@ NESTED_TEXT_KEYS = ("text_config", "language_config", "llm_config")
 def load_json_config(path: str | os.PathLike) -> dict[str, Any]:
     """Parse a config.json file; errors name the file and what was wrong."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DraftlabError(f"{path}: config.json not found") from None
-    except IsADirectoryError:
-        raise DraftlabError(f"{path}: expected a config.json file, got a directory") from None
-    try:
-        cfg = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DraftlabError(f"{path}: invalid JSON ({exc})") from None
+    cfg = parse_json_text(read_text_file(path, "config.json"), str(path), "config.json")
     if not isinstance(cfg, dict):
         raise DraftlabError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
     check_config_types(cfg, path)
@@ -44,24 +36,62 @@ INT_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_
             "vocab_size", "max_position_embeddings", "draft_vocab_size", "target_hidden_size", "head_dim")
 
 
+# Upper bounds no real model reaches; a larger value is corruption, and believing it would size
+# dense buffers from it (a vocab_size of 2e9 is a 2 GB t2d). Vocabularies top out near 262k ids.
+MAX_VOCAB = 1 << 24
+MAX_INT_VALUE = (1 << 31) - 1
+VOCAB_KEYS = ("vocab_size", "draft_vocab_size")
+# Keys read as numbers (doctor and patch-config compare them); a string there was a traceback.
+FLOAT_KEYS = ("rope_theta",)
+OBJECT_KEYS = ("eagle_config", "rope_scaling", "rope_parameters")
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _is_number(v: Any) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and v == v and abs(v) != float("inf")
+
+
 def check_config_types(cfg: dict[str, Any], path: str | os.PathLike, prefix: str = "") -> None:
-    """Fail, naming the file and the key, when a size key or the aux layer ids are not integers."""
+    """Fail, naming the file and the key, when a size key, a rope field, ``eagle_config`` or the aux
+    layer ids have the wrong type or an impossible size."""
     for key in INT_KEYS:
         v = cfg.get(key)
-        if v is not None and not _is_int(v):
-            raise DraftlabError(f"{path}: key '{prefix}{key}': expected an integer, got {v!r} ({type(v).__name__})")
+        if v is None:
+            continue
+        if not _is_int(v):
+            raise DraftlabError(f"{path}: key '{prefix}{key}': expected an integer, got {_short(v)} ({type(v).__name__})")
+        top = MAX_VOCAB if key in VOCAB_KEYS else MAX_INT_VALUE
+        if not 1 <= v <= top:
+            raise DraftlabError(f"{path}: key '{prefix}{key}': expected an integer in 1..{top}, got {_short(v)}")
+    for key in OBJECT_KEYS:
+        v = cfg.get(key)
+        if v is not None and not isinstance(v, dict):
+            raise DraftlabError(f"{path}: key '{prefix}{key}': expected an object, got {_short(v)} ({type(v).__name__})")
+    for where, holder in (("", cfg), ("rope_parameters.", cfg.get("rope_parameters") or {}),
+                          ("rope_scaling.", cfg.get("rope_scaling") or {})):
+        for key in FLOAT_KEYS + (("factor", "original_max_position_embeddings") if where else ()):
+            v = holder.get(key)
+            if v is not None and not _is_number(v):
+                raise DraftlabError(f"{path}: key '{prefix}{where}{key}': expected a number, got {_short(v)} "
+                                    f"({type(v).__name__})")
     eagle = cfg.get("eagle_config")
     ids = eagle.get("eagle_aux_hidden_state_layer_ids") if isinstance(eagle, dict) else None
-    if ids is not None and not (isinstance(ids, list) and all(_is_int(i) for i in ids)):
+    if ids is not None and not (isinstance(ids, list) and len(ids) <= 1024
+                                and all(_is_int(i) and 0 <= i <= MAX_INT_VALUE for i in ids)):
         raise DraftlabError(f"{path}: key '{prefix}eagle_config.eagle_aux_hidden_state_layer_ids': "
-                            f"expected a list of integers, got {ids!r}")
+                            f"expected a list of integers >= 0, got {_short(ids)}")
     for key in NESTED_TEXT_KEYS:
         if isinstance(cfg.get(key), dict):
             check_config_types(cfg[key], path, f"{prefix}{key}.")
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    """``repr`` cut to ``limit`` characters (a 5000-digit number or a long list stays one short line)."""
+    text = repr(value) if not _is_int(value) or value.bit_length() < 200 else f"<integer of {value.bit_length()} bits>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def resolve_config_path(source: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:

@@ -885,6 +885,7 @@ def _run(cfg: TrainConfig) -> dict[str, Any]:
     if cfg.mask_alignment not in MASK_ALIGNMENTS:
         raise DraftlabError(f"train: mask_alignment {cfg.mask_alignment!r}: expected one of {', '.join(MASK_ALIGNMENTS)}")
     from draftlab.target import read_config, text_config
+    from draftlab.target_config import load_json_config
 
     if cfg.ttt_length < 1:
         raise DraftlabError(f"train: ttt_length must be >= 1, got {cfg.ttt_length}")
@@ -943,7 +944,7 @@ def _run(cfg: TrainConfig) -> dict[str, Any]:
         note = json.loads((resume_from / "state.json").read_text())["vocab_note"]
     else:
         pre_aux = cfg.aux_layer_ids or aux_layer_ids_for(
-            json.loads((Path(cfg.checkpoint) / "config.json").read_text()) if cfg.init == "checkpoint" and cfg.checkpoint
+            load_json_config(Path(cfg.checkpoint) / "config.json") if cfg.init == "checkpoint" and cfg.checkpoint
             and (Path(cfg.checkpoint) / "config.json").is_file() else None, target_cfg)
         drafter, note = build_drafter(cfg, target_cfg, samples, lambda: get_features(pre_aux).output_embeddings(cfg.target))
     aux_ids = aux_layer_ids_for(drafter.config, target_cfg)

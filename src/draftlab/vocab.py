@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import atomic_path
+from draftlab.fsutil import atomic_path, open_regular
 
 MAPPING_FORMAT = "draftlab-vocab-mapping"
 EXAMPLES = 10  # how many example ids a diff lists
@@ -140,7 +140,7 @@ def _count_jsonl(path: Path, vocab_size: int) -> tuple[torch.Tensor, torch.Tenso
 def _jsonl_ids(path: Path) -> Iterator[tuple[int, np.ndarray]]:
     """Yield ``(line number, loss-masked ids)`` for every non-blank line of a tokens JSONL file."""
     size = path.stat().st_size
-    with open(path, "rb") as fh, tqdm(
+    with os.fdopen(open_regular(path, "tokens file"), "rb") as fh, tqdm(
         total=size, desc="counting tokens", unit="B", unit_scale=True, disable=None
     ) as bar:
         for lineno, raw in enumerate(fh, start=1):
@@ -151,6 +151,9 @@ def _jsonl_ids(path: Path) -> Iterator[tuple[int, np.ndarray]]:
                 row = json.loads(raw)
             except json.JSONDecodeError as exc:
                 raise DraftlabError(f"{path}: line {lineno}: invalid JSON ({exc.msg})") from exc
+            except (UnicodeDecodeError, RecursionError, ValueError) as exc:  # not UTF-8, too deep, too long a number
+                reason = "nests too deeply" if isinstance(exc, RecursionError) else " ".join(str(exc).split())[:100]
+                raise DraftlabError(f"{path}: line {lineno}: invalid JSON ({reason})") from None
             if not isinstance(row, dict) or "input_ids" not in row:
                 raise DraftlabError(f"{path}: line {lineno}: expected an object with key 'input_ids'")
             ids = _int_array(row["input_ids"], path, lineno, "input_ids")
