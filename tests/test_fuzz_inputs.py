@@ -3,7 +3,7 @@
 Mutants of real safetensors files and config files (``tests/mutants.py``) go through inspect,
 compare, patch-config, doctor and check-config. For every mutant, every command must end in one of:
 a result (exit 0, or 1 for the doctor's findings) or one ``error:`` line (exit 2); never a crash
-(exit 3 / a traceback), never a hang (an alarm per command), and never a complete-looking output
+(exit 70 / a traceback), never a hang (an alarm per command), and never a complete-looking output
 from a broken input: a weight file ``safetensors.safe_open`` refuses fails every command, and
 patch-config leaves no folder behind when it fails. Where a weight file is valid, inspect must
 report exactly the tensors, dtypes and shapes the safetensors library reads.
@@ -60,7 +60,7 @@ def run(*args) -> tuple[int, str, str]:
 
 def check_outcome(args, rc: int, out: str, err: str, allowed=(0, 1, 2)) -> None:
     what = f"draftlab {' '.join(map(str, args))}"
-    assert "Traceback" not in err and rc != 3, f"{what} crashed: {err[-2000:]}"
+    assert "Traceback" not in err and rc != 70, f"{what} crashed: {err[-2000:]}"
     assert rc in allowed, f"{what}: exit {rc}: {err[-1000:]}"
     if rc == 2:
         lines = err.strip().splitlines()

@@ -2,7 +2,7 @@
 
 Each broken config goes through every static command a user runs on a drafter (inspect, compare,
 patch-config, doctor) and must end with exit status 2 and one ``error:`` line, never a traceback and
-never an output folder. A crash (a draftlab bug) exits 3 with one ``internal error:`` line, so it is
+never an output folder. A crash (a draftlab bug) exits 70 with one ``internal error:`` line, so it is
 never read as the doctor's "found problems" (1).
 """
 
@@ -109,7 +109,7 @@ def test_non_utf8_training_data_names_the_file_and_line(tmp_path):
     assert_one_error(rc, err, "t.jsonl", "line 2")
 
 
-def test_a_crash_exits_3_findings_exit_1(tmp_path):
+def test_a_crash_exits_70_findings_exit_1(tmp_path):
     """A doctor crash used to be a traceback with exit 1, the status of "found problems"."""
     drafter = write_drafter(tmp_path / "drafter", cfg=tiny_drafter_config(max_position_embeddings=128))
     target = write_target_config(tmp_path / "target")
@@ -122,12 +122,12 @@ def test_a_crash_exits_3_findings_exit_1(tmp_path):
     proc = subprocess.run([sys.executable, "-c", crash, "doctor", "--drafter", str(drafter), "--target", str(target)],
                           capture_output=True, text=True, timeout=120)
     lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 3 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 70 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert lines[0].startswith("internal error: draftlab doctor crashed: ZeroDivisionError: a bug in a check")
     env = dict(os.environ, DRAFTLAB_TRACEBACK="1")
     proc = subprocess.run([sys.executable, "-c", crash, "doctor", "--drafter", str(drafter), "--target", str(target)],
                           capture_output=True, text=True, timeout=120, env=env)
-    assert proc.returncode == 3 and "Traceback" in proc.stderr
+    assert proc.returncode == 70 and "Traceback" in proc.stderr
 
 
 ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(

@@ -138,6 +138,19 @@ def test_the_helper_rules(tmp_path):
     assert (tmp_path / "e" / "user.txt").is_file()
 
 
+def test_outputs_of_a_draftlab_without_markers_are_still_its_own(tmp_path, project):
+    """A patch-config folder written before markers existed (it holds patch.json) is replaced."""
+    old = tmp_path / "patched"
+    assert cli("patch-config", "--drafter", project / "drafter", "--target", tmp_path / "target", "--out", old).returncode == 0
+    (old / MARKER).unlink()
+    proc = cli("patch-config", "--drafter", project / "drafter", "--target", tmp_path / "target2", "--out", old)
+    assert proc.returncode == 2  # no such target: nothing changes
+    write_target_config(tmp_path / "target2", max_position_embeddings=8192)
+    proc = cli("patch-config", "--drafter", project / "drafter", "--target", tmp_path / "target2", "--out", old)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((old / "config.json").read_text())["max_position_embeddings"] == 8192
+
+
 def test_resolve_model_link_never_replaces_a_real_file(tmp_path):
     from draftlab.evaluate import _link
 

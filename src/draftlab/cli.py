@@ -4,10 +4,10 @@ Each area of the library registers its own subcommands from ``draftlab.commands.
 ``register(subparsers)`` function), so this file only dispatches. A handler returns the exit
 status; a :class:`DraftlabError` becomes one clear ``error:`` line and exit status 2.
 
-Exit statuses (README "Commands", docs/RELIABILITY.md): 0 done; 1 the command ran and found
-problems (doctor findings, a failed gate); 2 bad input or environment (``error:`` line); 3 draftlab
-itself crashed (``internal error:`` line; ``DRAFTLAB_TRACEBACK=1`` prints the traceback), so a crash
-is never mistaken for findings; 130 interrupted.
+Exit statuses (README "Command line", docs/RELIABILITY.md): 0 done; 1 the command ran and found
+problems (doctor findings); 2 bad input or environment (one ``error:`` line); 3 ``train`` stopped
+by ``--stop-after`` (resumable); 70 draftlab itself crashed (one ``internal error:`` line;
+``DRAFTLAB_TRACEBACK=1`` prints the traceback), so a crash is never read as findings; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import traceback
 from draftlab import __version__
 from draftlab.errors import DraftlabError
 
-EXIT_CRASH = 3
+EXIT_CRASH = 70  # EX_SOFTWARE (sysexits.h): an internal software error; 3 is train's "stopped by --stop-after"
 
 COMMAND_MODULES = (
     "draftlab.commands.static",

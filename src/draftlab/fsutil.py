@@ -33,6 +33,9 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 
 
 MARKER = ".draftlab-output.json"
+# Folders written before the marker existed are recognised by the record file their stage always
+# wrote into them (so upgrading does not strand a results folder).
+LEGACY_RECORDS = {"acquire": "acquire.json", "patch-config": "patch.json", "train": "train_config.json"}
 
 
 def check_replaceable(path: str | os.PathLike, stage: str, inputs: Iterable[str | os.PathLike] = ()) -> None:
@@ -58,6 +61,8 @@ def check_replaceable(path: str | os.PathLike, stage: str, inputs: Iterable[str 
     if not any(path.iterdir()):
         return
     owner = output_stage(path)
+    if owner is None and stage in LEGACY_RECORDS and (path / LEGACY_RECORDS[stage]).is_file():
+        return
     if owner != stage:
         what = f"draftlab's {owner!r} output" if owner else f"not draftlab's output (no {MARKER})"
         raise DraftlabError(f"{path}: exists and is {what}; {stage} replaces only its own earlier output: "
