@@ -132,8 +132,6 @@ def _sharded_drafter(tmp_path: Path) -> Path:
     """A real two-shard EAGLE-3 drafter: the tensors split over two files and an index naming them."""
     from safetensors.torch import load_file, save_file
 
-    from draftlab.checkpoint import index_json
-
     folder = write_drafter(tmp_path / "sharded-drafter", cfg=tiny_drafter_config(max_position_embeddings=131072))
     tensors = load_file(str(folder / "model.safetensors"))
     (folder / "model.safetensors").unlink()
@@ -143,7 +141,7 @@ def _sharded_drafter(tmp_path: Path) -> Path:
     for shard, keys in half.items():
         save_file({k: tensors[k] for k in keys}, str(folder / shard))
     weight_map = {k: shard for shard, keys in half.items() for k in keys}
-    (folder / "model.safetensors.index.json").write_text(index_json(weight_map, 0))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     return folder
 
 
