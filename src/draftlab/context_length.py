@@ -41,20 +41,25 @@ class ContextLength:
 ORIGINAL_FILLED = ("llama3", "yarn", "longrope")
 
 
-def rope_factor(cfg: dict[str, Any]) -> float:
+def rope_factor(cfg: dict[str, Any], where: str = "config.json") -> float:
     """The factor SGLang multiplies the context key by, on the config as transformers 5 loads it."""
-    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    key = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"
+    scaling = cfg.get(key)
     if not isinstance(scaling, dict) or not scaling:
         return 1.0
     rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
     if "original_max_position_embeddings" in scaling or rope_type in ORIGINAL_FILLED:
         return 1.0
-    return float(scaling.get("factor", 1))
+    factor = scaling.get("factor", 1)
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+        # SGLang multiplies by it and would crash: refuse it here, naming the key
+        raise DraftlabError(f"{where}: key '{key}.factor': expected a number (the rope scaling factor), got {factor!r}")
+    return float(factor)
 
 
 def derive(cfg: dict[str, Any], where: str = "config.json") -> ContextLength:
     """SGLang's context length of the (text) config ``cfg``."""
-    factor = rope_factor(cfg)
+    factor = rope_factor(cfg, where)
     for key in CONTEXT_LENGTH_KEYS:
         val = cfg.get(key)
         if val is None:

@@ -176,7 +176,8 @@ def check_d2t_invalid(s: Subject) -> list[Finding]:
 
 def check_context(s: Subject) -> list[Finding]:
     """Compared the way SGLang 0.5.23 derives both context lengths (:mod:`draftlab.context_length`)."""
-    mine, theirs = context_length.derive(s.cfg, "drafter config"), context_length.derive(s.target, "target config")
+    mine = context_length.derive(s.cfg, f"drafter config {s.drafter.source}")
+    theirs = context_length.derive(s.target, f"target config {s.target_source}")
     if mine.value >= theirs.value:
         return []
     return [_err("context-shorter-than-target", (

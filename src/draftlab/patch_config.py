@@ -52,7 +52,7 @@ def _get(cfg: dict, dotted: str) -> Any:
 
 
 def plan_patch(
-    drafter_cfg: dict, target_cfg: dict, target_name: str = "target config"
+    drafter_cfg: dict, target_cfg: dict, target_name: str = "target config", drafter_name: str = "drafter config"
 ) -> tuple[dict, list[dict], list[dict]]:
     """The patched config, the changes made and the fields left alone (pure: no I/O)."""
     target = text_config(target_cfg)
@@ -60,7 +60,7 @@ def plan_patch(
         where = f" (read through '{nested_text_key(target_cfg)}')" if nested_text_key(target_cfg) else ""
         raise DraftlabError(f"{target_name}: key '{CONTEXT_KEY}'{where} missing or not an integer")
     want = derive(target, target_name)
-    have = derive(drafter_cfg, "drafter config")
+    have = derive(drafter_cfg, drafter_name)
     key = have.key or CONTEXT_KEY  # the key SGLang reads the drafter's context from
     patched = json.loads(json.dumps(drafter_cfg))
     changed: list[dict] = []
@@ -129,7 +129,7 @@ def patch_config(
         raise DraftlabError(f"{drafter}: folder has no config.json")
     target_path = resolve_config_path(target, cache_dir)
     target_cfg = read_config(target_path)
-    patched, changed, left = plan_patch(drafter_cfg, target_cfg, str(target_path))
+    patched, changed, left = plan_patch(drafter_cfg, target_cfg, str(target_path), str(drafter / "config.json"))
     files = sorted(
         p for p in drafter.iterdir() if p.name not in NOT_LINKED and not p.name.startswith(".") and p.is_file()
     )
