@@ -116,6 +116,47 @@ def test_one_row_per_result_with_provenance(tmp_path):
     assert json.loads(frame["versions"].iloc[0])["torch"].startswith("2.")
 
 
+def test_record_columns_tell_the_truth(tmp_path):
+    """Issue 18: scratch has no source drafter; counts are integers in the CSV; an empty ttft_s says why;
+    the training data and settings are hashed beside the config hash."""
+    import csv
+
+    cfg = experiment_config()
+    exp = make_experiment(tmp_path, cfg)
+    tokens = exp / "data" / "tokens.jsonl"
+    tokens.parent.mkdir(parents=True)
+    tokens.write_text('{"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}\n')
+    for arm, lr in (("finetune-keep", 1e-4), ("scratch", 3e-4)):
+        (exp / "train" / arm / "train_config.json").write_text(json.dumps(
+            {"target": "t", "out": str(exp / "train" / arm), "tokens": str(tokens), "init": arm, "lr": lr,
+             "log_file": f"logs/{arm}.log"}))
+    # the probe's server did not stream: its TTFT pass got plain JSON answers
+    probe = exp / "bench" / "probe" / "s2-k1-d3" / "default.json"
+    res = json.loads(probe.read_text())
+    res["summary"]["ttft_s_median"], res["summary"]["ttft_requests"] = None, 0
+    res["rows"] = [{"phase": "ttft", "streamed": False, "ttft_s": None}]
+    probe.write_text(json.dumps(res))
+    frame = build_records(exp, cfg, servers=SERVERS, clients=["default"])
+    write_records(frame, tmp_path / "r.csv")
+    rows = {r["variant"]: r for r in csv.DictReader(open(tmp_path / "r.csv"))}
+    sc, ft = rows["scratch"], rows["finetune-keep"]
+    assert "no source drafter" in sc["drafter_source"] and "drafter-v1" not in sc["drafter_source"]
+    assert sc["drafter_commit"] == "" and sc["drafter_revision"] == ""
+    assert ft["drafter_source"].endswith("(finetune-keep)") and ft["drafter_commit"] == "e" * 40
+    assert rows["probe"]["num_steps"] == "2" and rows["baseline"]["num_steps"] == ""
+    assert rows["probe"]["requests"] == "8" and rows["probe"]["verify_ct"].isdigit()
+    assert rows["probe"]["ttft_s"] == "" and "without streaming" in rows["probe"]["ttft_note"]
+    assert ft["ttft_s"] == "0.05" and ft["ttft_note"] == "median over the streamed requests"
+    assert ft["train_data_sha256"] == hashlib.sha256(tokens.read_bytes()).hexdigest() == sc["train_data_sha256"]
+    assert len(ft["train_settings_sha256"]) == 64 and ft["train_settings_sha256"] != sc["train_settings_sha256"]
+    assert rows["probe"]["train_data_sha256"] == "" and rows["baseline"]["train_settings_sha256"] == ""
+    # settings hash ignores where the run wrote (out, log_file), not what it trained with
+    conf = json.loads((exp / "train" / "finetune-keep" / "train_config.json").read_text())
+    (exp / "train" / "finetune-keep" / "train_config.json").write_text(json.dumps({**conf, "log_file": "x.log"}))
+    again = build_records(exp, cfg, servers=SERVERS, clients=["default"]).set_index("variant")
+    assert again.loc["finetune-keep", "train_settings_sha256"] == ft["train_settings_sha256"]
+
+
 def test_skipped_arms_are_explicit_rows(tmp_path):
     cfg = experiment_config()
     exp = make_experiment(tmp_path, cfg, gate_pass=False, probe_accept=1.0)

@@ -29,6 +29,8 @@ from draftlab.fsutil import atomic_path, read_json, write_json
 TIMING_COLUMNS = ("tps_median", "tps_mean", "tps_ci_low", "tps_ci_high", "cycle_ms", "speedup",
                   "ttft_s", "latency_s_median", "bench_seconds", "server_ready_s", "created_at")
 RUN_COLUMNS = ("row_id", "draftlab_commit")
+INT_COLUMNS = ("tp", "num_steps", "topk", "num_draft_tokens", "prompt_count", "max_new_tokens", "concurrency",
+               "repeats", "requests", "completion_tokens", "verify_ct")
 VARIANT_ORDER = ("baseline", "probe", "reference", "finetune-keep", "finetune-remap", "finetune-regenerate", "scratch")
 
 
@@ -106,11 +108,63 @@ def _drafter_info(exp_dir: Path, cfg: Mapping[str, Any], variant: str) -> dict[s
     info = {"drafter_source": cfg[role]["source"], "drafter_revision": cfg[role].get("revision"),
             "drafter_commit": acq.get("resolved_commit"),
             "drafter_weights_sha256": _weights_sha(exp_dir / "models" / role)}
+    if variant == "scratch":  # the control arm starts from random weights: no source drafter
+        info.update(drafter_source="none (scratch: trained from random init, no source drafter)",
+                    drafter_revision=None, drafter_commit=None)
     if variant not in ("probe", "reference"):
         folder = exp_dir / "train" / variant / "drafter"
-        info["drafter_source"] = f"{cfg['drafter']['source']} ({variant})"
+        if variant != "scratch":
+            info["drafter_source"] = f"{cfg['drafter']['source']} ({variant})"
         info["drafter_weights_sha256"] = _weights_sha(folder) if folder.is_dir() else None
     return info
+
+
+def _file_sha(path: Path) -> str | None:
+    if not path.is_file():
+        return None
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(8 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+_PATH_KEYS = ("target", "tokens", "data", "hidden_states", "vocab_mapping", "checkpoint")
+
+
+def _training_hashes(exp_dir: Path, variant: str) -> dict[str, str | None]:
+    """sha256 of the data a trained arm consumed and of its settings (train_config.json, the keys a
+    resume checks, without file paths: the data's bytes are hashed instead, the target and source
+    drafter have their own columns), so two rows with one config hash but other data or other
+    training settings are told apart."""
+    none = {"train_data_sha256": None, "train_settings_sha256": None}
+    if variant in ("baseline", "probe", "reference"):
+        return none
+    conf = _read(exp_dir / "train" / variant / "train_config.json")
+    if not conf:
+        return none
+    from draftlab.train import TrainConfig
+
+    settings = {k: conf.get(k) for k in TrainConfig.RESUME_KEYS if k not in _PATH_KEYS}
+    data = conf.get("tokens") or conf.get("data")
+    return {"train_data_sha256": _file_sha(Path(data)) if data else None,
+            "train_settings_sha256": hashlib.sha256(json.dumps(settings, sort_keys=True, default=str)
+                                                    .encode()).hexdigest()}
+
+
+def _ttft_note(res: Mapping[str, Any], summary: Mapping[str, Any]) -> str | None:
+    """Why ``ttft_s`` is what it is: measured over streamed requests, or why it is empty."""
+    if res.get("skipped"):
+        return None
+    if summary.get("ttft_s_median") is not None:
+        n = summary.get("ttft_requests")
+        return f"median over {n} streamed requests" if n else "median over the streamed requests"
+    if not (res.get("config") or {}).get("measure_ttft", True):
+        return "not measured: TTFT pass off (--no-ttft)"
+    rows = [r for r in res.get("rows") or [] if r.get("phase") == "ttft"]
+    if rows and not any(r.get("streamed") for r in rows):
+        return "not measured: the server answered the streaming requests without streaming"
+    return "not measured"
 
 
 def _validation(exp_dir: Path, variant: str) -> tuple[str | None, float | None]:
@@ -190,12 +244,14 @@ def build_records(exp_dir: str | os.PathLike, cfg: Mapping[str, Any], *, servers
                 # verify cycle; e2e_latency / client_latency include prefill and queueing
                 "cycle_ms_source": summary.get("cycle_time_source"),
                 "ttft_s": summary.get("ttft_s_median"),
+                "ttft_note": _ttft_note(res, summary),
                 "latency_s_median": summary.get("latency_s_median"),
                 "speedup": None,
                 "val_acc_per_step": val_acc,
                 "val_acc_mean": val_mean,
                 "gate_decision": gate.get("decision"),
                 "config_hash": chash,
+                **_training_hashes(exp_dir, variant),
                 "draftlab_commit": commit,
                 "versions": versions,
                 "hardware": hw,
@@ -211,6 +267,8 @@ def build_records(exp_dir: str | os.PathLike, cfg: Mapping[str, Any], *, servers
         if r["tps_median"] and base.get(r["client"]):
             r["speedup"] = r["tps_median"] / base[r["client"]]
     frame = pd.DataFrame(rows)
+    for col in INT_COLUMNS:  # counts stay integers when some rows (baseline, skipped) have none
+        frame[col] = frame[col].astype("Int64")
     return frame[["row_id"] + [c for c in frame.columns if c != "row_id"]]
 
 
