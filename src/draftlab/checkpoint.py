@@ -200,12 +200,36 @@ def _flatten(cfg: dict | None, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def tensor_sha256(t: TensorInfo) -> str:
+    """sha256 of one tensor's raw bytes, read from its safetensors file by the header's offsets."""
+    import hashlib
+    import struct
+
+    h = hashlib.sha256()
+    with open(t.file, "rb") as fh:
+        (n,) = struct.unpack("<Q", fh.read(8))
+        fh.seek(8 + n + t.offsets[0])
+        left = t.nbytes
+        while left > 0:
+            chunk = fh.read(min(left, 8 << 20))
+            if not chunk:
+                raise DraftlabError(f"{t.file}: file ends before tensor data ends (truncated?)")
+            h.update(chunk)
+            left -= len(chunk)
+    return h.hexdigest()
+
+
 def compare_checkpoints(
     a: str | os.PathLike | CheckpointInfo,
     b: str | os.PathLike | CheckpointInfo,
     cache_dir: str | os.PathLike | None = None,
+    hash_weights: bool = False,
 ) -> dict:
-    """Config diff and tensor diff of two checkpoints; ``compatible`` is decided by tensors only."""
+    """Config diff and tensor diff of two checkpoints; ``compatible`` is decided by tensor headers only.
+
+    Headers say nothing about values: with ``hash_weights`` every shared tensor of equal shape and
+    dtype is hashed on both sides and ``weights_differ`` lists those whose bytes differ.
+    """
     ia = a if isinstance(a, CheckpointInfo) else read_checkpoint(a, cache_dir)
     ib = b if isinstance(b, CheckpointInfo) else read_checkpoint(b, cache_dir)
     fa, fb = _flatten(ia.config), _flatten(ib.config)
@@ -228,6 +252,12 @@ def compare_checkpoints(
         "shape_mismatch": shape_mismatch,
         "dtype_mismatch": dtype_mismatch,
         "compatible": bool(ia.tensors) and not only_a and not only_b and not shape_mismatch,
+        "weights_hashed": hash_weights,
+        "weights_differ": (
+            [n for n in shared if n not in shape_mismatch and n not in dtype_mismatch
+             and tensor_sha256(ia.tensors[n]) != tensor_sha256(ib.tensors[n])]
+            if hash_weights else None
+        ),
     }
 
 

@@ -170,10 +170,51 @@ def format_error(error: jsonschema.ValidationError, source: str) -> str:
     return f"{source}: key {_key(error.absolute_path)!r}: value {value} is not valid; {_allowed(error)}"
 
 
+_JSON_TYPES = {"integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+               "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+               "boolean": lambda v: isinstance(v, bool), "null": lambda v: v is None,
+               "array": lambda v: isinstance(v, list), "object": lambda v: isinstance(v, dict),
+               "string": lambda v: isinstance(v, str)}
+
+
+def _coerce_one(cfg: Any, error: jsonschema.ValidationError) -> bool:
+    """Replace a string the schema wanted as another type by its YAML reading, when that fits.
+
+    Snakemake hands ``--config train='{steps: 90}'`` over with ``"90"`` as text; a user wrote an
+    integer, so read it as YAML would have (``90``) instead of refusing it.
+    """
+    if error.validator != "type" or not isinstance(error.instance, str) or not error.absolute_path:
+        return False
+    try:
+        value = yaml.safe_load(error.instance)
+    except yaml.YAMLError:
+        return False
+    wanted = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+    if isinstance(value, str) and "number" in wanted:  # PyYAML reads 3e-4 (no dot) as text
+        try:
+            value = float(error.instance)
+        except ValueError:
+            return False
+    if isinstance(value, str) or not any(_JSON_TYPES.get(t, lambda v: False)(value) for t in wanted):
+        return False
+    *parents, last = list(error.absolute_path)
+    node = cfg
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    return True
+
+
 def validate(cfg: dict[str, Any], source: str = "config", schema: dict | None = None, *, defaults: bool = True) -> dict[str, Any]:
-    """Validate ``cfg`` in place (filling defaults) and return it; raise DraftlabError on the first problem."""
+    """Validate ``cfg`` in place (filling defaults) and return it; raise DraftlabError on the first problem.
+
+    Strings that YAML reads as the expected type (``"90"`` for an integer) are converted first.
+    """
     schema = schema or load_schema()
     cls = _DefaultingValidator if defaults else _Validator
+    for _ in range(1000):  # each pass converts at least one value, so this ends
+        if not any([_coerce_one(cfg, e) for e in list(_Validator(schema).iter_errors(cfg))]):
+            break
     errors = sorted(cls(schema).iter_errors(cfg), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:
         raise DraftlabError(format_error(errors[0], source))

@@ -535,13 +535,13 @@ def _require(cfg: dict[str, Any], keys: tuple[str, ...], where: str) -> None:
 
 
 def run_doctor(drafter: str | os.PathLike, target: str | os.PathLike, algorithm: str = "EAGLE3",
-               backend: str = "sglang") -> dict[str, Any]:
+               backend: str = "sglang", cache_dir: str | os.PathLike | None = None) -> dict[str, Any]:
     """Run every check for serving with ``backend``; the result is the ``doctor --json`` document."""
-    info = read_checkpoint(drafter)
+    info = read_checkpoint(drafter, cache_dir)
     if info.config is None:
         raise DraftlabError(f"{drafter}: no config.json beside the weights; doctor needs the drafter config")
     _require(info.config, _REQUIRED_DRAFTER_KEYS, f"{drafter} config.json")
-    raw_target = read_config(target)
+    raw_target = read_config(target, cache_dir)
     tcfg = text_config(raw_target)
     nested = nested_text_key(raw_target)
     _require(tcfg, _REQUIRED_TARGET_KEYS, f"{target} config.json" + (f" ({nested})" if nested else ""))

@@ -31,14 +31,23 @@ CONFIG_KEYS = (
 
 def register(sub) -> None:
     """Add inspect, compare, patch-config, acquire and fetch-config to the draftlab parser."""
-    p = sub.add_parser("inspect", help="config + safetensors headers of a checkpoint (never reads weights)")
+    p = sub.add_parser("inspect", help="config + safetensors headers of a checkpoint (never reads weights)",
+                       description="Show a checkpoint's config keys that matter for EAGLE-3 serving and every "
+                                   "tensor's name, shape and dtype, read from the safetensors headers only (fast "
+                                   "on multi-GB files; weights are never loaded).")
     p.add_argument("source", help="folder, .safetensors file or hf:ORG/NAME[@REV]")
     _common(p, out_help="also write the JSON document to FILE")
     p.set_defaults(func=cmd_inspect)
 
-    p = sub.add_parser("compare", help="config diff and tensor diff of two checkpoints")
-    p.add_argument("a")
-    p.add_argument("b")
+    p = sub.add_parser("compare", help="config diff and tensor-header diff of two checkpoints",
+                       description="Compare two checkpoints: config keys that differ, tensors only in one, shape "
+                                   "and dtype mismatches. 'compatible' means the headers agree (one can be served "
+                                   "where the other was); it says nothing about the values: --hash-weights also "
+                                   "hashes every shared tensor and lists those whose weights differ.")
+    p.add_argument("a", help="folder, .safetensors file or hf:ORG/NAME[@REV]")
+    p.add_argument("b", help="folder, .safetensors file or hf:ORG/NAME[@REV]")
+    p.add_argument("--hash-weights", action="store_true",
+                   help="also read and hash every shared tensor (reads all weights: slow on big checkpoints)")
     _common(p, out_help="also write the JSON document to FILE")
     p.set_defaults(func=cmd_compare)
 
@@ -126,13 +135,20 @@ def inspect_markdown(source: str, doc: dict) -> str:
 def cmd_compare(args: argparse.Namespace) -> int:
     from draftlab.checkpoint import compare_checkpoints
 
-    doc = compare_checkpoints(args.a, args.b, cache_dir=args.cache_dir)
+    doc = compare_checkpoints(args.a, args.b, cache_dir=args.cache_dir, hash_weights=args.hash_weights)
     return _finish(args, doc, compare_markdown(args.a, args.b, doc), args.out)
 
 
 def compare_markdown(a: str, b: str, doc: dict) -> str:
     verdict = "compatible (same tensor names and shapes)" if doc["compatible"] else "NOT compatible"
-    lines = [f"# compare `{a}` (a) vs `{b}` (b)", "", f"- tensors: **{verdict}**"]
+    lines = [f"# compare `{a}` (a) vs `{b}` (b)", "", f"- tensor headers: **{verdict}**"]
+    differ = doc.get("weights_differ")
+    if not doc.get("weights_hashed"):
+        lines.append("- weights: not compared (headers only; --hash-weights hashes every shared tensor)")
+    elif differ:
+        lines.append(f"- weights: **{len(differ)} tensors differ**: {', '.join(differ)}")
+    else:
+        lines.append("- weights: identical (every shared tensor hashed)")
     lines.append(f"- only in a: {', '.join(doc['only_in_a']) or 'none'}")
     lines.append(f"- only in b: {', '.join(doc['only_in_b']) or 'none'}")
     for key, label in (("shape_mismatch", "shape"), ("dtype_mismatch", "dtype")):

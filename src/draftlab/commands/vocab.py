@@ -40,12 +40,17 @@ def register(sub) -> None:
     _add_records(p)
     p.set_defaults(func=_coverage)
 
-    p = sub.add_parser("doctor", help="preflight checks of a drafter against its target")
+    p = sub.add_parser("doctor", help="preflight checks of a drafter against its target",
+                       description="Check, before a server is launched, that an EAGLE-3 drafter fits its target: "
+                                   "d2t present and valid, vocab and hidden sizes, context length, aux layer ids, "
+                                   "the speculative algorithm, missing or mis-shaped tensors, non-finite weights, "
+                                   "dtype and rope. Exits 1 when any finding is an error.")
     p.add_argument("--drafter", required=True, help="drafter folder, .safetensors file or hf: source")
     p.add_argument("--target", required=True, help="target config.json, folder or hf: source")
     p.add_argument("--algorithm", default="EAGLE3", help="speculative algorithm it will be served with")
     p.add_argument("--backend", default="sglang", choices=("builtin", "sglang", "vllm"),
                    help="server it will be served with (vLLM reads aux layer ids from another config key)")
+    p.add_argument("--cache-dir", help="huggingface_hub cache folder for hf: sources (default: HF_HUB_CACHE / HF_HOME)")
     _add_records(p)
     p.set_defaults(func=_doctor)
 
@@ -197,7 +202,8 @@ def _coverage_markdown(r: dict[str, Any]) -> str:
 def _doctor(args: argparse.Namespace) -> int:
     from draftlab import doctor
 
-    report = doctor.run_doctor(args.drafter, args.target, algorithm=args.algorithm, backend=args.backend)
+    report = doctor.run_doctor(args.drafter, args.target, algorithm=args.algorithm, backend=args.backend,
+                               cache_dir=args.cache_dir)
     _record(args, report, doctor.to_markdown(report))
     emit(args, report, doctor.to_text)
     return 1 if report["errors"] else 0
