@@ -86,13 +86,7 @@ def _weights_sha(folder: Path) -> str | None:
     if acq and acq.get("files"):
         pairs = [(f["name"], f.get("sha256")) for f in acq["files"] if f["name"].endswith(".safetensors")]
     else:
-        pairs = []
-        for p in sorted(folder.glob("*.safetensors")):
-            h = hashlib.sha256()
-            with open(p, "rb") as fh:
-                for chunk in iter(lambda: fh.read(8 << 20), b""):
-                    h.update(chunk)
-            pairs.append((p.name, h.hexdigest()))
+        pairs = [(p.name, _file_sha(p)) for p in sorted(folder.glob("*.safetensors"))]
     if not pairs or any(s is None for _, s in pairs):
         return None
     return hashlib.sha256("".join(f"{n}:{s}\n" for n, s in pairs).encode()).hexdigest()
