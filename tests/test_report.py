@@ -12,7 +12,10 @@ import pytest
 from draftlab.errors import DraftlabError
 from draftlab.evaluate import SKIP_MARKER, gate_decision, run_gated, skip_reason
 from draftlab.records import build_records, write_records
-from draftlab.report import break_even, write_report
+from draftlab.breakeven import break_even_accept_length as break_even
+from draftlab.breakeven import drafter_standing
+from draftlab.fsutil import write_json
+from draftlab.report import write_report
 from test_records import SERVERS, experiment_config, make_experiment
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -29,7 +32,15 @@ def _report(tmp_path, **kw):
          "only_in_b": [8, 9, 10]}))
     (exp / "static" / "d2t-coverage.json").write_text(json.dumps({"coverage": 0.8731}))
     write_records(build_records(exp, cfg, servers=SERVERS, clients=["default"]), exp / "records" / "records.csv")
-    out = write_report(exp, exp / "report", exp / "records" / "records.csv", target_tps=[150, 200])
+    standing = exp / "report" / "breakeven" / "s2-k1-d3" / "default.json"
+    bench = exp / "bench"
+    write_json(standing, drafter_standing(bench / "baseline" / "plain" / "default.json",
+                                          {v: bench / v / "s2-k1-d3" / "default.json"
+                                           for v in ("probe", "finetune-keep", "scratch")}, [50, 150, 200]))
+    (exp / "static" / "doctor-probe.md").write_text(
+        "# doctor: probe\n\n| severity | code |\n|---|---|\n| warning | aux-layers-unusual |\n")
+    out = write_report(exp, exp / "report", exp / "records" / "records.csv", target_tps=[50, 150, 200],
+                       standing=[standing], static_md=[exp / "static" / "doctor-probe.md"])
     return exp, out, (exp / "report" / "summary.md").read_text()
 
 
@@ -40,13 +51,17 @@ def test_summary_has_every_section_and_the_decision(tmp_path):
                     "## d2t: transferred mapping vs the fine-tune data's", "## Doctor findings", "## Probe gate"):
         assert heading in md, heading
     # decision in words: best drafter, transfer vs scratch, what to serve
-    assert "Best fine-tuned drafter: finetune-keep" in md
-    assert "Transfer beats training from scratch on the same data: accept length 2.10 vs 1.70" in md
-    assert "**Decision:** serve `finetune-keep` with s2-k1-d3: 1.60x" in md
+    assert "Best fine-tuned drafter by accept length: finetune-keep" in md
+    assert "Transfer beats training from scratch on the same data: best fine-tuned `finetune-keep` at s2-k1-d3 " \
+           "reaches accept length 2.10 vs 1.70" in md
+    assert "**Decision:** serve `finetune-keep` at s2-k1-d3: 160.0 tok/s [158.0, 162.0], 1.60x" in md
     # comparison table row: variant, tok/s [CI], accept length, val acc, speedup
     assert "| finetune-keep | s2-k1-d3 | default | 160.0 [158.0, 162.0] | 2.10 | 14.0 | 0.450 | 1.60 |" in md
-    # break-even: 100 tok/s x 14 ms / 1000 = 1.40; 150 tok/s needs 2.10 (met), 200 needs 2.80 (not met)
-    assert "| finetune-keep | s2-k1-d3 | default | 2.10 | 1.40 | above | 2.10 (met) | 2.80 (not met) |" in md
+    # break-even from the breakeven rule's standing file: 100 tok/s x 14 ms / 1000 = 1.40; 50 tok/s needs
+    # 0.70 < 1 (reached without speculation); 150 needs 2.10 and 160 tok/s were measured (met); 200 not met
+    assert ("| finetune-keep | s2-k1-d3 | default | 2.10 | 1.40 | above | reached without speculation (needs 0.70 "
+            "< 1); met: 160.0 tok/s measured | 2.10 (met: 160.0 tok/s measured) | 2.80 (not met: 160.0 tok/s "
+            "measured) |") in md
     assert "| step 0 | step 1 | step 2 |" in md and "| finetune-keep | 0.600 | 0.450 | 0.300 |" in md
     assert "| 64 | 3 | 61 | 3 | 3 |" in md and "87.3%" in md
     assert "aux-layers-unusual" in md and "decision: **fine-tune**" in md
@@ -73,13 +88,20 @@ def test_report_says_why_fine_tuning_was_skipped(tmp_path):
     assert "Probe gate failed: probe accept length 1.000 < 1.1" in md
     assert "Fine-tuning and the from-scratch control arm were skipped" in md
     assert "| finetune-keep (skipped) |" in md and "No trained drafter" in md
+    assert "| finetune-keep | s2-k1-d3 | default | – | – | skipped: " in md
     assert "decision: **skip**" in md
     assert Path(out["ttt"]).read_bytes().startswith(PNG)
 
 
-def test_break_even_formula():
+def test_met_means_measured_not_assumed():
+    """Issue 18: '1.22 (met)' for a probe measuring 99.2 tok/s against a 100 tok/s goal."""
+    from draftlab.report import goal_cell
+
+    goal = {"target_tps": 100.0, "required_accept_length": 1.22}
+    assert goal_cell(goal, 99.2) == "1.22 (not met: 99.2 tok/s measured)"
+    assert goal_cell({"target_tps": 100.0, "required_accept_length": 0.52}, 99.2).startswith(
+        "reached without speculation (needs 0.52 < 1)")
     assert break_even(100.0, 14.0) == pytest.approx(1.4)
-    assert break_even(None, 14.0) is None
 
 
 def _result(path: Path, accept):
@@ -142,3 +164,52 @@ def test_serve_bench_refuses_a_drafter_whose_gate_flipped(tmp_path):
         skip_reason(plan)
     gate.write_text(json.dumps({"pass": False, "reason": "closed"}))
     assert skip_reason(plan) == "closed"
+
+
+def _figures(monkeypatch):
+    """Keep the figures the report closes, to read their axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kept = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: kept.append(fig))
+    return kept
+
+
+def test_plots_are_scaled_labelled_and_marked(tmp_path, monkeypatch):
+    """Issue 18: labels overlapped, accept length started at 0, TTT ticks at 0.5, no CIs or break-even."""
+    kept = _figures(monkeypatch)
+    exp, out, _ = _report(tmp_path)
+    plt_accept, plt_tps, plt_ttt = (f.axes[0] for f in kept[-3:])
+    lo, hi = plt_accept.get_ylim()
+    assert 1.0 < lo < 1.3 and 2.1 < hi < 2.4  # probe 1.60 .. keep 2.10, break-even 1.30/1.40: not from 0
+    for ax in (plt_accept, plt_tps):
+        assert all(t.get_rotation() == 30 for t in ax.get_xticklabels())
+        assert ax.get_legend() is not None
+    legend = [t.get_text() for t in plt_accept.get_legend().get_texts()]
+    assert any("break-even" in t for t in legend) and any("probe" in t for t in legend)
+    assert any("baseline" in t.get_text() for t in plt_tps.get_legend().get_texts())
+    assert plt_tps.containers, "error bars drawn"
+    assert 80 < plt_tps.get_ylim()[0] < 98  # tok/s 98..162: not from 0 either
+    ticks = [t for t in plt_ttt.get_xticks() if 0 <= t <= 2]
+    assert ticks == [0, 1, 2]
+
+
+def test_html_views_show_the_decision_in_a_real_browser(tmp_path):
+    """Issue 18: the HTML report hid the decision behind data: links that opened nothing."""
+    from browser import visible_text
+
+    exp, out, md = _report(tmp_path)
+    text = visible_text(Path(out["summary_html"]))
+    assert "Decision: serve finetune-keep at s2-k1-d3" in text
+    assert "Transfer beats training from scratch" in text and "tok/s median [95% CI]" in text
+    html = Path(out["summary_html"]).read_text()
+    assert html.count('src="data:image/png;base64,') == 3  # the plots travel inside the page
+    frag = Path(out["decision_fragment"]).read_text()
+    assert "<strong>Decision:</strong>" in frag and "<table>" in frag and "<html>" not in frag
+    records = visible_text(Path(out["records_html"]))
+    assert "finetune-keep" in records and "train_settings_sha256" in records
+    static = visible_text(Path(out["static_html"]))
+    assert "doctor: probe" in static and "aux-layers-unusual" in static

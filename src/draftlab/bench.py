@@ -159,14 +159,18 @@ def t_quantile_975(df: int) -> float:
     return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
-def mean_ci95(values: Sequence[float]) -> tuple[float, float] | None:
-    """95% Student-t interval of the mean: mean +- t(0.975, n-1) * s / sqrt(n); None for n < 2."""
+def mean_ci95(values: Sequence[float], floor: float | None = None) -> tuple[float, float] | None:
+    """95% Student-t interval of the mean: mean +- t(0.975, n-1) * s / sqrt(n); None for n < 2.
+
+    ``floor`` clamps the lower end (0 for throughput, which cannot be negative).
+    """
     n = len(values)
     if n < 2:
         return None
     m = statistics.fmean(values)
     half = t_quantile_975(n - 1) * statistics.stdev(values) / math.sqrt(n)
-    return (m - half, m + half)
+    low = m - half if floor is None else max(floor, m - half)
+    return (low, m + half)
 
 
 # --- HTTP -----------------------------------------------------------------------------------------
@@ -501,7 +505,7 @@ def summarize(
     for rep, wall in enumerate(repeat_walls):
         tokens = sum(r["completion_tokens"] or 0 for r in measured if r["repeat"] == rep)
         per_repeat.append(tokens / wall if wall > 0 else 0.0)
-    ci = mean_ci95(per_repeat)
+    ci = mean_ci95(per_repeat, floor=0.0)
 
     accept_length = cycle_ms = accept_rate = None
     verify_total: int | None = None
@@ -547,7 +551,7 @@ def summarize(
         "output_tps_median": _median(per_repeat),
         "output_tps_mean": statistics.fmean(per_repeat) if per_repeat else None,
         "output_tps_ci95": list(ci) if ci else None,
-        "output_tps_ci_method": "student-t 95% interval of the mean over repeats (null for 1 repeat)",
+        "output_tps_ci_method": "student-t 95% interval of the mean over repeats, lower end clamped at 0 (null for 1 repeat)",
         "output_tps_per_repeat": per_repeat,
         "repeat_wall_s": repeat_walls,
         "speculation_active": accept_length is not None,

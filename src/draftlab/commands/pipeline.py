@@ -65,7 +65,8 @@ def _records(args: argparse.Namespace) -> int:
 def _report(args: argparse.Namespace) -> int:
     from draftlab.report import write_report
 
-    out = write_report(args.exp_dir, args.out_dir, args.records, target_tps=args.target_tps)
+    out = write_report(args.exp_dir, args.out_dir, args.records, target_tps=args.target_tps, standing=args.standing,
+                       static_md=args.static_md)
     emit(args, out, lambda o: f"report: {o['summary']}")
     return 0
 
@@ -127,7 +128,13 @@ def register(sub) -> None:
     p.add_argument("--exp-dir", required=True)
     p.add_argument("--out-dir", required=True)
     p.add_argument("--records", required=True, help="the experiment's records CSV")
-    p.add_argument("--target-tps", type=float, nargs="*", default=[], help="throughput goals (break-even section)")
+    p.add_argument("--target-tps", type=float, nargs="*", default=[],
+                   help="throughput goals (kept for compatibility: the break-even section shows the goals of the "
+                        "--standing files)")
+    p.add_argument("--standing", nargs="*", default=[], metavar="JSON",
+                   help="break-even standing files of `draftlab standing` (report/breakeven/<spec>/<client>.json)")
+    p.add_argument("--static-md", nargs="*", default=[], metavar="MD",
+                   help="static-analysis Markdown summaries to gather into static.html (inspect, compare, doctor...)")
     add_json_flag(p)
     p.set_defaults(func=_report)
 

@@ -1,0 +1,129 @@
+"""Self-contained HTML views of the report, for ``snakemake --report report.html``.
+
+Snakemake's report shows PNG and HTML results inline (HTML in an iframe) but offers Markdown, CSV
+and JSON only as links to ``data:`` URIs, which browsers refuse to open as pages. So everything a
+person should read there is also written as one HTML file with no outside references: the summary
+(plots embedded as ``data:`` images), the records table, the static analysis. The Markdown stays
+the source: the HTML is rendered from it by the small subset of Markdown the report writes.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import os
+import re
+from pathlib import Path
+from typing import Sequence
+
+from draftlab.fsutil import write_text
+
+STYLE = (
+    "body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;max-width:1100px;margin:1.5em auto;"
+    "padding:0 1em;color:#222;line-height:1.45}table{border-collapse:collapse;margin:.8em 0;font-size:.9em}"
+    "th,td{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top}th{background:#f2f2f2}"
+    "code{background:#f4f4f4;padding:0 .2em}img{max-width:100%}.decision{background:#eef5ff;"
+    "border-left:4px solid #4c72b0;padding:.6em 1em}"
+)
+
+
+_BULLET = re.compile(r"^\s*[-*] ")
+
+
+def _inline(text: str) -> str:
+    out = html.escape(text, quote=False)
+    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", out)
+
+
+def _image(alt: str, src: str, base: Path | None) -> str:
+    path = (base / src) if base is not None else Path(src)
+    if path.is_file():
+        data = base64.b64encode(path.read_bytes()).decode()
+        return f'<p><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></p>'
+    return f"<p>[{html.escape(alt)}: {html.escape(src)} missing]</p>"
+
+
+def _table(lines: list[str]) -> str:
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+    head, body = cells[0], [r for r in cells[1:] if not all(set(c) <= set("-: ") for c in r)]
+    out = ["<table><thead><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in head) + "</tr></thead><tbody>"]
+    out += ["<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in body]
+    return "\n".join(out + ["</tbody></table>"])
+
+
+def markdown_to_html(md: str, base: Path | None = None) -> str:
+    """Headings, tables, bullet lists, images and paragraphs: the Markdown the report writes."""
+    out: list[str] = []
+    lines = md.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if not line.strip():
+            i += 1
+        elif m := re.match(r"^(#{1,4}) (.*)$", line):
+            n = len(m.group(1))
+            out.append(f"<h{n}>{_inline(m.group(2))}</h{n}>")
+            i += 1
+        elif line.lstrip().startswith("|"):
+            j = i
+            while j < len(lines) and lines[j].lstrip().startswith("|"):
+                j += 1
+            out.append(_table(lines[i:j]))
+            i = j
+        elif m := re.match(r"^!\[([^\]]*)\]\(([^)]+)\)$", line.strip()):
+            out.append(_image(m.group(1), m.group(2), base))
+            i += 1
+        elif _BULLET.match(line):
+            items = []
+            while i < len(lines) and _BULLET.match(lines[i]):
+                items.append("<li>" + _inline(_BULLET.sub("", lines[i])) + "</li>")
+                i += 1
+            out.append("<ul>" + "".join(items) + "</ul>")
+        else:
+            para = []
+            while i < len(lines) and lines[i].strip() and not re.match(r"^(#|\||!\[|\s*[-*] )", lines[i]):
+                para.append(lines[i])
+                i += 1
+            out.append(f"<p>{_inline(' '.join(para))}</p>")
+    return "\n".join(out)
+
+
+def page(title: str, body: str) -> str:
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{STYLE}</style></head><body>\n{body}\n</body></html>\n")
+
+
+def decision_fragment(decision_lines: Sequence[str], comparison_lines: Sequence[str]) -> str:
+    """The decision and the comparison table as an HTML fragment (the report's landing text)."""
+    paras = "".join(f"<p>{_inline(s)}</p>" for s in decision_lines)
+    return f'<div class="decision">{paras}</div>\n' + markdown_to_html("\n".join(comparison_lines))
+
+
+def records_html(records_csv: str | os.PathLike, columns: Sequence[str]) -> str:
+    """The experiment's records as a table: the columns a person compares, every row."""
+    with open(records_csv, newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    cols = [c for c in columns if rows and c in rows[0]]
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(r[c])}</td>" for c in cols) + "</tr>" for r in rows)
+    return (f"<h1>Records: {len(rows)} rows of {html.escape(str(records_csv))}</h1><p>Every column, with "
+            "provenance, is in the CSV and Parquet beside it; this page shows those a comparison needs.</p>"
+            f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+
+
+def static_html(markdown_files: Sequence[str | os.PathLike]) -> str:
+    """Every static-analysis summary (inspect, compare, patch, doctor, d2t) on one page."""
+    parts = []
+    for p in markdown_files:
+        p = Path(p)
+        text = p.read_text(encoding="utf-8") if p.is_file() else f"# {p.name}\n\n(missing)"
+        parts.append(f"<section><p><small>{html.escape(str(p))}</small></p>{markdown_to_html(text, p.parent)}"
+                     "</section><hr>")
+    return "<h1>Static analysis and doctor findings</h1>" + "\n".join(parts)
+
+
+def write_page(path: str | os.PathLike, title: str, body: str) -> str:
+    write_text(path, page(title, body))
+    return str(path)
