@@ -69,7 +69,8 @@ def dry_run_jobs(wd: Path, extra: dict | None = None) -> list[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> Path:
     wd = _copy_workflow(tmp_path_factory.mktemp("smoke"))
-    snakemake(wd, "all", timeout=RUN_TIMEOUT_S)
+    out = snakemake(wd, "all", timeout=RUN_TIMEOUT_S)
+    (wd / "run-output.txt").write_text(out.stdout + out.stderr)
     return wd
 
 
@@ -161,10 +162,34 @@ def test_finetune_change_does_not_rerun_the_probe(smoke):
     assert {"probe_gate", "acquire", "patch_config", "tokenize", "generate_data"}.isdisjoint(rules)
 
 
+def test_the_run_ends_naming_the_summary_and_the_report_command(smoke):
+    said = (smoke / "run-output.txt").read_text()
+    assert f"draftlab: done. Summary: results/{EXP}/report/summary.md" in said
+    assert "snakemake --report report.html --configfile smoke.yaml" in said
+
+
+def test_benchmarks_ran_one_at_a_time(smoke):
+    """--cores 2 and no profile: serve_bench jobs still never overlapped (one bench_slot)."""
+    spans = sorted((s["started_at"], s["finished_at"]) for s in
+                   (json.loads(p.read_text()) for p in (smoke / "results" / EXP / "bench").glob("*/*/serve.json"))
+                   if not s.get("skipped"))
+    assert len(spans) >= 2
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans
+
+
 def test_snakemake_html_report(smoke):
+    """Issue 18: the HTML report opens on the decision, readable in a real browser."""
+    from browser import visible_text
+
     snakemake(smoke, "all", "--report", "report.html", timeout=300)
     html = (smoke / "report.html").read_text(errors="replace")
-    assert "summary.md" in html and "accept_length.png" in html
+    assert "summary.html" in html and "accept_length.png" in html and "records.html" in html
+    text = visible_text(smoke / "report.html")
+    summary = (smoke / "results" / EXP / "report" / "summary.md").read_text()
+    decision = next(line for line in summary.splitlines() if line.startswith("**Decision:**"))
+    # the landing page shows the decision sentence and the comparison table, no click needed
+    assert decision.replace("**", "").replace("`", "")[:60] in text
+    assert "tok/s median [95% CI]" in text
 
 
 def test_clean_rerun_is_reproducible(smoke, tmp_path):

@@ -10,7 +10,7 @@ rule inspect:
         ),
     output:
         json=f"{R}/static/inspect-{{what}}.json",
-        md=report(f"{R}/static/inspect-{{what}}.md", category="Static analysis"),
+        md=f"{R}/static/inspect-{{what}}.md",
     log:
         f"{LOGS}/inspect-{{what}}.log",
     wildcard_constraints:
@@ -33,7 +33,7 @@ rule patch_config:
         target=f"{R}/models/target/model.json",
     output:
         patch=f"{PATCHED}/patch.json",
-        md=report(f"{R}/static/patch-config.md", category="Static analysis"),
+        md=f"{R}/static/patch-config.md",
     log:
         f"{LOGS}/patch_config.log",
     conda:
@@ -61,7 +61,7 @@ rule compare:
         ),
     output:
         json=f"{R}/static/compare-{{a}}-vs-{{b}}.json",
-        md=report(f"{R}/static/compare-{{a}}-vs-{{b}}.md", category="Static analysis"),
+        md=f"{R}/static/compare-{{a}}-vs-{{b}}.md",
     log:
         f"{LOGS}/compare-{{a}}-vs-{{b}}.log",
     wildcard_constraints:
@@ -84,7 +84,7 @@ rule doctor:
         target=f"{R}/models/target/model.json",
     output:
         json=f"{R}/static/doctor-{{variant}}.json",
-        md=report(f"{R}/static/doctor-{{variant}}.md", category="Doctor"),
+        md=f"{R}/static/doctor-{{variant}}.md",
     log:
         f"{LOGS}/doctor-{{variant}}.log",
     conda:
@@ -114,7 +114,7 @@ rule d2t_diff:
         mapping=f"{R}/data/vocab.safetensors",
     output:
         json=f"{R}/static/d2t-diff.json",
-        md=report(f"{R}/static/d2t-diff.md", category="Static analysis"),
+        md=f"{R}/static/d2t-diff.md",
     log:
         f"{LOGS}/d2t_diff.log",
     conda:
@@ -132,7 +132,7 @@ rule d2t_coverage:
         tokens=f"{R}/data/tokens.jsonl",
     output:
         json=f"{R}/static/d2t-coverage.json",
-        md=report(f"{R}/static/d2t-coverage.md", category="Static analysis"),
+        md=f"{R}/static/d2t-coverage.md",
     log:
         f"{LOGS}/d2t_coverage.log",
     conda:

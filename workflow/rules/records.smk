@@ -12,7 +12,7 @@ rule records:
         train=[f"{R}/train/{arm}" for arm in ARMS],
         gate=GATE,
     output:
-        csv=report(f"{R}/records/records.csv", category="Records"),
+        csv=f"{R}/records/records.csv",
         parquet=f"{R}/records/records.parquet",
     log:
         f"{LOGS}/records.log",
