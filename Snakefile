@@ -1,13 +1,20 @@
 # draftlab: probe, fine-tune and evaluate an EAGLE-3 drafter for a target model.
 # The DAG only; all logic lives in the draftlab package (src/draftlab). See docs/pipeline.md.
+import sys
+
 from snakemake.utils import min_version
 
 from draftlab.config import load_config
+from draftlab.hostcheck import host_warnings
 
 min_version("9.0")
 
 
 configfile: "config/config.yaml"
+
+
+# The HTML report (snakemake --report report.html) opens on this page: the decision and the table.
+report: "workflow/report/workflow.rst"
 
 
 # Validate against workflow/schemas/config.schema.yaml and fill defaults; a bad key stops here
@@ -18,6 +25,21 @@ config.update(
 
 
 include: "workflow/rules/common.smk"
+
+
+# Benchmarks that compare tok/s run one at a time unless asked otherwise: serve_bench takes one
+# bench_slot, and a run given no bench_slot (no profile, or one without it) has exactly one.
+# A profile's `resources: bench_slot: N` or `--resources bench_slot=N` allows N at once.
+if "bench_slot" not in workflow.global_resources:
+    workflow.register_resource("bench_slot", 1)
+
+# A profile made for a bigger host (gpu8 on a laptop) warns before any job runs; it never refuses.
+for _line in host_warnings(
+    workflow.resource_settings.resources, workflow.resource_settings.cores
+):
+    print(f"draftlab WARNING: {_line}", file=sys.stderr)
+
+
 include: "workflow/rules/acquire.smk"
 include: "workflow/rules/analyze.smk"
 include: "workflow/rules/data.smk"
@@ -31,3 +53,8 @@ rule all:
     default_target: True
     input:
         get_final_outputs(),
+
+
+onsuccess:
+    # The run ends by saying where to look (the summary) and how to get the HTML report.
+    print(done_message(), file=sys.stderr)

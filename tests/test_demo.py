@@ -143,3 +143,14 @@ def test_unknown_size_is_a_user_error(tmp_path):
 
     with pytest.raises(DraftlabError, match="--size: expected one of"):
         demo.build_demo_models(tmp_path, size="huge")
+
+
+def test_a_build_talks_one_line_per_stage(tmp_path, capfd):
+    """Issue 18: demo_models printed nothing for 5 minutes; the rule now tees stderr to the terminal."""
+    demo.build_demo_models(tmp_path / "t", size=TINY)
+    err = capfd.readouterr().err
+    assert "demo-models: building the 'tiny' demo pair" in err
+    for stage in ("tokenizer", "target_v1", "target_v2"):
+        assert f"demo-models: {stage} took" in err, stage
+    rule = (Path(__file__).resolve().parents[1] / "workflow" / "rules" / "acquire.smk").read_text()
+    assert "2> >(tee {log} >&2)" in rule

@@ -408,6 +408,8 @@ def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", se
     (out / "manifest.json").unlink(missing_ok=True)  # a half-done rebuild must not look complete
     t0, cpu0 = time.perf_counter(), _cpu_seconds()
     timings = _StageTimes(log_file)
+    print(f"demo-models: building the {size!r} demo pair (tokenizer, target v1, target v2 + v1 drafter) under "
+          f"{out}; one line per finished stage", file=sys.stderr)
     corpus = load_corpus(spec)
     sha = corpus_sha256(corpus)
     slices = split_corpus(corpus)

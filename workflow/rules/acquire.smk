@@ -18,7 +18,9 @@ if DEMO:
             size=config["size"],
         shell:
             "draftlab demo-models --out {params.out} --size {params.size} --threads {threads} --json"
-            " > {log}.json 2> {log} && mv {log}.json {output.demo}"
+            # stage lines and progress on the terminal too (a 5-minute job should not be silent); the JSON
+            # goes beside the log, not into the demo folder, until draftlab has written the folder
+            " > {log}.json 2> >(tee {log} >&2) && mv {log}.json {output.demo}"
 
 
 rule resolve_target:

@@ -280,5 +280,31 @@ def get_gated_train_shell(wildcards):
     return " && ".join(parts)
 
 
+def get_static_summaries():
+    """The Markdown of every static-analysis job, gathered into the report's static.html."""
+    pairs = [("drafter", "patched")] + (
+        [("patched", "reference")] if HAS_REFERENCE else []
+    )
+    return (
+        [f"{R}/static/inspect-{w}.md" for w in ["target", "drafter"]]
+        + [f"{R}/static/patch-config.md"]
+        + [f"{R}/static/compare-{a}-vs-{b}.md" for a, b in pairs]
+        + [f"{R}/static/d2t-diff.md", f"{R}/static/d2t-coverage.md"]
+        + [f"{R}/static/doctor-{v}.md" for v in DRAFTED]
+    )
+
+
 def get_final_outputs():
     return [f"{R}/report/summary.md", f"{R}/records/merged.json"]
+
+
+def done_message():
+    """What the end of a run says: where the summary is and the command for the HTML report."""
+    summary = f"{R}/report/summary.md"
+    if not os.path.exists(summary):
+        return "draftlab: done (no report yet: run `snakemake all` to get results/<experiment>/report/summary.md)"
+    extra = "".join(f" --configfile {c}" for c in workflow.overwrite_configfiles)
+    return (
+        f"draftlab: done. Summary: {summary}\n"
+        f"  HTML report (decision, tables, plots): snakemake --report report.html{extra}"
+    )

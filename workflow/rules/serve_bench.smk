@@ -38,6 +38,9 @@ rule serve_bench:
         "../../envs/serving.yaml"
     resources:
         gpu=SERVER_GPUS,
+        # tok/s of two benchmarks on one host interfere: the profiles allow one at a time
+        # (bench_slot: 1); raise it there or with --resources bench_slot=N to run more at once.
+        bench_slot=1,
     params:
         command=get_server_command,
     shell:
