@@ -208,7 +208,7 @@ def test_html_views_show_the_decision_in_a_real_browser(tmp_path):
     html = Path(out["summary_html"]).read_text()
     assert html.count('src="data:image/png;base64,') == 3  # the plots travel inside the page
     frag = Path(out["decision_fragment"]).read_text()
-    assert "<strong>Decision:</strong>" in frag and "<table>" in frag and "<html>" not in frag
+    assert "<strong>Decision:</strong>" in frag and "<th>tok/s [95% CI]</th>" in frag and "<html>" not in frag
     records = visible_text(Path(out["records_html"]))
     assert "finetune-keep" in records and "train_settings_sha256" in records
     static = visible_text(Path(out["static_html"]))

@@ -71,6 +71,13 @@ def test_every_drafter_clearly_slower_keeps_plain_decoding():
     assert decide(rows, "default")["verdict"] == "plain"
 
 
+def test_accept_length_ties_are_said_as_ties():
+    rows = [row("baseline", 100.0, (90.0, 110.0)), row("probe", 101.0, (95.0, 105.0), accept=1.161),
+            row("finetune-keep", 99.0, (90.0, 108.0), accept=1.163, val=0.3)]
+    text = decide(rows, "default")["lines"][-1]
+    assert "`probe` at s2-k1-d3, `finetune-keep` at s2-k1-d3 tie at 1.16" in text
+
+
 def test_one_repeat_has_no_interval_so_the_run_cannot_tell():
     rows = [row("baseline", 100.0, None), row("probe", 130.0, None, accept=1.6)]
     assert compare_tps(rows[1], rows[0]) is None

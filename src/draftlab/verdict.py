@@ -91,7 +91,7 @@ def what_would_tell(rows: Sequence[dict[str, Any]]) -> str:
     toks = sorted({str(r.get("max_new_tokens")) for r in rows if r.get("max_new_tokens") not in (None, "")})
     return ("more repeats (`bench.clients[].repeats`, now " + "/".join(reps or ["?"]) + "), longer answers "
             "(`max_new_tokens`, now " + "/".join(toks or ["?"]) + "), and benchmarks not run concurrently "
-            "(`--resources bench_slot=1`, the profiles' default) on an otherwise idle machine")
+            "(one `bench_slot`, the default) on an otherwise idle machine")
 
 
 def transfer_vs_scratch(rows: Sequence[dict[str, Any]], client: str) -> str | None:
@@ -151,8 +151,10 @@ def decide(rows: Sequence[dict[str, Any]], client: str) -> dict[str, Any]:
         lines.append(f"**Decision:** keep serving without speculation: every candidate drafter is slower than "
                      f"{base_txt}, with intervals that do not overlap it.")
         return {"verdict": "plain", "winner": None, "lines": lines}
-    best = max(eligible, key=lambda r: num(r["accept_length"]))
-    hint = f" By accept length (deterministic), the best candidate is {label(best)} at {fmt(best['accept_length'])}."
+    top = max(round(num(r["accept_length"]), 2) for r in eligible)
+    best = [r for r in eligible if round(num(r["accept_length"]), 2) == top]
+    hint = (f" By accept length (deterministic), the best candidate is {label(best[0])} at {top:.2f}." if len(best) == 1
+            else f" By accept length (deterministic), {', '.join(label(r) for r in best)} tie at {top:.2f}.")
     unclear = [r for r, c in vs_base if c != -1]
     detail = "; ".join(f"{label(r)} {fmt(r['tps_median'], '{:.1f}')} tok/s {ci_text(r)}" for r in unclear)
     lines.append(f"**Decision:** this run cannot tell whether speculation beats plain decoding: {detail} against "
