@@ -147,7 +147,10 @@ def test_compare_tensors_decide_configs_are_reported(tmp_path, drafter):
         "shape_mismatch": {},
         "dtype_mismatch": {},
         "compatible": True,
+        "weights_hashed": False,  # headers only unless asked (hash_weights=True)
+        "weights_differ": None,
     }
+    assert compare_checkpoints(drafter, drafter, hash_weights=True)["weights_differ"] == []
     # a config that lies: same tensors, different context and aux ids
     liar_cfg = tiny_drafter_config(max_position_embeddings=4096, aux_layer_ids=[2, 4, 5])
     liar = write_drafter(tmp_path / "liar", cfg=liar_cfg)
