@@ -166,7 +166,7 @@ def test_gpu8_profile_resolves_from_the_repository_root():
     link = ROOT / "gpu8"
     assert link.is_symlink() and link.resolve() == (ROOT / "profiles" / "gpu8").resolve()
     prof = yaml.safe_load((ROOT / "profiles" / "gpu8" / "config.yaml").read_text())
-    assert prof["resources"] == {"gpu": 8} and prof["keep-going"] is True and prof["retries"] >= 1
+    assert prof["resources"] == {"gpu": 8, "bench_slot": 1} and prof["keep-going"] is True and prof["retries"] >= 1
     assert prof["printshellcmds"] is True
     # profiles/default would be merged into every run (and override gpu8); there must not be one
     assert not (ROOT / "profiles" / "default").exists()
