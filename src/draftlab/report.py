@@ -1,10 +1,12 @@
 """The experiment report: a Markdown summary a person reads, and the plots beside it.
 
 Everything comes from files the pipeline already wrote under ``results/<experiment>/`` (records,
-gate decision, doctor reports, d2t diff and coverage, training metrics and validation), so the
-report can be regenerated at any time and never measures anything itself. Sections: the decision in
-words, the comparison table, accept length by variant, tok/s against baseline with the break-even
-line, TTT per-step accuracy of every trained drafter, the d2t diff, doctor findings, the gate.
+gate decision, doctor reports, d2t diff and coverage, training metrics and validation, the
+``breakeven`` rule's standing files), so the report can be regenerated at any time and never
+measures or recomputes anything itself. Sections: the decision in words (draftlab.verdict: only
+what the measurements separate), the comparison table, accept length by variant, tok/s against
+baseline with the break-even table, TTT per-step accuracy of every trained drafter, the d2t diff,
+doctor findings, the gate. HTML views of the same for ``snakemake --report``: draftlab.report_html.
 """
 
 from __future__ import annotations
