@@ -303,7 +303,8 @@ def done_message():
     summary = f"{R}/report/summary.md"
     if not os.path.exists(summary):
         return "draftlab: done (no report yet: run `snakemake all` to get results/<experiment>/report/summary.md)"
-    extra = "".join(f" --configfile {c}" for c in workflow.overwrite_configfiles)
+    rel = [os.path.relpath(c) for c in workflow.overwrite_configfiles]
+    extra = "".join(f" --configfile {shlex.quote(c)}" for c in rel)
     return (
         f"draftlab: done. Summary: {summary}\n"
         f"  HTML report (decision, tables, plots): snakemake --report report.html{extra}"
