@@ -16,8 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,12 @@ import torch
 from draftlab.engine import Engine, GenerationStopped
 from factories import tiny_drafter_config, write_drafter
 from tiny_models import tiny_target
+import httpcall
+
+
+def call(url: str, payload=None, raw: bytes | None = None, timeout: float = 20.0, headers: dict | None = None):
+    """httpcall.call with this file's shorter timeout."""
+    return httpcall.call(url, payload, raw, timeout, headers)
 
 CONTEXT = 1024  # a filling generation lasts seconds even on a fast CPU (~25 ms per cycle here)
 READ_TIMEOUT = 1.5
@@ -68,20 +72,6 @@ def server(folders, tmp_path_factory):
     srv = Served(folders, tmp_path_factory.mktemp("log") / "serve.log")
     yield srv
     srv.stop()
-
-
-def call(url: str, payload=None, raw: bytes | None = None, timeout: float = 20.0, headers: dict | None = None):
-    data = raw if raw is not None else (None if payload is None else json.dumps(payload).encode())
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            status, body = resp.status, resp.read()
-    except urllib.error.HTTPError as err:
-        status, body = err.code, err.read()
-    try:
-        return status, json.loads(body)
-    except json.JSONDecodeError:
-        return status, body.decode()
 
 
 def open_request(port: int, payload: dict) -> socket.socket:

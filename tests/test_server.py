@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import threading
-import urllib.error
-import urllib.request
 
 import pytest
 import torch
@@ -18,21 +15,7 @@ from draftlab.server import load_state, make_server
 from draftlab.target import read_config
 from factories import tiny_drafter_config, write_drafter
 from tiny_models import tiny_target
-
-
-def call(url: str, payload=None, raw: bytes | None = None):
-    """(status, parsed JSON or text) of one real HTTP request."""
-    data = raw if raw is not None else (None if payload is None else json.dumps(payload).encode())
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            status, body = resp.status, resp.read()
-    except urllib.error.HTTPError as err:
-        status, body = err.code, err.read()
-    try:
-        return status, json.loads(body)
-    except json.JSONDecodeError:
-        return status, body.decode()
+from httpcall import call
 
 
 @pytest.fixture(scope="module")
