@@ -10,6 +10,7 @@ import torch
 
 from draftlab import demo
 from draftlab.cli import main
+from draftlab.errors import DraftlabError
 from draftlab.generate import generate, read_prompts
 
 
@@ -118,3 +119,17 @@ def test_cli_json_and_errors(target, tmp_path, capsys):
     bad.write_text('{"messages": [{"role": "assistant", "content": "x"}]}\n')
     with pytest.raises(Exception, match="no user turn"):
         read_prompts(bad)
+
+
+def test_batched_greedy_equals_one_prompt_at_a_time(target, tmp_path):
+    """Left-padded batches (the GPU path, data.batch_size) write what batch 1 writes, in prompt order."""
+    rows = [{"prompt": f"line {i} of some text"} for i in range(5)] + [{"text": "answer number"}]
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    one = generate(target, prompts, tmp_path / "one.jsonl", max_new_tokens=10)
+    many = generate(target, prompts, tmp_path / "many.jsonl", max_new_tokens=10, batch_size=4, device="auto")
+    assert many["batch_size"] == 4 and one["batch_size"] == 1 and many["device"] == "cpu"
+    assert _rows(tmp_path / "many.jsonl") == _rows(tmp_path / "one.jsonl")
+    assert many["generated_tokens"] == one["generated_tokens"]
+    with pytest.raises(DraftlabError, match="--batch-size"):
+        generate(target, prompts, tmp_path / "x.jsonl", batch_size=0)

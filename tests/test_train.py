@@ -226,3 +226,60 @@ def test_flex_cross_step_attention_matches_the_dense_mask():
         dense = cross_step_attend(Attn(), q, keys, values, 2, "sdpa")
         flex = cross_step_attend(Attn(), q, keys, values, 2, "flex")
     torch.testing.assert_close(flex, dense, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("t", [100, 130])
+def test_flex_pads_lengths_off_its_block_size_exactly(t):
+    """Flex attention with every step's chunk padded to a multiple of 128 (the GPU path for lengths off
+    the block size) gives the dense mask's outputs on the real rows (CPU flex has no backward;
+    tests/test_gpu.py compares gradients on CUDA)."""
+    import warnings
+
+    from draftlab.train import cross_step_attend
+
+    class Attn:
+        n_heads, n_kv, hd = 4, 2, 16
+
+        def attend(self, q, k, v, mask, causal=False):
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], 64)
+
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 4, t, 16, generator=gen)
+    keys = [torch.randn(2, 2, t, 16, generator=gen) for _ in range(3)]
+    values = [torch.randn(2, 2, t, 16, generator=gen) for _ in range(3)]
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dense = cross_step_attend(Attn(), q, keys, values, 2, "sdpa")
+        flex = cross_step_attend(Attn(), q, keys, values, 2, "flex")
+    assert flex.shape == dense.shape == (2, t, 64)
+    torch.testing.assert_close(flex, dense, atol=1e-5, rtol=1e-5)
+
+
+def test_attention_backend_falls_back_to_dense_where_flex_has_no_kernels(monkeypatch):
+    """Flex only on CUDA, for head dims its kernels take and lengths where it pays; dense elsewhere."""
+    from draftlab.train import ttt_attention_backend
+
+    monkeypatch.delenv("DRAFTLAB_TTT_ATTENTION", raising=False)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert ttt_attention_backend(cpu, 2048, 128) == "sdpa"
+    assert ttt_attention_backend(cuda, 2048, 128) == "flex"
+    assert ttt_attention_backend(cuda, 2000, 64) == "flex"   # padded to 2048
+    assert ttt_attention_backend(cuda, 2048, 16) == "sdpa"   # the demo drafters: NoValidChoicesError in flex
+    assert ttt_attention_backend(cuda, 2048, 96) == "sdpa"   # not a power of two
+    assert ttt_attention_backend(cuda, 256, 128) == "sdpa"   # short: the dense mask is cheap
+    monkeypatch.setenv("DRAFTLAB_TTT_ATTENTION", "flex")
+    assert ttt_attention_backend(cuda, 256, 16) == "flex"
+
+
+def test_train_device_is_checked_and_recorded(setup, tmp_path):
+    _, target, tokens = setup
+    with pytest.raises(DraftlabError, match="expected auto, cpu, cuda or cuda:N"):
+        train_drafter(target=target, out=tmp_path / "bad", tokens=tokens, device="gpu0", progress=False)
+    if not torch.cuda.is_available():
+        with pytest.raises(DraftlabError, match="CUDA is not available"):
+            train_drafter(target=target, out=tmp_path / "nocuda", tokens=tokens, device="cuda", progress=False)
+    s = train_drafter(target=target, out=tmp_path / "run", tokens=tokens, draft_vocab_size=64, ttt_length=2,
+                      max_steps=2, device="cpu", val_samples=2, progress=False)
+    assert s["device"] == "cpu"
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["device"] == "cpu"

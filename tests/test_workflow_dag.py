@@ -200,3 +200,41 @@ def test_specforge_reads_the_merged_config_of_every_configfile_and_override(work
     again = _run(args + ["-n", "all"], cwd=workdir).stdout
     assert "rule experiment_config" not in again
     assert (workdir / "results/k25-merged/config.json").stat().st_mtime_ns == before and merged
+
+
+def test_demo_gpu_dag_on_gpu1_runs_every_stage_on_the_one_gpu():
+    """`snakemake --profile gpu1 --configfile config/demo-gpu.yaml all`, dry, on a machine with no GPU:
+    the whole loop (demo build included) with every GPU job holding the one GPU and CPU jobs beside."""
+    link = ROOT / "gpu1"
+    assert link.is_symlink() and link.resolve() == (ROOT / "profiles" / "gpu1").resolve()
+    prof = yaml.safe_load((ROOT / "profiles" / "gpu1" / "config.yaml").read_text())
+    assert prof["resources"] == {"gpu": 1} and prof["cores"] >= 2
+    out = _run(["--profile", "gpu1", "--configfile", "config/demo-gpu.yaml", "-n", "-p", "all"])
+    text = out.stdout
+    assert "Using profile gpu1" in text + out.stderr
+    counts = job_counts(text)
+    assert counts["serve_bench"] == 6  # baseline + (probe + 3 fine-tune arms + scratch) x 1 setting
+    assert counts["train"] == 4 and counts["demo_models"] == 1 and counts["generate_data"] == 1
+    for rule in ("resolve_target", "acquire", "inspect", "patch_config", "doctor", "probe_gate", "tokenize",
+                 "vocab_mapping", "records", "records_merge", "report", "breakeven"):
+        assert counts.get(rule), rule
+    lines = text.splitlines()
+    assert any("draftlab demo-models --out resources/demo/gpu --size gpu" in l and "--device cuda" in l
+               for l in lines)
+    gen = next(l for l in lines if "draftlab generate " in l)
+    assert "--device cuda --batch-size 64" in gen
+    trains = [l for l in lines if "draftlab gated" in l and " train " in l]
+    assert len(trains) == 4 and all("--device cuda" in l for l in trains)
+    serves = [l for l in lines if "draftlab serve-bench" in l]
+    assert len(serves) == 6 and all("--device cuda" in l for l in serves)
+    blocks = job_blocks(text)
+    gpu_jobs = [b for b in blocks if re.search(r"^rule (demo_models|serve_bench|train|generate_data):", b.strip())]
+    assert len(gpu_jobs) == 1 + 6 + 4 + 1
+    for block in gpu_jobs:
+        assert re.search(r"resources: .*\bgpu=1\b", block), block
+    cpu_jobs = [b for b in blocks if re.search(r"^(local)?rule (doctor|inspect|records|report|tokenize):", b.strip())]
+    assert cpu_jobs and all(not re.search(r"\bgpu=[1-9]", b) for b in cpu_jobs)
+    # the quick GPU check: the smoke pair, built on the GPU too
+    smoke = _run(["--profile", "gpu1", "--configfile", "config/demo-gpu.yaml", "--config", "size=smoke", "-n",
+                  "-p", "all"])
+    assert "--size smoke --threads" in smoke.stdout and job_counts(smoke.stdout)["train"] == 4

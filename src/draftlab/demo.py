@@ -109,6 +109,17 @@ SIZES: dict[str, DemoSize] = {
         drafter_steps=200, drafter_lr=3e-3, drafter_batch=8, drafter_block=256, draft_vocab_size=1024,
         ttt_length=3, chunk_chars=900,
     ),
+    # For one GPU (config/demo-gpu.yaml, built with --device cuda): a 16 x 768 Llama with vocab 8192,
+    # ~113M parameters, so that batch-1 decoding costs what a real model's does per layer (launch-bound
+    # eager steps of ~8 ms on an H200) and a drafter's cheap steps can pay. Shape ideas from
+    # benchmarks/bench_engine.py's 124.7M GPU pair (12 x 768, GQA 12/4 heads, head_dim 64).
+    "gpu": DemoSize(
+        name="gpu", source_files=120, topics=79, vocab_size=8192, hidden_size=768, num_layers=16,
+        num_heads=12, num_kv_heads=4, intermediate_size=2048, block=512, batch=16,
+        v1_steps=800, v1_lr=1.5e-3, v2_steps=300, v2_lr=1e-3,
+        drafter_steps=600, drafter_lr=2e-3, drafter_batch=16, drafter_block=512, draft_vocab_size=4096,
+        ttt_length=3, chunk_chars=1200,
+    ),
 }
 V1_CONTEXT = 512
 V2_CONTEXT = 1024
@@ -281,10 +292,15 @@ def token_stream(tokenizer, convs: list[list[dict[str, str]]]) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
-def train_lm(model, stream: torch.Tensor, *, steps: int, lr: float, block: int, batch: int, seed: int, desc: str) -> list[float]:
-    """Plain next-token pretraining on random windows of ``stream``: AdamW, warmup + cosine decay."""
+def train_lm(model, stream: torch.Tensor, *, steps: int, lr: float, block: int, batch: int, seed: int, desc: str,
+             device: str = "cpu") -> list[float]:
+    """Plain next-token pretraining on random windows of ``stream``: AdamW, warmup + cosine decay.
+
+    On CUDA the weights stay fp32 and the forward runs under bf16 autocast (a few minutes for the gpu size)."""
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
+    model.to(device)
+    cuda = torch.device(device).type == "cuda"
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=cuda or None)
     warmup = max(1, steps // 20)
     losses = []
     model.train()
@@ -294,15 +310,16 @@ def train_lm(model, stream: torch.Tensor, *, steps: int, lr: float, block: int, 
         for g in opt.param_groups:
             g["lr"] = cur
         starts = torch.randint(0, len(stream) - block - 1, (batch,), generator=gen)
-        x = torch.stack([stream[s : s + block] for s in starts.tolist()])
-        loss = model(input_ids=x, labels=x).loss
+        x = torch.stack([stream[s : s + block] for s in starts.tolist()]).to(device)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
+            loss = model(input_ids=x, labels=x).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         losses.append(float(loss.detach()))
         if step % 20 == 0:
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
     model.eval()
     return losses
 
@@ -313,7 +330,7 @@ def eval_lm_loss(model, stream: torch.Tensor, block: int, max_windows: int = 16)
     n = min(max_windows, (len(stream) - 1) // block)
     if n == 0:
         return float("nan")
-    x = stream[: n * block].view(n, block)
+    x = stream[: n * block].view(n, block).to(next(model.parameters()).device)
     return float(model(input_ids=x, labels=x).loss)
 
 
@@ -331,15 +348,18 @@ def _threads(n: int) -> Iterator[None]:
         torch.set_num_threads(old)
 
 
-def manifest_args(size: DemoSize, seed: int, threads: int) -> dict[str, Any]:
+def manifest_args(size: DemoSize, seed: int, threads: int, device: str = "cpu") -> dict[str, Any]:
     """What a build depends on; a manifest with exactly these args (and corpus hash) is reused."""
-    return {
+    args = {
         "demo_format": DEMO_FORMAT,
         "size": dataclasses.asdict(size),
         "seed": seed,
         "threads": threads,  # processes side by side; recorded, though every process runs 1 torch thread
         "python": f"{sys.version_info.major}.{sys.version_info.minor}",
     }
+    if device != "cpu":  # a GPU build is another build (and not bit-reproducible); CPU manifests stay as they were
+        args["device"] = device
+    return args
 
 
 def snapshot_folder(hf_cache: Path, repo_id: str) -> Path:
@@ -388,7 +408,8 @@ class _StageTimes(dict):
 
 
 def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", seed: int = 0, threads: int = 1,
-                      force: bool = False, log_file: str | os.PathLike | None = None) -> dict[str, Any]:
+                      force: bool = False, log_file: str | os.PathLike | None = None,
+                      device: str = "cpu") -> dict[str, Any]:
     """Build (or reuse) the demo pair under ``out``; returns the snapshot folders and the corpus hash.
 
     ``size`` names one of :data:`SIZES` (or is a :class:`DemoSize`, for tests and experiments).
@@ -399,8 +420,11 @@ def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", se
         spec = SIZES[size]
     else:
         raise DraftlabError(f"--size: expected one of {sorted(SIZES)}, got {size!r}")
+    from draftlab.devices import resolve_device
+
+    device = str(resolve_device(device, what="demo-models: --device"))
     out = Path(out).resolve()
-    args = manifest_args(spec, seed, threads)
+    args = manifest_args(spec, seed, threads, device)
     if not force and (hit := _reuse(out, args)) is not None:
         return hit
 
@@ -440,7 +464,7 @@ def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", se
         torch.manual_seed(seed)
         v1 = LlamaForCausalLM(target_config(spec, len(tokenizer), V1_CONTEXT, special))
         v1_losses = train_lm(v1, streams["v1"], steps=spec.v1_steps, lr=spec.v1_lr, block=spec.block,
-                             batch=spec.batch, seed=seed + 1, desc="target v1")
+                             batch=spec.batch, seed=seed + 1, desc="target v1", device=device)
         v1_dir = work / "target-v1"
         _save_target(v1, tokenizer, v1_dir)
         timings["target_v1_s"] = time.perf_counter() - t
@@ -455,7 +479,7 @@ def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", se
         # target v2 ("K2.5", v1 continued on another slice, context 512 -> 1024) and the v1 drafter
         # (builtin trainer on v1's slice) both need only v1: side by side when there are 2 cores
         t = time.perf_counter()
-        drafter_args = (spec, v1_dir, data_dir, work / "drafter-run", seed + 3)
+        drafter_args = (spec, v1_dir, data_dir, work / "drafter-run", seed + 3, device)
         with contextlib.ExitStack() as stack:
             pending = None
             if threads >= 2:
@@ -463,7 +487,7 @@ def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", se
                 pending = pool.apply_async(_drafter_job, drafter_args)
             v2 = LlamaForCausalLM.from_pretrained(str(v1_dir), max_position_embeddings=V2_CONTEXT)
             v2_losses = train_lm(v2, streams["v2"], steps=spec.v2_steps, lr=spec.v2_lr, block=spec.block,
-                                 batch=spec.batch, seed=seed + 2, desc="target v2")
+                                 batch=spec.batch, seed=seed + 2, desc="target v2", device=device)
             v2_dir = work / "target-v2"
             _save_target(v2, tokenizer, v2_dir)
             timings["target_v2_s"] = time.perf_counter() - t
@@ -480,7 +504,7 @@ def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", se
         held["v2_final_train_loss"] = sum(v2_losses[-20:]) / len(v2_losses[-20:])
 
         t = time.perf_counter()
-        held["drafter_acc"] = heldout_accuracy(spec, drafter_dir, {"v1": v1_dir, "v2": v2_dir}, data_dir)
+        held["drafter_acc"] = heldout_accuracy(spec, drafter_dir, {"v1": v1_dir, "v2": v2_dir}, data_dir, device)
         held["drafter_train_validation_acc"] = (run.get("validation") or {}).get("acc")
         timings["eval_s"] = time.perf_counter() - t
 
@@ -521,11 +545,12 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def _drafter_job(spec: DemoSize, target_dir: Path, data_dir: Path, run_dir: Path, seed: int) -> tuple[dict, float]:
+def _drafter_job(spec: DemoSize, target_dir: Path, data_dir: Path, run_dir: Path, seed: int,
+                 device: str = "cpu") -> tuple[dict, float]:
     """The v1 drafter's training as one job (run in a worker process beside v2): (run result, seconds)."""
     t = time.perf_counter()
     with _threads(1):
-        run = train_demo_drafter(spec, target_dir, data_dir, run_dir, seed)
+        run = train_demo_drafter(spec, target_dir, data_dir, run_dir, seed, device)
     return run, time.perf_counter() - t
 
 
@@ -542,7 +567,8 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
 
 
-def heldout_accuracy(spec: DemoSize, drafter_dir: Path, targets: dict[str, Path], data_dir: Path) -> dict[str, list[float]]:
+def heldout_accuracy(spec: DemoSize, drafter_dir: Path, targets: dict[str, Path], data_dir: Path,
+                     device: str = "cpu") -> dict[str, list[float]]:
     """Per-TTT-step accuracy of the drafter against each target on the held-out conversations."""
     from draftlab.data import tokenize_file
     from draftlab.train import evaluate_drafter
@@ -551,11 +577,12 @@ def heldout_accuracy(spec: DemoSize, drafter_dir: Path, targets: dict[str, Path]
     first = next(iter(targets.values()))
     tokenize_file(first, data_dir / "heldout.jsonl", tokens, max_length=spec.drafter_block)
     return {name: [round(a, 4) for a in evaluate_drafter(drafter_dir, folder, tokens, ttt_length=spec.ttt_length,
-                                                          max_length=spec.drafter_block, device="cpu")["acc"]]
+                                                          max_length=spec.drafter_block, device=device)["acc"]]
             for name, folder in targets.items()}
 
 
-def train_demo_drafter(spec: DemoSize, target_dir: Path, data_dir: Path, run_dir: Path, seed: int) -> dict[str, Any]:
+def train_demo_drafter(spec: DemoSize, target_dir: Path, data_dir: Path, run_dir: Path, seed: int,
+                       device: str = "cpu") -> dict[str, Any]:
     """Train the v1 drafter with the builtin trainer: its own d2t from v1's data, config context 512.
 
     The mapping is built explicitly (SpecForge's rule over the loss-masked tokens) and saved beside
@@ -579,7 +606,7 @@ def train_demo_drafter(spec: DemoSize, target_dir: Path, data_dir: Path, run_dir
         vocab_mapping=str(data_dir / "v1.mapping.safetensors"), init="scratch",
         ttt_length=spec.ttt_length, max_steps=spec.drafter_steps, batch_size=spec.drafter_batch,
         max_length=spec.drafter_block, lr=spec.drafter_lr, warmup_ratio=0.05, grad_clip=0.5,
-        seed=seed, precision="fp32", device="cpu", val_samples=16,
+        seed=seed, precision="fp32" if device == "cpu" else "auto", device=device, val_samples=16,
         # the demo drafter's own recipe (its measured figures in docs/demo-models.md), not SpecForge's defaults
         loss_norm="valid", mask_alignment="predicted", adam_betas=[0.9, 0.95],
     )

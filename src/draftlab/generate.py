@@ -79,10 +79,12 @@ def generate(
     limit: int | None = None,
     device: str | None = None,
     trust_remote_code: bool = False,
+    batch_size: int = 1,
 ) -> dict[str, Any]:
     """Answer every prompt with the target and write the conversations to ``out`` (atomically).
 
-    ``temperature=None`` (or 0) is greedy decoding. Returns counts and timing.
+    ``temperature=None`` (or 0) is greedy decoding. ``device``: None = the CPU, else auto | cpu | cuda[:N].
+    ``batch_size`` > 1 decodes greedy prompts in left-padded batches. Returns counts and timing.
     """
     from draftlab.target import load_target, load_tokenizer, read_config, text_config
 
@@ -95,41 +97,58 @@ def generate(
     cfg = text_config(read_config(target))
     context = int(cfg.get("max_position_embeddings") or 0) or None
     tokenizer = load_tokenizer(target, trust_remote_code=trust_remote_code)
-    model = load_target(target, device=device, trust_remote_code=trust_remote_code)
+    from draftlab.devices import resolve_device
+
+    if batch_size < 1:
+        raise DraftlabError(f"--batch-size: expected a positive integer, got {batch_size}")
+    where = resolve_device(device, what="generate: --device") if device is not None else None
+    model = load_target(target, device=where, trust_remote_code=trust_remote_code)
     dev = next(model.parameters()).device
     eos = _eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
 
     t0 = time.perf_counter()
     n_new = n_truncated = n_empty = 0
+    jobs = []  # (messages, prompt ids, token budget), in prompt order
+    for messages in items:
+        ids = prompt_ids(tokenizer, messages)
+        budget = max_new_tokens
+        if context is not None and len(ids) + budget > context:
+            keep = max(1, context - budget)
+            if keep < len(ids):
+                ids = ids[-keep:]  # keep the end of the prompt: it holds the assistant header
+                n_truncated += 1
+            budget = min(budget, context - len(ids))
+        jobs.append((messages, ids, budget))
+    # Greedy prompts go through in left-padded batches of batch_size (a GPU decodes 64 at the cost of
+    # one); sampled ones one at a time, so that prompt i is always sampled under seed + i.
+    per_batch = 1 if sampled else max(1, int(batch_size))
     out = Path(out)
+    bar = tqdm(total=len(jobs), desc="generate", unit="prompt", file=sys.stderr, disable=None)
     with atomic_path(out) as tmp, tmp.open("w", encoding="utf-8") as fh:
-        for i, messages in enumerate(tqdm(items, desc="generate", unit="prompt", file=sys.stderr, disable=None)):
-            ids = prompt_ids(tokenizer, messages)
-            budget = max_new_tokens
-            if context is not None and len(ids) + budget > context:
-                keep = max(1, context - budget)
-                if keep < len(ids):
-                    ids = ids[-keep:]  # keep the end of the prompt: it holds the assistant header
-                    n_truncated += 1
-                budget = min(budget, context - len(ids))
-            x = torch.tensor([ids], device=dev)
-            kwargs: dict[str, Any] = dict(max_new_tokens=budget, eos_token_id=eos or None, pad_token_id=pad,
-                                          attention_mask=torch.ones_like(x))
+        for start in range(0, len(jobs), per_batch):
+            chunk = jobs[start:start + per_batch]
+            width = max(len(ids) for _, ids, _ in chunk)
+            x = torch.tensor([[pad] * (width - len(ids)) + ids for _, ids, _ in chunk], device=dev)
+            att = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for _, ids, _ in chunk], device=dev)
+            kwargs: dict[str, Any] = dict(max_new_tokens=min(b for _, _, b in chunk), eos_token_id=eos or None,
+                                          pad_token_id=pad, attention_mask=att)
             if sampled:
-                torch.manual_seed(seed + i)
+                torch.manual_seed(seed + start)
                 kwargs.update(do_sample=True, temperature=float(temperature), top_p=top_p, top_k=0)
             else:
                 kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
             with torch.no_grad():
-                seq = model.generate(x, **kwargs)[0, x.shape[1]:].tolist()
-            while seq and seq[-1] in eos:
-                seq.pop()
-            n_new += len(seq)
-            text = tokenizer.decode(seq, skip_special_tokens=True)
-            n_empty += not text.strip()
-            row = {"messages": messages + [{"role": "assistant", "content": text}]}
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+                seqs = model.generate(x, **kwargs)[:, width:].tolist()
+            for (messages, _, _), seq in zip(chunk, seqs):
+                seq = _until_eos(seq, eos)
+                n_new += len(seq)
+                text = tokenizer.decode(seq, skip_special_tokens=True)
+                n_empty += not text.strip()
+                row = {"messages": messages + [{"role": "assistant", "content": text}]}
+                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            bar.update(len(chunk))
+    bar.close()
     seconds = time.perf_counter() - t0
     return {
         "out": str(out),
@@ -139,8 +158,18 @@ def generate(
         "truncated_prompts": n_truncated,
         "mode": f"sampled (temperature {temperature}, top_p {top_p}, seed {seed})" if sampled else "greedy",
         "seconds": round(seconds, 3),
+        "device": str(dev),
+        "batch_size": per_batch,
         "tokens_per_s": round(n_new / seconds, 1) if seconds > 0 else None,
     }
+
+
+def _until_eos(seq: list[int], eos: list[int]) -> list[int]:
+    """The tokens before the first end-of-turn id (a batched row carries padding after it)."""
+    for j, tok in enumerate(seq):
+        if tok in eos:
+            return seq[:j]
+    return seq
 
 
 def _eos_ids(model, tokenizer) -> list[int]:

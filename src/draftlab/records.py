@@ -169,6 +169,13 @@ def _validation(exp_dir: Path, variant: str) -> tuple[str | None, float | None]:
     return json.dumps(acc), round(sum(acc) / len(acc), 6)
 
 
+def _train_device(exp_dir: Path, variant: str) -> str | None:
+    """The device a trained arm ran on, as its summary.json recorded it (None for untrained variants)."""
+    if variant in ("baseline", "probe", "reference"):
+        return None
+    return (_read(exp_dir / "train" / variant / "summary.json") or {}).get("device")
+
+
 def _row_id(parts: Sequence[Any]) -> str:
     return hashlib.sha256(json.dumps(list(parts), default=str).encode()).hexdigest()[:20]
 
@@ -216,6 +223,8 @@ def build_records(exp_dir: str | os.PathLike, cfg: Mapping[str, Any], *, servers
                 **dinfo,
                 "backend": cfg["serve"]["backend"],
                 "tp": cfg["serve"]["tp"],
+                "serve_device": cfg["serve"].get("device"),
+                "train_device": _train_device(exp_dir, variant),
                 "num_steps": spec.get("num_steps"),
                 "topk": spec.get("topk"),
                 "num_draft_tokens": spec.get("num_draft_tokens"),

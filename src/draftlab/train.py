@@ -41,6 +41,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from draftlab import eagle3_format as fmt
+from draftlab.devices import resolve_device
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import atomic_dir, atomic_path, check_replaceable, claim_dir, to_json, write_json
 from draftlab.model import Eagle3Drafter, init_weights
@@ -70,24 +71,45 @@ def ttt_mask(t: int, step: int, device: torch.device | str = "cpu") -> Tensor:
     return torch.cat([causal] + [eye] * step, dim=1)
 
 
-_FLEX: dict[str, Any] = {}
+_FLEX: dict[Any, Any] = {}
+FLEX_BLOCK = 128        # flex attention's default block size: sequences are padded to a multiple of it
+FLEX_MIN_LENGTH = 512   # below this (padded) length the dense mask is cheap and flex's compiles are not worth it
 
 
-def ttt_attention_backend(device: torch.device) -> str:
-    """``flex`` on CUDA (block-sparse: only the diagonal blocks of later steps' keys are computed),
-    ``sdpa`` with a dense boolean mask elsewhere. ``DRAFTLAB_TTT_ATTENTION=sdpa|flex`` overrides."""
+def ttt_attention_backend(device: torch.device, t: int | None = None, head_dim: int | None = None) -> str:
+    """``flex`` on CUDA for sequences of at least FLEX_MIN_LENGTH tokens with a head dim flex's Triton
+    kernels take (a power of two >= 32), ``sdpa`` with a dense boolean mask elsewhere.
+
+    ``DRAFTLAB_TTT_ATTENTION=sdpa|flex`` overrides the choice (flex still falls back to the dense path
+    for a shape whose kernels fail to compile; see :func:`_flex_works`)."""
     choice = os.environ.get("DRAFTLAB_TTT_ATTENTION", "auto")
     if choice in ("sdpa", "flex"):
         return choice
-    return "flex" if device.type == "cuda" else "sdpa"
+    if device.type != "cuda":
+        return "sdpa"
+    if head_dim is not None and not flex_head_dim_ok(head_dim):
+        return "sdpa"
+    if t is not None and _padded(t) < FLEX_MIN_LENGTH:
+        return "sdpa"
+    return "flex"
+
+
+def flex_head_dim_ok(hd: int) -> bool:
+    """Head dims flex attention's compiled kernels were seen to handle: powers of two from 32 to 256.
+    At head_dim 16 (the demo drafters) inductor finds no kernel config (NoValidChoicesError)."""
+    return 32 <= hd <= 256 and hd & (hd - 1) == 0
+
+
+def _padded(t: int) -> int:
+    return -(-t // FLEX_BLOCK) * FLEX_BLOCK
 
 
 def _flex_block_mask(t: int, step: int, device: torch.device):
     """The TTT mask as a flex-attention block mask (cached per shape): causal over step-0 keys,
-    the diagonal over each later step's keys."""
+    the diagonal over each later step's keys; ``t`` is the per-step chunk length of the keys."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    key = (t, step, str(device))
+    key = ("mask", t, step, str(device))
     if key not in _FLEX:
         def mask_mod(b, h, q_idx, kv_idx):
             return torch.where(kv_idx < t, kv_idx <= q_idx, (kv_idx % t) == q_idx)
@@ -96,21 +118,74 @@ def _flex_block_mask(t: int, step: int, device: torch.device):
     return _FLEX[key]
 
 
+def _flex_fn(device: torch.device):
+    """flex_attention, compiled into fused Triton kernels on CUDA (eager flex is the CPU reference)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device.type != "cuda":
+        return flex_attention
+    if "compiled" not in _FLEX:
+        import torch._dynamo
+
+        # one compile per (padded length, step): raise the recompile limit so none falls back to eager
+        for name in ("recompile_limit", "cache_size_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, max(64, getattr(torch._dynamo.config, name)))
+        _FLEX["compiled"] = torch.compile(flex_attention, dynamic=False)
+    return _FLEX["compiled"]
+
+
+def _flex_attend(q: Tensor, keys: list[Tensor], values: list[Tensor], step: int, gqa: bool) -> Tensor:
+    """Flex attention over the TTT mask with every step's chunk padded to a multiple of FLEX_BLOCK.
+
+    Padding is exact for the real rows: a real query (< t) sees causal keys <= itself (never a padded
+    one) and, in later steps' chunks, only the key at its own index. Returns [B, heads, t, hd]."""
+    t = q.shape[2]
+    tp = _padded(t)
+
+    def pad(x: Tensor) -> Tensor:
+        return x if tp == t else F.pad(x, (0, 0, 0, tp - t))
+
+    k = torch.cat([pad(x) for x in keys], 2)
+    v = torch.cat([pad(x) for x in values], 2)
+    out = _flex_fn(q.device)(pad(q), k, v, block_mask=_flex_block_mask(tp, step, q.device), enable_gqa=gqa)
+    return out[:, :, :t]
+
+
+def _flex_works(q: Tensor, keys: list[Tensor], step: int, gqa: bool) -> bool:
+    """Whether flex's kernels build for this shape and dtype: a one-off forward + backward on random
+    data of the same shape (the same batch, so the real call reuses the compiled kernels), cached. A failure (e.g. inductor's NoValidChoicesError) means the
+    dense path for that shape, with one warning, instead of a dead training run."""
+    if q.device.type != "cuda":
+        return True
+    key = ("works", q.shape[0], _padded(q.shape[2]), step, q.shape[1], keys[0].shape[1], q.shape[3], q.dtype,
+           str(q.device))
+    if key not in _FLEX:
+        try:
+            with torch.enable_grad():
+                qq = torch.randn_like(q).requires_grad_(True)
+                ks = [torch.randn_like(x).requires_grad_(True) for x in keys]
+                vs = [torch.randn_like(x).requires_grad_(True) for x in keys]
+                _flex_attend(qq, ks, vs, step, gqa).float().square().sum().backward()
+            _FLEX[key] = True
+        except Exception as exc:  # noqa: BLE001 - any compile/kernel failure means: use the dense path
+            import warnings
+
+            warnings.warn(f"train: flex attention failed for shape {tuple(q.shape)} step {step} "
+                          f"({type(exc).__name__}); using the dense-mask path for it", stacklevel=2)
+            _FLEX[key] = False
+    return _FLEX[key]
+
+
 def cross_step_attend(attn, q: Tensor, keys: list[Tensor], values: list[Tensor], step: int, backend: str) -> Tensor:
     """Attention of TTT step ``step`` (> 0) over step-0 keys (causal) and later steps' keys (diagonal)."""
     t = q.shape[2]
+    gqa = attn.n_kv != attn.n_heads
+    if backend == "flex" and _flex_works(q, keys, step, gqa):
+        out = _flex_attend(q, keys, values, step, gqa)
+        return out.transpose(1, 2).reshape(q.shape[0], t, attn.n_heads * attn.hd)
     k, v = torch.cat(keys, 2), torch.cat(values, 2)
-    if backend != "flex":
-        return attn.attend(q, k, v, ttt_mask(t, step, q.device))
-    from torch.nn.attention.flex_attention import flex_attention
-
-    fn = flex_attention
-    if q.is_cuda:  # compiled into fused Triton kernels; eager flex (CPU, tests) is the reference path
-        fn = _FLEX.setdefault("compiled", torch.compile(flex_attention, dynamic=False))
-    out = fn(q, k, v, block_mask=_flex_block_mask(t, step, q.device),
-                      enable_gqa=attn.n_kv != attn.n_heads)
-    b = q.shape[0]
-    return out.transpose(1, 2).reshape(b, t, attn.n_heads * attn.hd)
+    return attn.attend(q, k, v, ttt_mask(t, step, q.device))
 
 
 def target_distribution(drafter: Eagle3Drafter, target_logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -149,7 +224,7 @@ def ttt_forward(drafter: Eagle3Drafter, input_ids: Tensor, loss_mask: Tensor, au
             probs, t_arg, in_draft = _past_the_end(drafter, probs, t_arg, in_draft)
     draft_tids = drafter.d2t + torch.arange(drafter.draft_vocab_size, device=input_ids.device)
     layer, attn = drafter.midlayer, drafter.midlayer.self_attn
-    backend = ttt_attention_backend(input_ids.device)
+    backend = ttt_attention_backend(input_ids.device, t, attn.hd)
     hidden = drafter.fuse(aux)
     positions = torch.arange(t, device=input_ids.device).expand(b, t)
     keys: list[Tensor] = []
@@ -417,8 +492,12 @@ def remap_lm_head(old_head: Tensor, old_tids: Tensor, new_tids: Tensor, target_h
     the widths match, else through the least-squares map ``A`` with ``target_head[shared] @ A ~=
     old_head[shared]`` fitted on the ids both mappings share.
     """
+    # Everything on the old head's device: the target head comes from the target model or its shards,
+    # which sit on the training device (cuda) while the checkpoint was loaded on the CPU.
+    dev = old_head.device
+    old_tids, new_tids, target_head = old_tids.to(dev), new_tids.to(dev), target_head.to(dev)
     pos = {int(t): r for r, t in enumerate(old_tids.tolist())}
-    new = torch.empty(len(new_tids), old_head.shape[1], dtype=old_head.dtype)
+    new = torch.empty(len(new_tids), old_head.shape[1], dtype=old_head.dtype, device=dev)
     shared_new, shared_old, fresh = [], [], []
     for j, tid in enumerate(new_tids.tolist()):
         if tid in pos:
@@ -440,7 +519,8 @@ def remap_lm_head(old_head: Tensor, old_tids: Tensor, new_tids: Tensor, target_h
             new[fresh] = (rows @ a).to(new.dtype)
             how = "target rows projected by a least-squares map fitted on shared ids"
         else:
-            new[fresh] = torch.randn(len(fresh), old_head.shape[1], generator=torch.Generator().manual_seed(0)).to(new.dtype) * 0.02
+            new[fresh] = torch.randn(len(fresh), old_head.shape[1],
+                                     generator=torch.Generator().manual_seed(0)).to(dev, new.dtype) * 0.02
             how = "random (no shared ids to fit a projection)"
     return new, {"kept_rows": len(shared_new), "new_rows": len(fresh), "new_row_init": how}
 
@@ -796,9 +876,7 @@ def _dist_setup(device: str | None) -> tuple[int, int, torch.device]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    if device is None:
-        device = f"cuda:{local}" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
+    dev = resolve_device(device, local, what="train: device")
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     if world > 1 and not dist.is_initialized():
@@ -844,7 +922,7 @@ def evaluate_drafter(drafter_dir: str | os.PathLike, target: str | os.PathLike, 
     """Per-step accuracy of a saved drafter against a target on a tokens file (e.g. v1 drafter vs v2)."""
     from draftlab.target import aux_layer_ids_for, read_config
 
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = resolve_device(device, what="eval-drafter: device")
     drafter = Eagle3Drafter.from_pretrained(drafter_dir, dtype=torch.float32, device=dev)
     tcfg = read_config(target)
     cfg = TrainConfig(target=str(target), out="", tokens=str(tokens), max_length=max_length)
@@ -1055,7 +1133,9 @@ def _run(cfg: TrainConfig) -> dict[str, Any]:
     summary = {"out": str(out), "drafter": str(out / "drafter"), "steps": step, "total_steps": total,
                "train_samples": len(train_idx), "val_samples": len(val_idx), "world_size": world,
                "aux_layer_ids": aux_ids, "draft_vocab_size": drafter.draft_vocab_size, "vocab": note,
-               "precision": "bf16" if use_bf16 else "fp32", "last_step": last, "validation": validation,
+               "precision": "bf16" if use_bf16 else "fp32", "device": str(dev),
+               "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+               "last_step": last, "validation": validation,
                "param_checksums": sums, "ranks_in_sync": in_sync, "state_dir": str(state_dir),
                "resumed_from_step": start if resume_from is not None else None}
     if rank == 0:

@@ -13,11 +13,15 @@ if DEMO:
         conda:
             "../../envs/training.yaml"
         threads: 2
+        resources:
+            gpu=DEMO_GPUS,
         params:
             out=lambda wildcards, output: os.path.dirname(output.demo),
             size=config["size"],
+            device=config["demo"]["device"],
         shell:
-            "draftlab demo-models --out {params.out} --size {params.size} --threads {threads} --json"
+            "draftlab demo-models --out {params.out} --size {params.size} --threads {threads}"
+            " --device {params.device} --json"
             # stage lines and progress on the terminal too (a 5-minute job should not be silent); the JSON
             # goes beside the log, not into the demo folder, until draftlab has written the folder
             " > {log}.json 2> >(tee {log} >&2) && mv {log}.json {output.demo}"

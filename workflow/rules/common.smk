@@ -32,6 +32,7 @@ TRAIN_ENV = (
     if config["train"]["backend"] == "specforge"
     else "../../envs/training.yaml"
 )
+DEMO_GPUS = 1 if config["demo"]["device"].startswith("cuda") else 0
 
 # Every shell job sees the same Hugging Face cache and offline switch (the demo pair has its own cache).
 _hub_cache = config["hub"]["cache_dir"] or (f"{DEMO_DIR}/hf_cache" if DEMO else None)
@@ -243,6 +244,7 @@ def get_train_command(arm):
     if t["checkpoint_every"]:
         cmd += ["--checkpoint-every", str(t["checkpoint_every"])]
     cmd += ["--state-dir", get_train_state_dir(arm), "--resume", "auto"]
+    cmd += ["--device", t["device"]]
     if config["target"]["trust_remote_code"]:
         cmd += ["--trust-remote-code"]
     cmd += list(t["extra_args"])

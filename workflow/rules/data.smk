@@ -17,9 +17,13 @@ if not config["data"]["path"]:
         conda:
             "../../envs/training.yaml"
         threads: 2
+        resources:
+            gpu=TRAIN_GPUS,
         params:
             target=lambda wildcards, input: model_dir(input.target),
             prompts=get_generate_prompts(),
+            device=f"--device {config['train']['device']}",
+            batch_size=config["data"]["batch_size"],
             max_new_tokens=config["data"]["max_new_tokens"],
             limit=(
                 f"--limit {config['data']['limit']}" if config["data"]["limit"] else ""
@@ -29,6 +33,7 @@ if not config["data"]["path"]:
         shell:
             "draftlab generate --target {params.target} --prompts {params.prompts} --out {output.data}"
             " --max-new-tokens {params.max_new_tokens} {params.limit} --seed {params.seed} {params.trust}"
+            " {params.device} --batch-size {params.batch_size}"
             " > {log} 2>&1"
 
 

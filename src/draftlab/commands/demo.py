@@ -13,7 +13,10 @@ def register(sub) -> None:
     """Add this area's subcommands to the draftlab parser."""
     p = sub.add_parser("demo-models", help="build the offline demo target pair and v1 drafter as HF repos")
     p.add_argument("--out", required=True, help="folder to build in (an HF cache lands in OUT/hf_cache)")
-    p.add_argument("--size", choices=["smoke", "default"], default="default")
+    p.add_argument("--size", choices=["smoke", "default", "gpu"], default="default",
+                   help="smoke / default: CPU-sized; gpu: a ~110M-parameter target (build it with --device cuda)")
+    p.add_argument("--device", default="cpu",
+                   help="cpu (default; 1 torch thread per process, reproducible) or cuda / cuda:N")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1,
                    help="build stages that may run at once (>= 2: target v2 and the v1 drafter train side by "
@@ -34,7 +37,9 @@ def register(sub) -> None:
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0, help="prompt i is sampled under seed+i")
     g.add_argument("--limit", type=int, default=None, help="only the first N prompts")
-    g.add_argument("--device", default=None, help="torch device (default: cpu)")
+    g.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default: cpu)")
+    g.add_argument("--batch-size", type=int, default=1,
+                   help="greedy prompts decoded together, left-padded (default 1; a GPU wants 32-64)")
     g.add_argument("--trust-remote-code", action="store_true")
     add_json_flag(g)
     g.set_defaults(func=_generate)
@@ -77,7 +82,7 @@ def _demo_models(args: argparse.Namespace) -> int:
     from draftlab.demo import build_demo_models
 
     result = build_demo_models(args.out, size=args.size, seed=args.seed, threads=args.threads, force=args.force,
-                               log_file=args.log)
+                               log_file=args.log, device=args.device)
     emit(args, result, lambda r: "\n".join(f"{k}: {v}" for k, v in r.items()))
     return 0
 
@@ -88,7 +93,7 @@ def _generate(args: argparse.Namespace) -> int:
     result = generate(
         args.target, args.prompts, args.out, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
         top_p=args.top_p, seed=args.seed, limit=args.limit, device=args.device,
-        trust_remote_code=args.trust_remote_code,
+        trust_remote_code=args.trust_remote_code, batch_size=args.batch_size,
     )
     emit(args, result, lambda r: (f"wrote {r['prompts']} conversations ({r['generated_tokens']} tokens, "
                                   f"{r['mode']}) to {r['out']} in {r['seconds']} s"))

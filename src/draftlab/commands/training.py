@@ -77,7 +77,7 @@ def register(sub) -> None:
                    "SGLang feeds the drafter on this target, else 1,N/2-1,N-4); written to the drafter config "
                    "the way SGLang reads them back")
     p.add_argument("--drafter-config", help="JSON object of drafter config overrides for --init scratch")
-    p.add_argument("--device")
+    p.add_argument("--device", help="auto (default: this rank's GPU if CUDA is available, else cpu), cpu, cuda or cuda:N")
     p.add_argument("--log", dest="log_file", help="append per-step JSON lines here")
     p.add_argument("--stop-after", type=int, help="stop after N steps as if preempted (resume later)")
     p.add_argument("--trust-remote-code", action="store_true")

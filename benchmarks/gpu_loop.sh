@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The whole loop on one GPU host without network (issue 15), as run on the lent H200.
+#   bash benchmarks/gpu_loop.sh check   # pytest -m gpu, the smoke-size loop on CUDA, the gpu demo build alone
+#   bash benchmarks/gpu_loop.sh full    # snakemake --profile gpu1 --configfile config/demo-gpu.yaml all, clean
+# Wheels for what the host's image lacks (snakemake 9 and its deps, jsonschema) are read from
+# ${WHEELS:-../.whl}; draftlab runs from ./src through PYTHONPATH (no pip install -e without network).
+# Logs and small results go to ${OUT:-/tmp/gpu-loop-out}.
+set -uo pipefail
+MODE=${1:-check}
+OUT=${OUT:-/tmp/gpu-loop-out}
+WHEELS=${WHEELS:-../.whl}
+BUDGET=${BUDGET:-570}            # seconds this script may use (a device command is capped at 600)
+START=$(date +%s)
+mkdir -p "$OUT"
+left() { echo $((BUDGET - ($(date +%s) - START))); }
+log() { echo "[gpu_loop $(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/steps.log"; }
+
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl \
+  > "$OUT/pip.log" 2>&1 || { log "wheel install failed"; tail -5 "$OUT/pip.log"; exit 1; }
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+mkdir -p /tmp/bin
+printf '#!/bin/sh\nexec python3 -m draftlab.cli "$@"\n' > /tmp/bin/draftlab && chmod +x /tmp/bin/draftlab
+command -v python >/dev/null || ln -sf "$(command -v python3)" /tmp/bin/python
+export PATH=/tmp/bin:$PATH
+log "mode $MODE; $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
+python3 -c 'import torch, transformers, snakemake, draftlab; print("torch", torch.__version__, "transformers", transformers.__version__, "snakemake", snakemake.__version__, "cuda", torch.cuda.is_available())' 2>&1 | tee -a "$OUT/steps.log"
+
+loop() {  # loop NAME SECONDS SNAKEMAKE-ARGS...: one Snakemake run of the loop, timed, logs to $OUT
+  local name=$1 cap=$2; shift 2
+  local t0=$(date +%s)
+  timeout "$cap" python3 -m snakemake --profile gpu1 --configfile config/demo-gpu.yaml "$@" all > "$OUT/$name.log" 2>&1
+  local rc=$?
+  log "$name: rc $rc in $(( $(date +%s) - t0 )) s"
+  return $rc
+}
+
+collect() {  # collect EXPERIMENT PREFIX: the small results of one run into $OUT/PREFIX.tar.gz
+  local r=results/$1
+  tar czf "$OUT/$2.tar.gz" --ignore-failed-read $r/report $r/records $r/gate $r/bench/*/*/*.json $r/train/*/summary.json \
+    $r/train/*/validation.json $r/train/*/metrics.csv $r/benchmarks $r/logs $r/data/vocab.json \
+    resources/demo/*/manifest.json 2>/dev/null
+}
+
+if [ "$MODE" = check ]; then
+  t0=$(date +%s)
+  timeout 240 python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/test_gpu.py > "$OUT/pytest_gpu.log" 2>&1
+  log "pytest -m gpu: rc $? in $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/pytest_gpu.log")"
+  rm -rf results/demo-gpu resources/demo/smoke
+  loop smoke $(( $(left) - 200 )) --config size=smoke
+  collect demo-gpu smoke
+  t0=$(date +%s)
+  timeout $(( $(left) - 10 )) draftlab demo-models --out /tmp/demo-gpu-size --size gpu --device cuda --threads 2 --json \
+    > "$OUT/demo_gpu.json" 2> "$OUT/demo_gpu.log"
+  log "demo-models --size gpu --device cuda: rc $? in $(( $(date +%s) - t0 )) s"
+  cp /tmp/demo-gpu-size/manifest.json "$OUT/demo_gpu_manifest.json" 2>/dev/null
+else
+  rm -rf results/demo-gpu resources/demo/gpu .snakemake
+  loop full $(( $(left) - 15 ))
+  collect demo-gpu full
+  cp results/demo-gpu/report/summary.md "$OUT/summary.md" 2>/dev/null
+  cp results/demo-gpu/records/merged.json "$OUT/merged.json" 2>/dev/null
+fi
+log "done"
