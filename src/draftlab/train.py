@@ -95,8 +95,9 @@ def ttt_attention_backend(device: torch.device, t: int | None = None, head_dim: 
 
 
 def flex_head_dim_ok(hd: int) -> bool:
-    """Head dims flex attention's compiled kernels were seen to handle: powers of two from 32 to 256.
-    At head_dim 16 (the demo drafters) inductor finds no kernel config (NoValidChoicesError)."""
+    """Head dims the trainer sends to flex: powers of two from 32 to 256. The demo drafters' head_dim 16
+    died in inductor (NoValidChoicesError) on unpadded lengths; padded, it compiled on an H200 (fp32
+    and bf16), but at such widths the dense mask is cheap, so it keeps the dense path."""
     return 32 <= hd <= 256 and hd & (hd - 1) == 0
 
 
