@@ -208,7 +208,7 @@ def test_demo_gpu_dag_on_gpu1_runs_every_stage_on_the_one_gpu():
     link = ROOT / "gpu1"
     assert link.is_symlink() and link.resolve() == (ROOT / "profiles" / "gpu1").resolve()
     prof = yaml.safe_load((ROOT / "profiles" / "gpu1" / "config.yaml").read_text())
-    assert prof["resources"] == {"gpu": 1} and prof["cores"] >= 2
+    assert prof["resources"]["gpu"] == 1 and prof["cores"] >= 2
     out = _run(["--profile", "gpu1", "--configfile", "config/demo-gpu.yaml", "-n", "-p", "all"])
     text = out.stdout
     assert "Using profile gpu1" in text + out.stderr
