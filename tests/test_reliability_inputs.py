@@ -163,7 +163,9 @@ def test_d2t_outside_the_vocabulary_is_refused_by_every_mapping_reader(models, t
 
 BAD_CONFIGS = {
     "unknown-key": ("serve:\n  tp_size: 8\n", "unknown key 'serve.tp_size'"),
-    "wrong-type": ("serve:\n  port: \"30000\"\n", "key 'serve.port': value \"30000\" is not valid; expected an integer"),
+    # a string that reads as an integer is taken as one (Snakemake hands --config values over as strings);
+    # one that does not is refused
+    "wrong-type": ("serve:\n  port: \"http\"\n", "key 'serve.port': value \"http\" is not valid; expected an integer"),
     "wrong-type-list": ("train:\n  steps: [60]\n", "key 'train.steps': value [60] is not valid; expected an integer"),
 }
 
