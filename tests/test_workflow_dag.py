@@ -235,6 +235,7 @@ def test_demo_gpu_dag_on_gpu1_runs_every_stage_on_the_one_gpu():
     cpu_jobs = [b for b in blocks if re.search(r"^(local)?rule (doctor|inspect|records|report|tokenize):", b.strip())]
     assert cpu_jobs and all(not re.search(r"\bgpu=[1-9]", b) for b in cpu_jobs)
     # the quick GPU check: the smoke pair, built on the GPU too
+    # (--forcerun: another test may have built the smoke demo in this checkout already)
     smoke = _run(["--profile", "gpu1", "--configfile", "config/demo-gpu.yaml", "--config", "size=smoke", "-n",
-                  "-p", "all"])
+                  "-p", "--forcerun", "demo_models", "--", "all"])
     assert "--size smoke --threads" in smoke.stdout and job_counts(smoke.stdout)["train"] == 4
