@@ -4,8 +4,8 @@ import sys
 
 from snakemake.utils import min_version
 
-from draftlab.config import load_config
-from draftlab.hostcheck import host_warnings
+from draftlab.experiment.config import load_config
+from draftlab.serving.hostcheck import host_warnings
 
 min_version("9.0")
 

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import torch
 
-from draftlab import demo
-from draftlab.data import tokenize_file
+from draftlab.models import demo_models as demo
+from draftlab.training.tokenize import tokenize_file
 from draftlab.fsutil import write_json
-from draftlab.generate import generate
-from draftlab.model import Eagle3Drafter
-from draftlab.target import aux_layer_ids_for, input_embeddings, load_target, read_config
+from draftlab.training.generate_data import generate
+from draftlab.training.model import Eagle3Drafter
+from draftlab.models.target import aux_layer_ids_for, input_embeddings, load_target, read_config
 from draftlab.train import _shift, evaluate_drafter, ttt_mask
 
 

@@ -44,12 +44,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from draftlab.engine import Engine, resolve_dtype
-from draftlab.model import Eagle3Drafter, init_weights
-from draftlab.eagle3_format import default_aux_layer_ids, drafter_config
+from draftlab.serving.engine import Engine, resolve_dtype
+from draftlab.training.model import Eagle3Drafter, init_weights
+from draftlab.formats.eagle3_format import default_aux_layer_ids, drafter_config
 
 SIZES = {
-    # demo-like: the shape of the demo "default" target (draftlab.demo.SIZES["default"])
+    # demo-like: the shape of the demo "default" target (draftlab.models.demo_models.SIZES["default"])
     "cpu": dict(hidden_size=128, num_layers=8, heads=4, kv_heads=2, intermediate_size=384, vocab_size=2048,
                 draft_vocab_size=1024, embed_std=0.1, prompts_train=128, train_len=80, train_steps=200,
                 lr=3e-3, eval_prompts=8, max_new_tokens=96, batch=16),
@@ -95,7 +95,7 @@ def greedy_batch(model, prompts: torch.Tensor, n: int) -> torch.Tensor:
     """Batched greedy continuation (equal-length prompts, no padding): [B, P + n]."""
     from transformers import DynamicCache
 
-    from draftlab.engine import _cache_kwarg
+    from draftlab.serving.engine import _cache_kwarg
 
     kw = _cache_kwarg(model)
     cache = DynamicCache(config=model.config)
@@ -109,7 +109,7 @@ def greedy_batch(model, prompts: torch.Tensor, n: int) -> torch.Tensor:
 
 def train_drafter(target, size: dict, device, seed: int = 0, steps: int | None = None, ttt: int = 3):
     """A short EAGLE-3-style fit on the target's own greedy outputs (SpecForge-style vocab mapping)."""
-    from draftlab.target import aux_hidden
+    from draftlab.models.target import aux_hidden
 
     steps = steps or size["train_steps"]
     v, m, h = size["vocab_size"], size["draft_vocab_size"], size["hidden_size"]
@@ -177,8 +177,8 @@ def forward_costs(target, drafter, k: int, ctx: int, extend: int, reps: int = 60
     mean in a cycle, ((k-1) chain steps + 1 extend) / k."""
     from transformers import DynamicCache
 
-    from draftlab.engine import _cache_kwarg, crop_cache
-    from draftlab.model import DrafterCache
+    from draftlab.serving.engine import _cache_kwarg, crop_cache
+    from draftlab.training.model import DrafterCache
 
     clock = Engine.clock
     dev = next(target.parameters()).device
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         result["gpu"] = torch.cuda.get_device_name(device)
 
     if args.target:
-        from draftlab.target import load_target, load_tokenizer
+        from draftlab.models.target import load_target, load_tokenizer
 
         target = load_target(args.target, dtype=dtype, device=device)
         drafter = Eagle3Drafter.from_pretrained(args.drafter, dtype=dtype, device=device) if args.drafter else None

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from draftlab.eagle3_format import drafter_config, expected_tensor_shapes
+from draftlab.formats.eagle3_format import drafter_config, expected_tensor_shapes
 
 KIMI_K2 = dict(
     hidden_size=7168,

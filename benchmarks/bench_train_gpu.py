@@ -32,8 +32,8 @@ import time
 
 import torch
 
-from draftlab.eagle3_format import drafter_config
-from draftlab.model import Eagle3Drafter, init_weights
+from draftlab.formats.eagle3_format import drafter_config
+from draftlab.training.model import Eagle3Drafter, init_weights
 from draftlab.train import TTTModule
 
 PEAK_TFLOPS = 989.0

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from draftlab.eagle3_format import default_aux_layer_ids, drafter_config, expected_tensor_shapes
+from draftlab.formats.eagle3_format import default_aux_layer_ids, drafter_config, expected_tensor_shapes
 
 TINY_TARGET = dict(
     hidden_size=32,

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from factories import tiny_drafter_config, write_drafter, write_target_config
 
-from draftlab.acquire import acquire, fetch_config
+from draftlab.models.acquire import acquire, fetch_config
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import MARKER
-from draftlab.hf_cache import publish_to_cache
+from draftlab.models.hf_cache import publish_to_cache
 
 REPO = "draftlab-demo/drafter-v1"
 CANARY = "hf_CANARYtokenDoNotLeak0123456789"
@@ -223,7 +223,7 @@ class _FakeHub:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-        from draftlab.hf_cache import git_blob_sha1
+        from draftlab.models.hf_cache import git_blob_sha1
 
         self.log: list[dict] = []
         self.files: dict[str, dict[str, dict]] = {}
@@ -346,7 +346,7 @@ def test_online_inspect_reads_headers_without_downloading_weights(tmp_path, fake
     env = _online_env(tmp_path, fake_hub)
     proc = _run(["inspect", f"hf:{REPO}", "--json"], env)
     assert proc.returncode == 0, proc.stderr
-    from draftlab.checkpoint import inspect_checkpoint
+    from draftlab.static.inspect import inspect_checkpoint
 
     assert json.loads(proc.stdout) == inspect_checkpoint(repo_folder)
     weight_gets = fake_hub.weight_bytes_sent(REPO)

@@ -8,9 +8,9 @@ import re
 import pytest
 import torch
 
-from draftlab import aux_layers
+from draftlab.formats import aux_layers
 from draftlab.errors import DraftlabError
-from draftlab.target import aux_hidden, aux_layer_ids_for
+from draftlab.models.target import aux_hidden, aux_layer_ids_for
 from draftlab.train import scratch_config
 from factories import kimi_k25_config, qwen3_config, target_config, tiny_drafter_config
 
@@ -127,10 +127,10 @@ def test_deepseek_target_dump_and_engine_read_ids_as_sglang_does(tmp_path):
     """A real tiny DeepseekV3ForCausalLM: ids [2, 3, 4] are the inputs of layers 2, 3, 4 = hidden_states[2..4]."""
     import json
 
-    from draftlab.engine import Engine
-    from draftlab.hidden_states import HiddenStateShards, dump_hidden_states
-    from draftlab.model import Eagle3Drafter
-    from draftlab.target import load_target, read_config
+    from draftlab.serving.engine import Engine
+    from draftlab.training.hidden_states import HiddenStateShards, dump_hidden_states
+    from draftlab.training.model import Eagle3Drafter
+    from draftlab.models.target import load_target, read_config
     from tiny_models import tiny_deepseek_v3_target
 
     target_dir = tiny_deepseek_v3_target(tmp_path / "ds", num_layers=6)

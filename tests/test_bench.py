@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import pytest
 
-from draftlab.bench import (
+from draftlab.benchmark.bench import (
     ACCEPT_COUNT_KEYS,
     CSV_COLUMNS,
     Prompt,
@@ -528,7 +528,7 @@ def test_unreachable_and_failing_servers_are_user_errors():
 @pytest.fixture(scope="module")
 def builtin_servers(tmp_path_factory):
     """The builtin server twice on 127.0.0.1: target + drafter (K=3), and the target alone."""
-    server_mod = pytest.importorskip("draftlab.server", reason="builtin server not in this tree yet")
+    server_mod = pytest.importorskip("draftlab.serving.server", reason="builtin server not in this tree yet")
     from factories import tiny_drafter_config, write_drafter
     from tiny_models import tiny_target
 

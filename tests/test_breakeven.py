@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from draftlab.breakeven import (
+from draftlab.benchmark.breakeven import (
     break_even_accept_length,
     breakeven_table,
     drafter_standing,
@@ -184,7 +184,7 @@ def test_standing_reports_a_skipped_arm_without_numbers(tmp_path):
     """A gated arm that never ran (probe gate closed) is listed as skipped, not as a failure or a zero."""
     import json
 
-    from draftlab.breakeven import drafter_standing
+    from draftlab.benchmark.breakeven import drafter_standing
 
     base = tmp_path / "baseline.json"
     base.write_text(json.dumps({"summary": {"output_tps_median": 100.0}}))

@@ -14,10 +14,12 @@ import torch
 from factories import drafter_tensors, target_config, tiny_drafter_config, write_drafter, write_target_config
 from safetensors.torch import save_file
 
-from draftlab.checkpoint import compare_checkpoints, inspect_checkpoint, load_tensors, read_checkpoint
+from draftlab.formats.checkpoint import load_tensors, read_checkpoint
+from draftlab.static.compare import compare_checkpoints
+from draftlab.static.inspect import inspect_checkpoint
 from draftlab.errors import DraftlabError
-from draftlab.hf_cache import parse_hf_source, publish_to_cache
-from draftlab.target_config import read_config, text_config
+from draftlab.models.hf_cache import parse_hf_source, publish_to_cache
+from draftlab.formats.target_config import read_config, text_config
 
 
 def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from draftlab.config import (
+from draftlab.experiment.config import (
     config_hash,
     deep_merge,
     drafter_variants,

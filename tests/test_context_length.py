@@ -6,9 +6,11 @@ import json
 
 import pytest
 
-from draftlab import context_length, doctor
+from draftlab.formats import context_length
+
+from draftlab.static import doctor
 from draftlab.errors import DraftlabError
-from draftlab.patch_config import plan_patch
+from draftlab.static.patch_config import plan_patch
 from factories import kimi_k25_config, tiny_drafter_config, write_drafter, write_target_config
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from draftlab.config import spec_id
+from draftlab.experiment.config import spec_id
 from test_workflow_dag import ROOT, _run
 from toolenv import run_in, tool_python
 

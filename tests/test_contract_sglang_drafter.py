@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from draftlab import aux_layers, context_length
+from draftlab.formats import aux_layers
+
+from draftlab.formats import context_length
 from factories import kimi_k25_config, qwen3_config, target_config
 from toolenv import run_in, tool_python
 

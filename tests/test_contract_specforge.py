@@ -22,7 +22,7 @@ import pytest
 import torch
 import yaml
 
-from draftlab.vocab import VocabMapping, load_mapping, save_mapping
+from draftlab.static.d2t import VocabMapping, load_mapping, save_mapping
 from factories import drafter_tensors, tiny_drafter_config
 from toolenv import run_in, tool_python
 
@@ -256,7 +256,7 @@ print(json.dumps({"step": torch.load(resume + "/training_state.pt", weights_only
 
 
 def test_import_reads_what_specforges_checkpoint_manager_writes(tmp_path):
-    from draftlab.specforge_import import import_checkpoint
+    from draftlab.training.specforge_import import import_checkpoint
     from draftlab.errors import DraftlabError
 
     cfg = tiny_drafter_config()
@@ -323,7 +323,7 @@ print(json.dumps({"plosses": [float(p) for p in plosses],
 
 
 def test_builtin_ttt_loss_is_specforges_on_one_batch():
-    from draftlab.model import Eagle3Drafter, init_weights
+    from draftlab.training.model import Eagle3Drafter, init_weights
     from draftlab.train import STEP_WEIGHT, ttt_forward
 
     torch.manual_seed(0)

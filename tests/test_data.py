@@ -8,7 +8,8 @@ import pytest
 from tiny_models import tiny_target, tiny_tokenizer
 
 from draftlab.cli import main
-from draftlab.data import read_records, read_tokens, tokenize_record, write_tokens
+from draftlab.formats.data import read_records, read_tokens, write_tokens
+from draftlab.training.tokenize import tokenize_record
 from draftlab.errors import DraftlabError
 
 CONV = {"messages": [{"role": "user", "content": "what is a drafter?"},

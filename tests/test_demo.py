@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftlab import demo
+from draftlab.models import demo_models as demo
 from draftlab.cli import main
 
 # A cut-down recipe for the determinism test: the same code paths, a few seconds per build.
@@ -80,7 +80,7 @@ def test_snapshots_load_offline_through_huggingface_hub_and_transformers(smoke, 
 def test_chat_template_matches_the_fast_renderer_and_masks_the_answer(smoke):
     from transformers import AutoTokenizer
 
-    from draftlab.data import tokenize_record
+    from draftlab.training.tokenize import tokenize_record
 
     tok = AutoTokenizer.from_pretrained(smoke["result"]["target_v1"])
     msgs = [{"role": "user", "content": "Continue the file os.py (part 1):\nimport abc\n"},
@@ -93,9 +93,9 @@ def test_chat_template_matches_the_fast_renderer_and_masks_the_answer(smoke):
 
 @pytest.mark.slow  # shares one smoke build: ~40 s on an idle 2-core machine
 def test_drafter_follows_v1_and_drops_on_v2(smoke):
-    from draftlab.doctor import run_doctor
-    from draftlab.model import Eagle3Drafter
-    from draftlab.vocab import load_mapping
+    from draftlab.static.doctor import run_doctor
+    from draftlab.training.model import Eagle3Drafter
+    from draftlab.static.d2t import load_mapping
 
     r = smoke["result"]
     d = Eagle3Drafter.from_pretrained(r["drafter_v1"])

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from draftlab import doctor
+from draftlab.static import doctor
 from draftlab.cli import main
 from draftlab.errors import DraftlabError
 from factories import (drafter_tensors, kimi_k25_config, target_config, tiny_drafter_config, write_drafter,
@@ -374,7 +374,7 @@ def test_cli_hf_sources_from_a_real_hf_cache_offline(tmp_path):
     import subprocess
     import sys
 
-    from draftlab.hf_cache import publish_to_cache
+    from draftlab.models.hf_cache import publish_to_cache
 
     hf_home = tmp_path / "hf_home"
     drafter = broken(tmp_path, edit=lambda t: t["norm.weight"].__setitem__(0, float("inf")))

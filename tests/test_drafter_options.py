@@ -9,9 +9,11 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from draftlab import doctor, eagle3_format as fmt
+from draftlab.static import doctor
+
+from draftlab.formats import eagle3_format as fmt
 from draftlab.errors import DraftlabError
-from draftlab.model import Eagle3Drafter, apply_rope, init_weights
+from draftlab.training.model import Eagle3Drafter, apply_rope, init_weights
 from factories import drafter_tensors, tiny_drafter_config, with_sglang_options, write_drafter, write_target_config
 
 CFG = with_sglang_options(tiny_drafter_config())
@@ -112,8 +114,8 @@ def test_drafter_with_its_own_hidden_size_keeps_its_embeddings(tmp_path):
 
 
 def test_engine_serves_a_drafter_with_its_own_embeddings(tmp_path):
-    from draftlab.engine import Engine
-    from draftlab.target import load_target
+    from draftlab.serving.engine import Engine
+    from draftlab.models.target import load_target
     from tiny_models import tiny_target
 
     target = load_target(tiny_target(tmp_path / "t", tokenizer=False, vocab_size=256))
@@ -146,7 +148,7 @@ def test_options_draftlab_cannot_run_are_refused_naming_the_key(tmp_path, key, v
 
 def test_import_keeps_every_tensor_sglang_loads(tmp_path):
     """A SpecForge checkpoint with fc_norm and its own embeddings keeps both through import."""
-    from draftlab import specforge_import
+    from draftlab.training import specforge_import
 
     cfg = with_sglang_options(tiny_drafter_config(hidden_size=48, intermediate_size=96))
     tensors = drafter_tensors(cfg, seed=4)

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from draftlab.records import RUN_COLUMNS, TIMING_COLUMNS
+from draftlab.experiment.records import RUN_COLUMNS, TIMING_COLUMNS
 
 pytestmark = pytest.mark.slow
 
@@ -75,7 +75,7 @@ def smoke(tmp_path_factory) -> Path:
 
 
 def _smoke_config() -> dict:
-    from draftlab.config import deep_merge, load_config, read_yaml
+    from draftlab.experiment.config import deep_merge, load_config, read_yaml
 
     return load_config(deep_merge(read_yaml(ROOT / "config/config.yaml"), {"size": "smoke"}))
 

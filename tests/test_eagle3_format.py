@@ -1,4 +1,4 @@
-from draftlab.eagle3_format import default_aux_layer_ids, expected_tensor_shapes
+from draftlab.formats.eagle3_format import default_aux_layer_ids, expected_tensor_shapes
 from factories import drafter_tensors, tiny_drafter_config
 
 
@@ -8,7 +8,7 @@ def test_default_aux_layers_match_sglang_for_kimi_depth():
 
 
 def test_production_shapes_of_the_kimi_k2_drafter():
-    from draftlab.eagle3_format import drafter_config
+    from draftlab.formats.eagle3_format import drafter_config
 
     cfg = drafter_config(hidden_size=7168, intermediate_size=18432, num_attention_heads=64, head_dim=128,
                          vocab_size=163840, draft_vocab_size=32000, max_position_embeddings=131072)

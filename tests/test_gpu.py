@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from factories import tiny_drafter_config, write_drafter
 from tiny_models import tiny_chat_data, tiny_target
 
-from draftlab import vocab
-from draftlab.data import tokenize_file
-from draftlab.target import read_config
+from draftlab.static import d2t as vocab
+from draftlab.training.tokenize import tokenize_file
+from draftlab.models.target import read_config
 
 pytestmark = pytest.mark.gpu
 
@@ -96,7 +96,7 @@ def test_train_every_arm_on_cuda(world, tmp_path, init, mode):
 
 
 def test_generate_on_cuda_matches_the_cpu(world, tmp_path):
-    from draftlab.generate import generate
+    from draftlab.training.generate_data import generate
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"the quick fox {i}"}) + "\n" for i in range(6)))
@@ -110,7 +110,7 @@ def test_generate_on_cuda_matches_the_cpu(world, tmp_path):
 
 
 def test_dump_hidden_states_and_train_and_eval_on_cuda(world, tmp_path):
-    from draftlab.hidden_states import dump_hidden_states
+    from draftlab.training.hidden_states import dump_hidden_states
     from draftlab.train import evaluate_drafter, train_drafter
 
     dump_hidden_states(world["target"], world["tokens"], tmp_path / "hs", device="cuda", aux_layer_ids=[1, 3, 4])
@@ -129,9 +129,9 @@ def test_dump_hidden_states_and_train_and_eval_on_cuda(world, tmp_path):
 
 
 def test_engine_greedy_identity_on_cuda(world):
-    from draftlab.engine import Engine
-    from draftlab.model import Eagle3Drafter
-    from draftlab.target import load_target
+    from draftlab.serving.engine import Engine
+    from draftlab.training.model import Eagle3Drafter
+    from draftlab.models.target import load_target
 
     target = load_target(world["target"], device="cuda")
     drafter = Eagle3Drafter.from_pretrained(world["ckpt"], dtype=torch.float32, device=torch.device("cuda"))

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from draftlab.errors import DraftlabError
-from draftlab.launch import ServerSpec, check_gpus_free, running_server, server_fingerprint
+from draftlab.serving.launch import ServerSpec, check_gpus_free, running_server, server_fingerprint
 
 GRANDCHILD_PIDS = "grandchild.pid"
 
@@ -156,7 +156,7 @@ def test_fingerprint_ignores_host_port_deadlines_but_not_server_settings():
 def test_builtin_launch_serves_and_teardown_leaves_no_process(tmp_path):
     import urllib.request
 
-    from draftlab.target import read_config
+    from draftlab.models.target import read_config
     from factories import tiny_drafter_config, write_drafter
     from tiny_models import tiny_target
 

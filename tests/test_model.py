@@ -9,9 +9,9 @@ import torch
 from factories import tiny_drafter_config, write_drafter
 from safetensors.torch import load_file, save_file
 
-from draftlab.eagle3_format import expected_tensor_shapes
+from draftlab.formats.eagle3_format import expected_tensor_shapes
 from draftlab.errors import DraftlabError
-from draftlab.model import DrafterCache, Eagle3Drafter, init_weights
+from draftlab.training.model import DrafterCache, Eagle3Drafter, init_weights
 
 
 def _drafter(**overrides) -> Eagle3Drafter:

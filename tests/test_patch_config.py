@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from factories import target_config, tiny_drafter_config, write_drafter
 
-from draftlab.checkpoint import compare_checkpoints, inspect_checkpoint
+from draftlab.static.compare import compare_checkpoints
+from draftlab.static.inspect import inspect_checkpoint
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import MARKER
-from draftlab.hf_cache import publish_to_cache
-from draftlab.patch_config import patch_config
+from draftlab.models.hf_cache import publish_to_cache
+from draftlab.static.patch_config import patch_config
 
 
 @pytest.fixture
@@ -86,7 +87,7 @@ def test_idempotent_and_leaves_an_up_to_date_folder_alone(tmp_path, k2_drafter, 
 
 
 def test_acquired_drafter_metadata_is_not_carried_over(tmp_path, k2_drafter, k25_target):
-    from draftlab.acquire import acquire
+    from draftlab.models.acquire import acquire
 
     acquire(str(k2_drafter), tmp_path / "acquired")
     record = patch_config(tmp_path / "acquired", k25_target, tmp_path / "out")

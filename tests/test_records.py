@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from draftlab.config import config_hash, deep_merge, load_config, read_yaml
-from draftlab.records import build_records, merge_into_global, write_records
+from draftlab.experiment.config import config_hash, deep_merge, load_config, read_yaml
+from draftlab.experiment.records import build_records, merge_into_global, write_records
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +28,7 @@ def experiment_config(name: str = "exp-a", **over) -> dict:
 
 def _bench(path: Path, tps: list[float], accept: float | None, cycle_ms: float | None, fingerprint: str,
            cycle_source: str = "draft_time+verify_time") -> None:
-    """A benchmark result in the layout draftlab.bench.write_results produces."""
+    """A benchmark result in the layout draftlab.benchmark.bench.write_results produces."""
     med = sorted(tps)[len(tps) // 2]
     summary = {"requests": 8, "repeats": len(tps), "total_completion_tokens": 384, "total_verify_ct":
                round(384 / accept) if accept else None, "output_tps_median": med, "output_tps_mean": sum(tps) / len(tps),

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from draftlab.bench import Prompt, run_benchmark
+from draftlab.benchmark.bench import Prompt, run_benchmark
 from draftlab.cli import main
 from draftlab.errors import DraftlabError
 

@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from factories import tiny_drafter_config, write_drafter, write_target_config
@@ -93,7 +92,7 @@ def test_unreadable_config_is_one_line_and_never_blocks(tmp_path, kind):
 
 
 def test_non_utf8_training_data_names_the_file_and_line(tmp_path):
-    from draftlab.data import read_records, read_tokens
+    from draftlab.formats.data import read_records, read_tokens
     from draftlab.errors import DraftlabError
 
     data = tmp_path / "d.jsonl"
@@ -116,7 +115,7 @@ def test_a_crash_exits_70_findings_exit_1(tmp_path):
     findings = subprocess.run([sys.executable, "-m", "draftlab.cli", "doctor", "--drafter", str(drafter),
                                "--target", str(target)], capture_output=True, text=True, timeout=120)
     assert findings.returncode == 1 and "context-shorter-than-target" in findings.stdout
-    crash = ("import sys\nfrom draftlab import doctor\nfrom draftlab.cli import main\n"
+    crash = ("import sys\nfrom draftlab.static import doctor\nfrom draftlab.cli import main\n"
              "def boom(s):\n    raise ZeroDivisionError('a bug in a check')\n"
              "doctor.CHECKS['rope-mismatch'] = boom\nsys.exit(main(sys.argv[1:]))\n")
     proc = subprocess.run([sys.executable, "-c", crash, "doctor", "--drafter", str(drafter), "--target", str(target)],
@@ -145,7 +144,7 @@ def test_yaml_alias_bomb_is_refused_quickly(tmp_path):
     # the Snakefile's path: Snakemake has already loaded the YAML (aliases as shared objects)
     import yaml
 
-    from draftlab.config import load_config
+    from draftlab.experiment.config import load_config
     from draftlab.errors import DraftlabError
 
     loaded = yaml.safe_load(ALIAS_BOMB)
@@ -156,7 +155,7 @@ def test_yaml_alias_bomb_is_refused_quickly(tmp_path):
     # ordinary aliases (a shared block reused twice) are fine
     ok = tmp_path / "ok.yaml"
     ok.write_text("x: &d {a: 1}\ny: *d\n")
-    from draftlab.config import read_yaml
+    from draftlab.experiment.config import read_yaml
 
     assert read_yaml(ok) == {"x": {"a": 1}, "y": {"a": 1}}
 

@@ -152,7 +152,7 @@ def test_outputs_of_a_draftlab_without_markers_are_still_its_own(tmp_path, proje
 
 
 def test_resolve_model_link_never_replaces_a_real_file(tmp_path):
-    from draftlab.evaluate import _link
+    from draftlab.models.resolve_target import _link
 
     (tmp_path / "important").write_text("keep")
     with pytest.raises(DraftlabError, match="not a symlink"):

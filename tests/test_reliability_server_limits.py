@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftlab.engine import Engine, GenerationStopped
+from draftlab.serving.engine import Engine, GenerationStopped
 from factories import tiny_drafter_config, write_drafter
 from tiny_models import tiny_target
 import httpcall
@@ -233,8 +233,8 @@ def test_sigterm_during_a_long_generation_stops_the_server_within_seconds(folder
 
 @pytest.mark.parametrize("with_drafter", [False, True])
 def test_engine_checks_should_stop_between_decode_steps(folders, with_drafter):
-    from draftlab.model import Eagle3Drafter
-    from draftlab.target import load_target
+    from draftlab.training.model import Eagle3Drafter
+    from draftlab.models.target import load_target
 
     torch.set_num_threads(1)
     target, drafter = folders
@@ -255,7 +255,7 @@ def test_engine_checks_should_stop_between_decode_steps(folders, with_drafter):
 
 def test_health_generate_answers_503_in_process_when_the_lock_is_held(folders):
     """The same bound without a process: a held engine lock makes /health_generate 503 (not a hang)."""
-    from draftlab.server import load_state, make_server
+    from draftlab.serving.server import load_state, make_server
 
     state = load_state(folders[0], None, health_timeout_s=0.3)
     httpd = make_server(state)

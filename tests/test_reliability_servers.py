@@ -24,8 +24,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from draftlab.config import load_config
-from draftlab.evaluate import build_plan, server_argv, server_dict
+from draftlab.experiment.config import load_config
+from draftlab.benchmark.bench_plan import build_plan, server_argv, server_dict
 
 REPO = Path(__file__).resolve().parents[1]
 CLIENTS = [
@@ -213,7 +213,7 @@ def tiny_pair(tmp_path_factory):
     from factories import tiny_drafter_config, write_drafter
     from tiny_models import tiny_target
 
-    from draftlab.target import read_config
+    from draftlab.models.target import read_config
 
     root = tmp_path_factory.mktemp("pair")
     target = tiny_target(root / "target")

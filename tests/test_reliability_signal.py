@@ -18,8 +18,8 @@ from factories import tiny_drafter_config, write_drafter, write_target_config
 from safetensors.torch import save_file
 from tiny_models import tiny_tokenizer
 
-from draftlab.data import tokenize_record
-from draftlab.vocab import VocabMapping, save_mapping
+from draftlab.training.tokenize import tokenize_record
+from draftlab.static.d2t import VocabMapping, save_mapping
 
 V = 256  # factories' tiny target vocabulary
 

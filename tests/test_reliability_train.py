@@ -27,7 +27,7 @@ STEPS, EVERY = 30, 5
 def data(tmp_path_factory):
     from tiny_models import tiny_chat_data, tiny_target
 
-    from draftlab.data import tokenize_file
+    from draftlab.training.tokenize import tokenize_file
 
     root = tmp_path_factory.mktemp("train")
     target = tiny_target(root / "target")

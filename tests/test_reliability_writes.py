@@ -143,12 +143,12 @@ ATOMIC = {"atomic_path", "atomic_dir"}
 EXEMPT = {
     "fsutil.write_bytes": "the atomic helper itself writes the temporary file",
     "fsutil.write_text": "the atomic helper itself writes the temporary file",
-    "launch.running_server": "the server's log file, appended while the server runs",
+    "serving.launch.running_server": "the server's log file, appended while the server runs",
     "train.MetricsCSV.append": "metrics.csv: a per-step progress log, rewritten atomically on resume",
     "train._run": "the optional training log file (--log-file), appended per step",
-    "demo._StageTimes.__setitem__": "demo-models --log: one line per finished stage, appended",
-    "records._locked": "the lock file of the global records tables, opened for flock",
-    "hf_cache._write_small": "writes its own temporary sibling and os.replace()s it",
+    "models.demo_models._StageTimes.__setitem__": "demo-models --log: one line per finished stage, appended",
+    "experiment.records._locked": "the lock file of the global records tables, opened for flock",
+    "models.hf_cache._write_small": "writes its own temporary sibling and os.replace()s it",
 }
 
 

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 from draftlab.errors import DraftlabError
-from draftlab.evaluate import SKIP_MARKER, gate_decision, run_gated, skip_reason
-from draftlab.records import build_records, write_records
-from draftlab.breakeven import break_even_accept_length as break_even
-from draftlab.breakeven import drafter_standing
+from draftlab.benchmark.probe_gate import SKIP_MARKER, gate_decision, run_gated
+from draftlab.benchmark.serve_bench import skip_reason
+from draftlab.experiment.records import build_records, write_records
+from draftlab.benchmark.breakeven import break_even_accept_length as break_even
+from draftlab.benchmark.breakeven import drafter_standing
 from draftlab.fsutil import write_json
-from draftlab.report import write_report
+from draftlab.experiment.report import write_report
 from test_records import SERVERS, experiment_config, make_experiment
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -95,7 +96,7 @@ def test_report_says_why_fine_tuning_was_skipped(tmp_path):
 
 def test_met_means_measured_not_assumed():
     """Issue 18: '1.22 (met)' for a probe measuring 99.2 tok/s against a 100 tok/s goal."""
-    from draftlab.report import goal_cell
+    from draftlab.experiment.report import goal_cell
 
     goal = {"target_tps": 100.0, "required_accept_length": 1.22}
     assert goal_cell(goal, 99.2) == "1.22 (not met: 99.2 tok/s measured)"

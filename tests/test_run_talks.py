@@ -9,8 +9,8 @@ from pathlib import Path
 
 import yaml
 
-from draftlab.config import load_config
-from draftlab.hostcheck import host_warnings
+from draftlab.experiment.config import load_config
+from draftlab.serving.hostcheck import host_warnings
 from test_workflow_dag import _env, _run, job_blocks, workdir  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from draftlab.errors import DraftlabError
-from draftlab.safetensors_header import read_header, read_header_with_metadata
+from draftlab.formats.safetensors_header import read_header, read_header_with_metadata
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -230,7 +230,7 @@ def test_special_files_are_refused_without_blocking(tmp_path):
 
     fifo = tmp_path / "model.safetensors"
     os.mkfifo(fifo)
-    code = ("import sys\nfrom draftlab.safetensors_header import read_header\nfrom draftlab.target_config import "
+    code = ("import sys\nfrom draftlab.formats.safetensors_header import read_header\nfrom draftlab.formats.target_config import "
             "load_json_config\nfrom draftlab.errors import DraftlabError\nfor f in (read_header, load_json_config):\n"
             "    try:\n        f(sys.argv[1])\n    except DraftlabError as e:\n        print(e)\n")
     out = subprocess.run([sys.executable, "-c", code, str(fifo)], capture_output=True, text=True, timeout=30)

@@ -11,8 +11,8 @@ import threading
 import pytest
 import torch
 
-from draftlab.server import load_state, make_server
-from draftlab.target import read_config
+from draftlab.serving.server import load_state, make_server
+from draftlab.models.target import read_config
 from factories import tiny_drafter_config, write_drafter
 from tiny_models import tiny_target
 from httpcall import call

@@ -14,12 +14,12 @@ import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
-from draftlab import specforge
+from draftlab.training import specforge
 from draftlab.cli import main
 from draftlab.errors import DraftlabError
-from draftlab.model import Eagle3Drafter
-from draftlab.specforge_import import import_checkpoint
-from draftlab.vocab import VocabMapping, load_mapping, save_mapping
+from draftlab.training.model import Eagle3Drafter
+from draftlab.training.specforge_import import import_checkpoint
+from draftlab.static.d2t import VocabMapping, load_mapping, save_mapping
 from factories import drafter_tensors, tiny_drafter_config
 
 # Top-level sections and the fields of SpecForge 0.2.0's Config (config/schema.py) draftlab writes.

@@ -10,7 +10,7 @@ from factories import tiny_drafter_config
 from tiny_models import tiny_target
 
 from draftlab.errors import DraftlabError
-from draftlab.target import aux_hidden, aux_layer_ids_for, load_target, target_features
+from draftlab.models.target import aux_hidden, aux_layer_ids_for, load_target, target_features
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,13 @@ from factories import tiny_drafter_config, with_sglang_options, write_drafter
 from safetensors.torch import load_file
 from tiny_models import tiny_chat_data, tiny_target
 
-from draftlab import vocab
+from draftlab.static import d2t as vocab
 from draftlab.cli import main
-from draftlab.data import tokenize_file
+from draftlab.training.tokenize import tokenize_file
 from draftlab.errors import DraftlabError
-from draftlab.hidden_states import HiddenStateShards, check_disk, dump_hidden_states, storage_estimate
-from draftlab.model import DrafterCache, Eagle3Drafter, init_weights
-from draftlab.target import load_target, read_config, target_features
+from draftlab.training.hidden_states import HiddenStateShards, check_disk, dump_hidden_states, storage_estimate
+from draftlab.training.model import DrafterCache, Eagle3Drafter, init_weights
+from draftlab.models.target import load_target, read_config, target_features
 from draftlab.train import (Samples, TrainConfig, build_drafter, metric_columns, train_drafter, ttt_forward,
                             ttt_mask)
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 from tiny_models import tiny_chat_data, tiny_target
 
-from draftlab.data import tokenize_file
+from draftlab.training.tokenize import tokenize_file
 
 
 @pytest.mark.skipif(shutil.which("torchrun") is None, reason="torchrun not installed")

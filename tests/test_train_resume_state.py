@@ -36,7 +36,7 @@ STEPS, EVERY = 10, 3
 def setup(tmp_path_factory):
     from tiny_models import tiny_chat_data, tiny_target
 
-    from draftlab.data import tokenize_file
+    from draftlab.training.tokenize import tokenize_file
 
     root = tmp_path_factory.mktemp("resume_state")
     target = tiny_target(root / "target", num_layers=7)  # 7: SGLang's default capture [2, 3, 4] has three distinct layers

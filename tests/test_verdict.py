@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from draftlab.bench import mean_ci95, summarize
-from draftlab.report import decision_text
-from draftlab.verdict import compare_tps, decide
+from draftlab.benchmark.bench import mean_ci95, summarize
+from draftlab.experiment.report import decision_text
+from draftlab.benchmark.verdict import compare_tps, decide
 
 
 def row(variant, tps, ci, accept=None, val=None, spec="s2-k1-d3", status="ok"):

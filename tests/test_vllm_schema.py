@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from draftlab.launch import ServerSpec
+from draftlab.serving.launch import ServerSpec
 
 VLLM_VERSION = "0.34.0"
 OPTIONS = {  # option -> takes a value (file in the vllm 0.34.0 wheel that defines it)

@@ -11,10 +11,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from draftlab import vocab
+from draftlab.static import d2t as vocab
 from draftlab.cli import main
 from draftlab.errors import DraftlabError
-from draftlab.vocab import VocabMapping, build_mapping, count_tokens, coverage, diff_mappings, validate
+from draftlab.static.d2t import VocabMapping, build_mapping, count_tokens, coverage, diff_mappings, validate
 from factories import drafter_tensors, tiny_drafter_config, write_drafter
 
 

@@ -187,8 +187,8 @@ def test_specforge_reads_the_merged_config_of_every_configfile_and_override(work
     assert prepare and all("--config results/k25-merged/config.json " in l for l in prepare)
     _run(args + ["--cores", "1", "results/k25-merged/config.json"], cwd=workdir)
     merged = (workdir / "results/k25-merged/config.json").read_text()
-    from draftlab.config import load_config
-    from draftlab.specforge import job_from_experiment
+    from draftlab.experiment.config import load_config
+    from draftlab.training.specforge import job_from_experiment
 
     cfg = load_config(workdir / "results/k25-merged/config.json")
     assert cfg["experiment"] == "k25-merged" and cfg["train"]["max_length"] == 3072
@@ -221,7 +221,7 @@ def test_demo_gpu_dag_on_gpu1_runs_every_stage_on_the_one_gpu():
     lines = text.splitlines()
     assert any("draftlab demo-models --out resources/demo/gpu --size gpu" in l and "--device cuda" in l
                for l in lines)
-    gen = next(l for l in lines if "draftlab generate " in l)
+    gen = next(l for l in lines if "draftlab generate-data " in l)
     assert "--device cuda --batch-size 64" in gen
     trains = [l for l in lines if "draftlab gated" in l and " train " in l]
     assert len(trains) == 4 and all("--device cuda" in l for l in trains)

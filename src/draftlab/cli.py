@@ -23,14 +23,14 @@ from draftlab.errors import DraftlabError
 
 EXIT_CRASH = 70  # EX_SOFTWARE (sysexits.h): an internal software error; 3 is train's "stopped by --stop-after"
 
-COMMAND_MODULES = (
+COMMAND_MODULES = (  # one per layer (d2t: its own stage), in pipeline order
+    "draftlab.commands.models",
     "draftlab.commands.static",
-    "draftlab.commands.vocab",
+    "draftlab.commands.d2t",
     "draftlab.commands.training",
-    "draftlab.commands.demo",
     "draftlab.commands.serving",
     "draftlab.commands.benchmark",
-    "draftlab.commands.pipeline",
+    "draftlab.commands.experiment",
 )
 
 

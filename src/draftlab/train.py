@@ -40,11 +40,11 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from draftlab import eagle3_format as fmt
-from draftlab.devices import resolve_device
+from draftlab.formats import eagle3_format as fmt
+from draftlab.serving.devices import resolve_device
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import atomic_dir, atomic_path, check_replaceable, claim_dir, to_json, write_json
-from draftlab.model import Eagle3Drafter, init_weights
+from draftlab.training.model import Eagle3Drafter, init_weights
 
 INIT_MODES = ("scratch", "checkpoint")
 VOCAB_MODES = ("keep", "remap", "regenerate")
@@ -293,7 +293,7 @@ class TrainConfig:
     tokens: str | None = None              # tokens.jsonl (draftlab tokenize)
     data: str | None = None                # raw JSONL/text, tokenized on the fly
     hidden_states: str | None = None       # offline features (draftlab dump-hidden-states)
-    vocab_mapping: str | None = None       # d2t/t2d file (draftlab.vocab.load_mapping)
+    vocab_mapping: str | None = None       # d2t/t2d file (draftlab.static.d2t.load_mapping)
     init: str = "scratch"
     checkpoint: str | None = None          # drafter folder for init=checkpoint
     vocab_mode: str = "keep"
@@ -348,18 +348,19 @@ class Samples:
     """Training samples by index: tokens only (online target) or tokens + features (offline shards)."""
 
     def __init__(self, cfg: TrainConfig, vocab_size: int):
-        from draftlab.data import read_records, read_tokens, tokenize_record
+        from draftlab.formats.data import read_records, read_tokens
+        from draftlab.training.tokenize import tokenize_record
 
         self.shards = None
         if cfg.hidden_states:
-            from draftlab.hidden_states import HiddenStateShards
+            from draftlab.training.hidden_states import HiddenStateShards
 
             self.shards = HiddenStateShards(cfg.hidden_states)
             self.tokens = self.shards.token_samples()
         elif cfg.tokens:
             self.tokens = read_tokens(cfg.tokens, vocab_size=vocab_size)
         elif cfg.data:
-            from draftlab.target import load_tokenizer
+            from draftlab.models.target import load_tokenizer
 
             tok = load_tokenizer(cfg.target, trust_remote_code=cfg.trust_remote_code)
             self.tokens = [tokenize_record(tok, r, cfg.max_length) for r in read_records(cfg.data)]
@@ -419,11 +420,11 @@ class Features:
         self.samples, self.aux_ids, self.device = samples, aux_ids, device
         self.model = None
         if samples.shards is None:
-            from draftlab.target import load_target
+            from draftlab.models.target import load_target
 
             self.model = load_target(cfg.target, dtype=dtype, device=device, trust_remote_code=cfg.trust_remote_code)
         else:
-            from draftlab.hidden_states import target_head_and_embeddings
+            from draftlab.training.hidden_states import target_head_and_embeddings
 
             if samples.shards.aux_layer_ids != aux_ids:
                 raise DraftlabError(f"{cfg.hidden_states}/index.json: aux_layer_ids {samples.shards.aux_layer_ids} "
@@ -434,7 +435,7 @@ class Features:
     def embeddings(self, target: str) -> Tensor:
         if self.model is not None:
             return self.model.get_input_embeddings().weight.detach()
-        from draftlab.hidden_states import target_head_and_embeddings
+        from draftlab.training.hidden_states import target_head_and_embeddings
 
         return target_head_and_embeddings(target)[1]
 
@@ -449,7 +450,7 @@ class Features:
         toks = [self.samples.tokens_at(i) for i in idx]
         ids, mask, att = collate(toks, self.device)
         if self.model is not None:
-            from draftlab.target import aux_hidden
+            from draftlab.models.target import aux_hidden
 
             out = self.model(input_ids=ids, attention_mask=att, output_hidden_states=True, use_cache=False)
             return ids, mask, aux_hidden(out.hidden_states, self.aux_ids), out.logits
@@ -470,8 +471,8 @@ class Features:
 def scratch_config(target_cfg: dict[str, Any], draft_vocab: int, aux_ids: list[int],
                    overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """A drafter config that follows the target (hidden, heads, context, RoPE); ``aux_ids`` are output ids."""
-    from draftlab.aux_layers import config_ids_for
-    from draftlab.target import text_config
+    from draftlab.formats.aux_layers import config_ids_for
+    from draftlab.formats.target_config import text_config
 
     t = text_config(target_cfg)
     kw = dict(hidden_size=t["hidden_size"], intermediate_size=t["intermediate_size"],
@@ -529,9 +530,10 @@ def remap_lm_head(old_head: Tensor, old_tids: Tensor, new_tids: Tensor, target_h
 def build_drafter(cfg: TrainConfig, target_cfg: dict, samples: Samples, output_embeddings,
                   ) -> tuple[Eagle3Drafter, dict[str, Any]]:
     """The drafter to train and a note of what was done to its vocabulary."""
-    from draftlab import vocab
-    from draftlab.aux_layers import config_ids_for
-    from draftlab.target import aux_layer_ids_for, text_config
+    from draftlab.static import d2t as vocab
+    from draftlab.formats.aux_layers import config_ids_for
+    from draftlab.models.target import aux_layer_ids_for
+    from draftlab.formats.target_config import text_config
 
     vsize = int(text_config(target_cfg)["vocab_size"])
 
@@ -691,7 +693,11 @@ SMALL_FILE_BYTES = 64 << 20        # hashed whole below this size
 SAMPLE_BYTES = 1 << 20             # else size + mtime + sha256 of the first and last MiB
 INPUT_KEYS = ("target", "tokens", "data", "hidden_states", "vocab_mapping", "checkpoint")
 # Modules whose code decides the numbers a run produces; a checkpoint from other code is another run.
-CODE_MODULES = ("train", "model", "eagle3_format", "vocab", "data", "target", "hidden_states")
+# module name (hashed, as before the package layers) -> file under src/draftlab
+CODE_MODULES = {"train": "train", "model": "training/model", "eagle3_format": "formats/eagle3_format",
+                "vocab": "static/d2t", "data": "formats/data", "tokenize": "training/tokenize",
+                "target": "models/target",
+                "hidden_states": "training/hidden_states"}
 
 
 def file_fingerprint(path: Path) -> dict[str, Any]:
@@ -730,8 +736,8 @@ def code_fingerprint() -> str:
     """sha256 over the trainer's own source (and the torch version): what computes the numbers."""
     h = hashlib.sha256(torch.__version__.encode())
     here = Path(__file__).resolve().parent
-    for name in CODE_MODULES:
-        h.update(name.encode() + b"\0" + (here / f"{name}.py").read_bytes())
+    for name, rel in CODE_MODULES.items():
+        h.update(name.encode() + b"\0" + (here / f"{rel}.py").read_bytes())
     return h.hexdigest()
 
 
@@ -921,7 +927,7 @@ def evaluate_drafter(drafter_dir: str | os.PathLike, target: str | os.PathLike, 
                      ttt_length: int = 7, max_samples: int | None = None, max_length: int = 2048,
                      device: str | None = None) -> dict[str, Any]:
     """Per-step accuracy of a saved drafter against a target on a tokens file (e.g. v1 drafter vs v2)."""
-    from draftlab.target import aux_layer_ids_for, read_config
+    from draftlab.models.target import aux_layer_ids_for, read_config
 
     dev = resolve_device(device, what="eval-drafter: device")
     drafter = Eagle3Drafter.from_pretrained(drafter_dir, dtype=torch.float32, device=dev)
@@ -963,8 +969,9 @@ def _run(cfg: TrainConfig) -> dict[str, Any]:
         raise DraftlabError(f"train: loss_norm {cfg.loss_norm!r}: expected one of {', '.join(LOSS_NORMS)}")
     if cfg.mask_alignment not in MASK_ALIGNMENTS:
         raise DraftlabError(f"train: mask_alignment {cfg.mask_alignment!r}: expected one of {', '.join(MASK_ALIGNMENTS)}")
-    from draftlab.target import read_config, text_config
-    from draftlab.target_config import load_json_config
+    from draftlab.models.target import read_config
+    from draftlab.formats.target_config import text_config
+    from draftlab.formats.target_config import load_json_config
 
     if cfg.ttt_length < 1:
         raise DraftlabError(f"train: ttt_length must be >= 1, got {cfg.ttt_length}")
@@ -993,7 +1000,7 @@ def _run(cfg: TrainConfig) -> dict[str, Any]:
 
     target_cfg = read_config(cfg.target)
     if cfg.aux_layer_ids:
-        from draftlab.aux_layers import check_output_ids
+        from draftlab.formats.aux_layers import check_output_ids
 
         cfg.aux_layer_ids = check_output_ids(cfg.aux_layer_ids, target_cfg, "train: aux_layer_ids")
     vsize = int(text_config(target_cfg)["vocab_size"])
@@ -1016,7 +1023,7 @@ def _run(cfg: TrainConfig) -> dict[str, Any]:
         return features
 
     # The drafter: from the last checkpoint when resuming, else built from scratch/checkpoint.
-    from draftlab.target import aux_layer_ids_for
+    from draftlab.models.target import aux_layer_ids_for
 
     if resume_from is not None:
         drafter = Eagle3Drafter.from_pretrained(resume_from / "drafter", dtype=torch.float32)

@@ -42,7 +42,7 @@ rule resolve_target:
         source=get_target_source(),
         link=lambda wildcards, output: model_dir(output.model),
     shell:
-        "draftlab resolve-model {params.source} --link {params.link} --out {output.model} > {log} 2>&1"
+        "draftlab resolve-target {params.source} --link {params.link} --out {output.model} > {log} 2>&1"
 
 
 rule acquire:

@@ -1,10 +1,12 @@
-# Names, paths and get_* helpers every rule file uses. Logic lives in draftlab.config / draftlab.evaluate.
+# Names, paths and get_* helpers every rule file uses. Logic lives in draftlab.experiment.config,
+# draftlab.benchmark.bench_plan and draftlab.training.specforge.
 import json
 import os
 import shlex
 
-from draftlab import config as dlcfg
-from draftlab import evaluate
+from draftlab.benchmark import bench_plan as dlplan
+from draftlab.experiment import config as dlcfg
+from draftlab.training import specforge as dlspecforge
 
 EXP = config["experiment"]
 R = f"results/{EXP}"
@@ -105,7 +107,7 @@ def get_drafter_marker(variant):
 def get_server(variant, spec):
     drafter = None if variant == "baseline" else get_drafter_dir(variant)
     setting = None if spec == "plain" else SPECS[spec]
-    return evaluate.server_dict(config, TARGET_MODEL, drafter, setting)
+    return dlplan.server_dict(config, TARGET_MODEL, drafter, setting)
 
 
 def get_server_jobs():
@@ -116,7 +118,7 @@ def get_server_jobs():
 def get_plan(wildcards):
     v, s = wildcards.variant, wildcards.spec
     trained = v in ARMS
-    return evaluate.build_plan(
+    return dlplan.build_plan(
         config,
         variant=v,
         spec_id=s,
@@ -130,9 +132,7 @@ def get_plan(wildcards):
 
 def get_server_command(wildcards):
     """The launch command, printed in the serve_bench shell line and checked against the plan."""
-    return shlex.join(
-        evaluate.server_argv(get_server(wildcards.variant, wildcards.spec))
-    )
+    return shlex.join(dlplan.server_argv(get_server(wildcards.variant, wildcards.spec)))
 
 
 def get_serve_bench_inputs(wildcards):
@@ -204,7 +204,7 @@ def get_train_command(arm):
     run = f"{R}/train/{arm}"
     mapping = f"{R}/data/vocab.safetensors"
     if t["backend"] == "specforge":
-        return evaluate.specforge_commands(
+        return dlspecforge.specforge_commands(
             config,
             arm,
             TARGET_MODEL,

@@ -31,7 +31,7 @@ if not config["data"]["path"]:
             trust=get_trust_remote_code(),
             seed=config["train"]["seed"],
         shell:
-            "draftlab generate --target {params.target} --prompts {params.prompts} --out {output.data}"
+            "draftlab generate-data --target {params.target} --prompts {params.prompts} --out {output.data}"
             " --max-new-tokens {params.max_new_tokens} {params.limit} --seed {params.seed} {params.trust}"
             " {params.device} --batch-size {params.batch_size}"
             " > {log} 2>&1"

@@ -40,4 +40,4 @@ rule records_merge:
     conda:
         "../../envs/analysis.yaml"
     shell:
-        "draftlab records --merge {input.csv} --global-dir results --out {output.receipt} > {log} 2>&1"
+        "draftlab records-merge --merge {input.csv} --global-dir results --out {output.receipt} > {log} 2>&1"

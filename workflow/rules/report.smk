@@ -1,5 +1,5 @@
 # Report: a Markdown summary and plots per experiment (also in `snakemake --report report.html`),
-# and where every drafter stands against break-even and the throughput goals (draftlab standing).
+# and where every drafter stands against break-even and the throughput goals (draftlab breakeven).
 
 
 rule breakeven:
@@ -23,7 +23,7 @@ rule breakeven:
         target_tps=" ".join(str(t) for t in config["breakeven"]["target_tps"]),
         num_steps=lambda wildcards: SPECS[wildcards.spec]["num_steps"],
     shell:
-        "draftlab standing --baseline {input.baseline} {params.drafters}"
+        "draftlab breakeven --baseline {input.baseline} {params.drafters}"
         " --target-tps {params.target_tps} --num-steps {params.num_steps}"
         " --out {output.standing} > {log} 2>&1"
 

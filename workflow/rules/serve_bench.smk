@@ -60,4 +60,4 @@ rule probe_gate:
     params:
         min_accept_length=config["gate"]["min_accept_length"],
     shell:
-        "draftlab gate {input} --min-accept-length {params.min_accept_length} --out {output.gate} > {log} 2>&1"
+        "draftlab probe-gate {input} --min-accept-length {params.min_accept_length} --out {output.gate} > {log} 2>&1"

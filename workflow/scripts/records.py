@@ -1,8 +1,8 @@
-"""Adapter for rule records: hand the experiment's result files and config to draftlab.records."""
+"""Adapter for rule records: hand the experiment's result files and config to draftlab.experiment.records."""
 
 import contextlib
 
-from draftlab.records import build_records, write_records
+from draftlab.experiment.records import build_records, write_records
 
 sm = snakemake  # noqa: F821 - injected by Snakemake
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from draftlab.cli import main
-from draftlab.target import text_config
+from draftlab.formats.target_config import text_config
 
 sm = snakemake  # noqa: F821 - injected by Snakemake
 

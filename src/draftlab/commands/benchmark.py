@@ -1,8 +1,10 @@
-"""``draftlab bench``, ``draftlab breakeven`` and ``draftlab standing``: measure, then decide."""
+"""CLI for the benchmark layer: ``bench``, ``serve-bench``, ``probe-gate`` (alias ``gate``), ``gated``,
+``breakeven`` and its old name for the measured form, ``standing``: measure, then decide."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from draftlab.commands._common import add_json_flag, emit
@@ -41,23 +43,55 @@ def register(sub) -> None:
     add_json_flag(p)
     p.set_defaults(func=_bench)
 
+    p = sub.add_parser("serve-bench", help="launch one server, run every client variant of a plan, tear it down",
+                       description="Launch the server of PLAN once (the command after -- must be the plan's own "
+                                   "launch command, so the printed rule shows what runs), run each client variant "
+                                   "with the benchmark, write each result atomically and always stop the server.")
+    p.add_argument("--plan", required=True, help="plan JSON written by the workflow (server + clients + outputs)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("argv", nargs=argparse.REMAINDER, help="-- the server launch command")
+    add_json_flag(p)
+    p.set_defaults(func=_serve_bench)
+
+    p = sub.add_parser("probe-gate", aliases=["gate"], help="probe gate: fine-tune only if the probe's accept length is high enough")
+    p.add_argument("results", nargs="+", help="probe benchmark result JSON files")
+    p.add_argument("--min-accept-length", type=float, required=True)
+    p.add_argument("--out", required=True)
+    add_json_flag(p)
+    p.set_defaults(func=_probe_gate)
+
+    p = sub.add_parser("gated", help="run a command unless the gate is closed (then write explicit skipped outputs)")
+    p.add_argument("--gate", help="gate decision JSON")
+    p.add_argument("--unless-skipped", metavar="DIR", help="also skip when DIR holds a SKIPPED.json marker")
+    p.add_argument("--skip-dir", action="append", help="folder to create with a SKIPPED.json when skipping")
+    p.add_argument("--skip-file", action="append", help="JSON file to write {skipped, reason} to when skipping")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the command")
+    p.set_defaults(func=_gated)
+
     b = sub.add_parser(
         "breakeven",
-        help="accept length / per-step acceptance needed to beat plain decoding or hit a tok/s goal",
-        description="Throughput of speculation = accept length / cycle time. Prints the break-even "
-        "accept length (X*C/1000) and, per target T, what accept length and per-step acceptance it takes.",
+        help="break-even accept length: where measured drafters stand (--baseline FILE --drafter NAME=FILE, "
+        "the breakeven rule) or what a tok/s goal needs (--baseline-tps X --cycle-ms C)",
+        description="Throughput of speculation = accept length / cycle time; break-even accept length = X*C/1000. "
+        "Measured form (as `draftlab standing`): read a baseline bench JSON and drafter bench JSONs and report "
+        "each drafter's accept length against its break-even and every --target-tps. Calculator form: from "
+        "--baseline-tps and --cycle-ms, print per target T what accept length and per-step acceptance it takes.",
     )
-    b.add_argument("--baseline-tps", type=float, required=True, help="plain decoding tok/s (X)")
-    b.add_argument("--cycle-ms", type=float, required=True, help="ms per verify cycle incl. drafting (C)")
+    b.add_argument("--baseline", metavar="JSON", help="bench JSON of plain decoding (measured form)")
+    b.add_argument("--drafter", action="append", metavar="NAME=FILE", help="bench JSON of a drafter (measured form)")
+    b.add_argument("--baseline-tps", type=float, help="plain decoding tok/s (X; calculator form)")
+    b.add_argument("--cycle-ms", type=float, help="ms per verify cycle incl. drafting (C; calculator form)")
     b.add_argument("--num-steps", type=int, default=None, help="draft steps per cycle (K)")
     b.add_argument("--target-tps", type=float, nargs="+", required=True, help="throughput goals (T)")
-    b.add_argument("--step-acceptance", type=float, default=None, help="per-step acceptance P to forecast")
+    b.add_argument("--step-acceptance", type=float, default=None,
+                   help="per-step acceptance P to forecast (calculator form)")
+    b.add_argument("--out", default=None, help="write the result as JSON here")
     add_json_flag(b)
     b.set_defaults(func=_breakeven)
 
     s = sub.add_parser(
         "standing",
-        help="where measured drafters stand against break-even and throughput goals",
+        help="where measured drafters stand against break-even and throughput goals (= breakeven --baseline FILE)",
         description="Read a baseline bench JSON and drafter bench JSONs; report each drafter's "
         "accept length against its break-even and against every --target-tps.",
     )
@@ -71,7 +105,7 @@ def register(sub) -> None:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from draftlab.bench import human_summary, run_benchmark, write_results
+    from draftlab.benchmark.bench import human_summary, run_benchmark, write_results
 
     result = run_benchmark(
         args.url,
@@ -97,7 +131,24 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _breakeven(args: argparse.Namespace) -> int:
-    from draftlab.breakeven import breakeven_table
+    """The measured form (``--baseline FILE``, what the breakeven rule runs) or the calculator form."""
+    measured = ("--baseline", "--drafter")
+    calculator = ("--baseline-tps", "--cycle-ms", "--step-acceptance")
+    given = {flag for flag in measured + calculator if getattr(args, flag[2:].replace("-", "_")) is not None}
+    if given & set(measured) and given & set(calculator):
+        raise DraftlabError(f"breakeven: {', '.join(sorted(given & set(measured)))} (measured) and "
+                            f"{', '.join(sorted(given & set(calculator)))} (calculator) do not go together")
+    if given & set(measured):
+        missing = [flag for flag in measured if flag not in given]
+        if missing:
+            raise DraftlabError(f"breakeven: the measured form needs {' and '.join(missing)}")
+        return _standing(args)
+    missing = [flag for flag in ("--baseline-tps", "--cycle-ms") if flag not in given]
+    if missing:
+        raise DraftlabError("breakeven: give --baseline FILE --drafter NAME=FILE (measured drafters) or "
+                            "--baseline-tps X --cycle-ms C (calculator); missing " + " and ".join(missing))
+    from draftlab.benchmark.breakeven import breakeven_table
+    from draftlab.fsutil import write_json
 
     table = breakeven_table(
         args.baseline_tps,
@@ -106,6 +157,8 @@ def _breakeven(args: argparse.Namespace) -> int:
         num_steps=args.num_steps,
         step_acceptance=args.step_acceptance,
     )
+    if args.out:
+        write_json(args.out, table)
     emit(args, table, _human_breakeven)
     return 0
 
@@ -134,7 +187,7 @@ def _human_breakeven(t: dict) -> str:
 
 
 def _standing(args: argparse.Namespace) -> int:
-    from draftlab.breakeven import drafter_standing
+    from draftlab.benchmark.breakeven import drafter_standing
     from draftlab.fsutil import write_json
 
     drafters = {}
@@ -153,7 +206,7 @@ def _standing(args: argparse.Namespace) -> int:
 
 
 def _human_standing(s: dict) -> str:
-    from draftlab.bench import is_verify_cycle
+    from draftlab.benchmark.bench import is_verify_cycle
 
     lines = [f"baseline {s['baseline_tps']:.2f} tok/s"]
     for d in s["drafters"]:
@@ -172,3 +225,41 @@ def _human_standing(s: dict) -> str:
                 f"{'met' if g['meets_by_accept_length'] else 'not met'}"
             )
     return "\n".join(lines)
+
+
+def _serve_bench(args: argparse.Namespace) -> int:
+    from draftlab.benchmark.serve_bench import run_plan
+    from draftlab.fsutil import read_json
+
+    plan = read_json(args.plan, "serve-bench plan")
+    argv = list(args.argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    summary = run_plan(plan, argv or None, progress=not args.no_progress)
+    emit(args, summary, lambda s: f"{s['variant']} {s['spec_id']}: launches {s['launches']}"
+         + (f", skipped: {s['reason']}" if s.get("skipped") else ""))
+    return 0
+
+
+def _probe_gate(args: argparse.Namespace) -> int:
+    from draftlab.benchmark.probe_gate import gate_decision
+    from draftlab.fsutil import write_json
+
+    decision = gate_decision(args.results, args.min_accept_length)
+    write_json(args.out, decision)
+    print(f"probe gate: {decision['decision'].upper()}: {decision['reason']}", file=sys.stderr)
+    emit(args, decision, lambda d: f"{d['decision']}: {d['reason']}")
+    return 0
+
+
+def _gated(args: argparse.Namespace) -> int:
+    from draftlab.benchmark.probe_gate import run_gated
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        print("error: gated: give the command after --", file=sys.stderr)
+        return 2
+    return run_gated(cmd, gate=args.gate, unless_skipped=args.unless_skipped,
+                     skip_dirs=args.skip_dir or (), skip_files=args.skip_file or ())

@@ -35,7 +35,7 @@ def register(sub) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from draftlab.errors import DraftlabError
-    from draftlab.server import load_state, serve
+    from draftlab.serving.server import load_state, serve
 
     if not 0 <= args.port <= 65535:
         raise DraftlabError(f"--port: expected 0-65535, got {args.port}")

@@ -1,4 +1,4 @@
-"""CLI for static analysis: inspect, compare, patch-config, acquire, fetch-config.
+"""CLI for static analysis: inspect, compare, patch-config, doctor (``d2t`` has its own module).
 
 Every command prints a human summary (or JSON with ``--json``), can write its JSON document
 atomically with ``--out`` where the result is not itself a folder, and a short Markdown summary with
@@ -9,9 +9,8 @@ inside the handlers so ``draftlab inspect`` never loads torch or huggingface_hub
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from draftlab.commands._common import add_json_flag, emit
+from draftlab.commands._common import add_output_flags, add_record_flags, emit, finish, fmt_bytes, write_record
 
 CONFIG_KEYS = (
     "architectures",
@@ -30,13 +29,13 @@ CONFIG_KEYS = (
 
 
 def register(sub) -> None:
-    """Add inspect, compare, patch-config, acquire and fetch-config to the draftlab parser."""
+    """Add inspect, compare, patch-config and doctor to the draftlab parser."""
     p = sub.add_parser("inspect", help="config + safetensors headers of a checkpoint (never reads weights)",
                        description="Show a checkpoint's config keys that matter for EAGLE-3 serving and every "
                                    "tensor's name, shape and dtype, read from the safetensors headers only (fast "
                                    "on multi-GB files; weights are never loaded).")
     p.add_argument("source", help="folder, .safetensors file or hf:ORG/NAME[@REV]")
-    _common(p, out_help="also write the JSON document to FILE")
+    add_output_flags(p, out_help="also write the JSON document to FILE")
     p.set_defaults(func=cmd_inspect)
 
     p = sub.add_parser("compare", help="config diff and tensor-header diff of two checkpoints",
@@ -48,65 +47,36 @@ def register(sub) -> None:
     p.add_argument("b", help="folder, .safetensors file or hf:ORG/NAME[@REV]")
     p.add_argument("--hash-weights", action="store_true",
                    help="also read and hash every shared tensor (reads all weights: slow on big checkpoints)")
-    _common(p, out_help="also write the JSON document to FILE")
+    add_output_flags(p, out_help="also write the JSON document to FILE")
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("patch-config", help="drafter folder with max_position_embeddings following the target")
     p.add_argument("--drafter", required=True, help="drafter folder")
     p.add_argument("--target", required=True, help="target config.json, folder or hf:ORG/NAME[@REV]")
     p.add_argument("--out", required=True, help="patched drafter folder to write")
-    _common(p)
+    add_output_flags(p)
     p.set_defaults(func=cmd_patch_config)
 
-    p = sub.add_parser("acquire", help="config.json + *.safetensors of a drafter into DIR (HF cache, offline ok)")
-    p.add_argument("source", help="hf:ORG/NAME[@REV] or a local folder")
-    p.add_argument("--out", required=True, help="folder to write (files linked + acquire.json)")
-    p.add_argument("--revision", help="branch, tag or commit to pin (hf: sources)")
-    _common(p)
-    p.set_defaults(func=cmd_acquire)
-
-    p = sub.add_parser("fetch-config", help="only the config.json of a (target) model")
-    p.add_argument("source", help="hf:ORG/NAME[@REV], a folder or a config.json")
-    p.add_argument("--out", required=True, help="config.json file to write")
-    _common(p)
-    p.set_defaults(func=cmd_fetch_config)
-
-
-def _common(p: argparse.ArgumentParser, out_help: str | None = None) -> None:
-    add_json_flag(p)
-    if out_help:
-        p.add_argument("--out", help=out_help)
-    p.add_argument("--summary", metavar="FILE", help="also write a short Markdown summary to FILE")
-    p.add_argument("--cache-dir", help="huggingface_hub cache folder (default: HF_HUB_CACHE / HF_HOME)")
-
-
-def _finish(args: argparse.Namespace, doc: Any, markdown: str, json_out: str | None = None) -> int:
-    from draftlab.fsutil import write_json, write_text
-
-    if json_out:
-        write_json(json_out, doc)
-    if args.summary:
-        write_text(args.summary, markdown.rstrip("\n") + "\n")
-    emit(args, doc, lambda _: markdown)
-    return 0
-
-
-# ---------------------------------------------------------------------------- inspect / compare
+    p = sub.add_parser("doctor", help="preflight checks of a drafter against its target",
+                       description="Check, before a server is launched, that an EAGLE-3 drafter fits its target: "
+                                   "d2t present and valid, vocab and hidden sizes, context length, aux layer ids, "
+                                   "the speculative algorithm, missing or mis-shaped tensors, non-finite weights, "
+                                   "dtype and rope. Exits 1 when any finding is an error.")
+    p.add_argument("--drafter", required=True, help="drafter folder, .safetensors file or hf: source")
+    p.add_argument("--target", required=True, help="target config.json, folder or hf: source")
+    p.add_argument("--algorithm", default="EAGLE3", help="speculative algorithm it will be served with")
+    p.add_argument("--backend", default="sglang", choices=("builtin", "sglang", "vllm"),
+                   help="server it will be served with (vLLM reads aux layer ids from another config key)")
+    p.add_argument("--cache-dir", help="huggingface_hub cache folder for hf: sources (default: HF_HUB_CACHE / HF_HOME)")
+    add_record_flags(p)
+    p.set_defaults(func=_doctor)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from draftlab.checkpoint import inspect_checkpoint
+    from draftlab.static.inspect import inspect_checkpoint
 
     doc = inspect_checkpoint(args.source, cache_dir=args.cache_dir)
-    return _finish(args, doc, inspect_markdown(args.source, doc), args.out)
-
-
-def _fmt_bytes(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
-        n /= 1000
-    return f"{n}"
+    return finish(args, doc, inspect_markdown(args.source, doc), args.out)
 
 
 def inspect_markdown(source: str, doc: dict) -> str:
@@ -115,7 +85,7 @@ def inspect_markdown(source: str, doc: dict) -> str:
         f"# inspect `{source}`",
         "",
         f"- format: **{doc['format']}**",
-        f"- tensors: {len(doc['tensors'])}, parameters: {doc['num_params']:,}, data: {_fmt_bytes(doc['num_bytes'])}",
+        f"- tensors: {len(doc['tensors'])}, parameters: {doc['num_params']:,}, data: {fmt_bytes(doc['num_bytes'])}",
     ]
     if doc["config"] is None:
         lines.append("- config.json: none")
@@ -133,10 +103,10 @@ def inspect_markdown(source: str, doc: dict) -> str:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from draftlab.checkpoint import compare_checkpoints
+    from draftlab.static.compare import compare_checkpoints
 
     doc = compare_checkpoints(args.a, args.b, cache_dir=args.cache_dir, hash_weights=args.hash_weights)
-    return _finish(args, doc, compare_markdown(args.a, args.b, doc), args.out)
+    return finish(args, doc, compare_markdown(args.a, args.b, doc), args.out)
 
 
 def compare_markdown(a: str, b: str, doc: dict) -> str:
@@ -166,14 +136,11 @@ def compare_markdown(a: str, b: str, doc: dict) -> str:
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------- patch / acquire / fetch
-
-
 def cmd_patch_config(args: argparse.Namespace) -> int:
-    from draftlab.patch_config import patch_config
+    from draftlab.static.patch_config import patch_config
 
     doc = patch_config(args.drafter, args.target, args.out, cache_dir=args.cache_dir)
-    return _finish(args, doc, patch_markdown(args.out, doc))
+    return finish(args, doc, patch_markdown(args.out, doc))
 
 
 def patch_markdown(out: str, doc: dict) -> str:
@@ -191,37 +158,11 @@ def patch_markdown(out: str, doc: dict) -> str:
     return "\n".join(lines)
 
 
-def cmd_acquire(args: argparse.Namespace) -> int:
-    from draftlab.acquire import acquire
+def _doctor(args: argparse.Namespace) -> int:
+    from draftlab.static import doctor
 
-    doc = acquire(args.source, args.out, revision=args.revision, cache_dir=args.cache_dir)
-    return _finish(args, doc, acquire_markdown(args.out, doc))
-
-
-def acquire_markdown(out: str, doc: dict) -> str:
-    lines = [
-        f"# acquire `{doc['source']}` → `{out}`",
-        "",
-        f"- requested revision: {doc['requested_revision'] or '(default)'}",
-        f"- resolved commit: {doc['resolved_commit'] or '(local folder)'}",
-        f"- {'already present, skipped' if doc.get('skipped') else 'written'}; {_fmt_bytes(doc['num_bytes'])}",
-        "",
-        "| file | size | sha256 |",
-        "|---|---|---|",
-    ]
-    lines += [f"| `{f['name']}` | {f['size']} | {f.get('sha256', '')} |" for f in doc["files"]]
-    return "\n".join(lines)
-
-
-def cmd_fetch_config(args: argparse.Namespace) -> int:
-    from draftlab.acquire import fetch_config
-
-    doc = fetch_config(args.source, args.out, cache_dir=args.cache_dir)
-    md = "\n".join(
-        [
-            f"# fetch-config `{doc['source']}` → `{doc['out']}`",
-            "",
-            f"- resolved commit: {doc['resolved_commit'] or '(local)'}",
-        ]
-    )
-    return _finish(args, doc, md)
+    report = doctor.run_doctor(args.drafter, args.target, algorithm=args.algorithm, backend=args.backend,
+                               cache_dir=args.cache_dir)
+    write_record(args, report, doctor.to_markdown(report))
+    emit(args, report, doctor.to_text)
+    return 1 if report["errors"] else 0

@@ -1,4 +1,6 @@
-"""CLI for the builtin trainer: ``tokenize``, ``dump-hidden-states``, ``train``, ``eval-drafter``."""
+"""CLI for the training layer: ``generate-data`` (alias ``generate``), ``tokenize``, ``dump-hidden-states``,
+``train``, ``eval-drafter`` (the builtin trainer) and ``specforge-command``, ``import-specforge``
+(the SpecForge backend)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import json
 from pathlib import Path
 
 from draftlab.commands._common import add_json_flag, emit
+from draftlab.errors import DraftlabError
 
 
 def register(sub) -> None:
@@ -95,13 +98,64 @@ def register(sub) -> None:
     add_json_flag(p)
     p.set_defaults(func=_eval)
 
+    g = sub.add_parser("generate-data", aliases=["generate"], help="run the target over prompts and write JSONL conversations")
+    g.add_argument("--target", required=True, help="target model folder (transformers)")
+    g.add_argument("--prompts", required=True, help="JSONL ({'prompt'|'text'|'messages'}) or text, one per line")
+    g.add_argument("--out", required=True, help="output JSONL of {'messages': [...]} conversations")
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    mode = g.add_mutually_exclusive_group()
+    mode.add_argument("--greedy", action="store_true", help="greedy decoding (the default)")
+    mode.add_argument("--temperature", type=float, default=None, help="sample at this temperature")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=0, help="prompt i is sampled under seed+i")
+    g.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    g.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default: cpu)")
+    g.add_argument("--batch-size", type=int, default=1,
+                   help="greedy prompts decoded together, left-padded (default 1; a GPU wants 32-64)")
+    g.add_argument("--trust-remote-code", action="store_true")
+    add_json_flag(g)
+    g.set_defaults(func=_generate_data)
+
+    s = sub.add_parser("specforge-command",
+                       help="write the SpecForge 0.2.0 run config of an arm and print `specforge train --config FILE`")
+    s.add_argument("--config", required=True,
+                   help="a job file (YAML/JSON, keys of draftlab.training.specforge.SpecForgeJob) "
+                        "or an experiment config, e.g. the merged one the pipeline writes (then give the paths below)")
+    s.add_argument("--target", help="target model path as SpecForge sees it (experiment config only)")
+    s.add_argument("--draft-config", help="drafter config.json (experiment config only)")
+    s.add_argument("--data", help="training JSONL conversations (experiment config only)")
+    s.add_argument("--tokens", help="draftlab tokens.jsonl of the same data: its sample count sets num_epochs")
+    s.add_argument("--mapping", help="vocab mapping to pin through model.vocab_mapping_path (experiment config only)")
+    s.add_argument("--output-dir", help="SpecForge output_dir: checkpoints, run config, job file (experiment config only)")
+    s.add_argument("--ckpt-dir", help="warm-start drafter folder: model.draft_checkpoint_path (experiment config only)")
+    s.add_argument("--specforge-dir", default=None,
+                   help="unused since SpecForge 0.2.0: the wheel carries the `specforge` entry point")
+    s.add_argument("--chat-template", default=None, help="SpecForge template name (default: train.chat_template)")
+    s.add_argument("--target-backend", default="sglang", choices=["sglang"],
+                   help="SpecForge 0.2.0 captures through SGLang only (model.target_backend)")
+    s.add_argument("--dry-run", action="store_true", help="print the command and run config only; write nothing")
+    add_json_flag(s)
+    s.set_defaults(func=_specforge_command)
+
+    i = sub.add_parser("import-specforge", help="turn a SpecForge checkpoint into a draftlab drafter folder")
+    i.add_argument("src", help="SpecForge output_dir (latest <run_id>-step<N>/), one step folder, or an export")
+    i.add_argument("--out", required=True)
+    i.add_argument("--expect-mapping", default=None,
+                   help="mapping pinned for the run: fail if the checkpoint's d2t differs")
+    i.add_argument("--draft-config", default=None,
+                   help="drafter config.json the run trained (default: the one in the run's job file)")
+    i.add_argument("--expect-steps", type=int, default=None,
+                   help="fail unless the checkpoint is at this optimizer step (train.steps)")
+    add_json_flag(i)
+    i.set_defaults(func=_import_specforge)
+
 
 def _ids(text: str | None) -> list[int] | None:
     return [int(x) for x in text.split(",")] if text else None
 
 
 def _tokenize(args: argparse.Namespace) -> int:
-    from draftlab.data import tokenize_file
+    from draftlab.training.tokenize import tokenize_file
 
     r = tokenize_file(args.target, args.data, args.out, args.max_length, args.trust_remote_code)
     emit(args, r, lambda r: f"{r['samples']} samples, {r['tokens']} tokens ({r['loss_tokens']} in the loss) -> {r['out']}")
@@ -109,7 +163,7 @@ def _tokenize(args: argparse.Namespace) -> int:
 
 
 def _dump(args: argparse.Namespace) -> int:
-    from draftlab.hidden_states import dump_hidden_states
+    from draftlab.training.hidden_states import dump_hidden_states
 
     dcfg = json.loads((Path(args.drafter) / "config.json").read_text()) if args.drafter else None
     r = dump_hidden_states(args.target, args.tokens, args.out, store=args.store, aux_layer_ids=_ids(args.aux_layer_ids),
@@ -154,4 +208,74 @@ def _eval(args: argparse.Namespace) -> int:
     r = evaluate_drafter(args.drafter, args.target, args.tokens, ttt_length=args.ttt_length,
                          max_samples=args.max_samples, device=args.device)
     emit(args, r, lambda r: "acc per step: [" + ", ".join(f"{a:.3f}" for a in r["acc"]) + f"] over {r['tokens']} tokens")
+    return 0
+
+
+def _generate_data(args: argparse.Namespace) -> int:
+    from draftlab.training.generate_data import generate
+
+    result = generate(
+        args.target, args.prompts, args.out, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+        top_p=args.top_p, seed=args.seed, limit=args.limit, device=args.device,
+        trust_remote_code=args.trust_remote_code, batch_size=args.batch_size,
+    )
+    emit(args, result, lambda r: (f"wrote {r['prompts']} conversations ({r['generated_tokens']} tokens, "
+                                  f"{r['mode']}) to {r['out']} in {r['seconds']} s"))
+    return 0
+
+
+def _specforge_command(args: argparse.Namespace) -> int:
+    import shlex
+
+    from draftlab.training import specforge
+
+    data = specforge.read_job_file(args.config)
+    if "experiment" in data:
+        need = {"--target": args.target, "--draft-config": args.draft_config, "--data": args.data,
+                "--output-dir": args.output_dir}
+        missing = [k for k, v in need.items() if not v]
+        if missing:
+            raise DraftlabError(f"{args.config}: an experiment config needs {', '.join(missing)} on the command line")
+        from draftlab.experiment.config import load_config
+
+        cfg = load_config(args.config)  # the merged JSON the pipeline writes, or a YAML file
+        if args.chat_template:
+            cfg["train"]["chat_template"] = args.chat_template
+        job = specforge.job_from_experiment(
+            cfg, target_model_path=args.target, draft_model_config=args.draft_config, train_data_path=args.data,
+            output_dir=args.output_dir, vocab_mapping=args.mapping, ckpt_dir=args.ckpt_dir,
+            num_samples=_count_samples(args.tokens) if args.tokens else None,
+        )
+    else:
+        job = specforge.job_from_mapping(data, str(args.config))
+    result = specforge.prepare(job, write=not args.dry_run)
+    emit(args, result, lambda r: "\n".join([shlex.join(r["argv"])] + [f"warning: {w}" for w in r["warnings"]]))
+    return 0
+
+
+def _count_samples(tokens: str) -> int:
+    """Training samples in a tokens JSONL: lines with at least one loss-masked token (as SpecForge keeps them)."""
+    import json
+    from pathlib import Path
+
+    n = 0
+    path = Path(tokens)
+    if not path.is_file():
+        raise DraftlabError(f"{path}: tokens file not found (key --tokens)")
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                row = json.loads(line)
+                mask = row.get("loss_mask")
+                n += bool(mask is None or any(mask))
+    return n
+
+
+def _import_specforge(args: argparse.Namespace) -> int:
+    from draftlab.training.specforge_import import import_checkpoint
+
+    result = import_checkpoint(args.src, args.out, expect_mapping=args.expect_mapping,
+                               draft_config=args.draft_config, expect_steps=args.expect_steps)
+    emit(args, result, lambda r: f"imported {r['source']} -> {r['out']} (embeddings stripped: "
+                                 f"{r['embeddings_stripped']}, mapping check: {r['mapping_check']})")
     return 0

@@ -1,0 +1,76 @@
+"""The probe gate (rule ``probe_gate``, ``draftlab probe-gate``) and the gated-job wrapper (``draftlab gated``).
+
+Fine-tune only when the transferred drafter already drafts something on the new target; jobs behind
+a closed gate write explicit ``skipped`` outputs (a ``SKIPPED.json`` marker) instead of running.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from draftlab.fsutil import read_json, write_json, write_text
+
+SKIP_MARKER = "SKIPPED.json"
+
+
+def gate_decision(probe_results: Sequence[str | os.PathLike], min_accept_length: float) -> dict[str, Any]:
+    """Pass when the best probe accept length (bonus token included) reaches ``min_accept_length``."""
+    measured = []
+    for path in probe_results:
+        data = read_json(path, "probe benchmark result")
+        length = (data.get("summary") or {}).get("accept_length")
+        measured.append({"result": str(path), "accept_length": length})
+    lengths = [m["accept_length"] for m in measured if m["accept_length"] is not None]
+    best = max(lengths) if lengths else None
+    ok = best is not None and best >= min_accept_length
+    if best is None:
+        reason = "the probe produced no accept length (no speculative verification was measured)"
+    elif ok:
+        reason = (f"probe accept length {best:.3f} >= {min_accept_length} (gate.min_accept_length): "
+                  "the transferred drafter is worth fine-tuning")
+    else:
+        reason = (f"probe accept length {best:.3f} < {min_accept_length} (gate.min_accept_length): "
+                  "the transferred drafter barely drafts anything on this target, fine-tuning skipped")
+    return {"pass": ok, "decision": "fine-tune" if ok else "skip", "reason": reason,
+            "min_accept_length": float(min_accept_length), "best_accept_length": best, "measured": measured}
+
+
+# --- gated jobs --------------------------------------------------------------------------------
+
+
+def gate_closed(gate: str | None = None, unless_skipped: str | None = None) -> str | None:
+    """The reason a gated job must not run, or None: a closed gate, or an upstream job that skipped."""
+    if gate:
+        decision = read_json(gate, "probe gate decision")
+        if not decision["pass"]:
+            return decision["reason"]
+    if unless_skipped:
+        marker = Path(unless_skipped) / SKIP_MARKER
+        if marker.exists():
+            return read_json(marker, "skip marker").get("reason", f"{unless_skipped} was skipped")
+    return None
+
+
+def run_gated(cmd: Sequence[str], *, gate: str | None, unless_skipped: str | None,
+              skip_dirs: Sequence[str] = (), skip_files: Sequence[str] = ()) -> int:
+    """Run ``cmd`` unless the gate is closed; then write explicit ``skipped`` outputs instead."""
+    reason = gate_closed(gate, unless_skipped)
+    if reason is None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        return subprocess.run(list(cmd)).returncode
+    print(f"skipped (gate closed): {reason}\n  not run: {' '.join(cmd)}", file=sys.stderr)
+    payload = {"skipped": True, "reason": reason, "command": list(cmd)}
+    for d in skip_dirs:
+        Path(d).mkdir(parents=True, exist_ok=True)
+        write_json(Path(d) / SKIP_MARKER, payload)
+    for f in skip_files:
+        if str(f).endswith(".json"):
+            write_json(f, payload)
+        else:
+            write_text(f, f"**skipped**: {reason}\n")
+    return 0

@@ -1,0 +1,106 @@
+"""Run one plan (rule ``serve_bench``, ``draftlab serve-bench``): one server launch, many client runs.
+
+:func:`run_plan` launches the plan's server once (``draftlab.serving.launch.running_server``), runs
+each client with ``draftlab.benchmark.bench.run_benchmark``, writes each result atomically and
+always tears the server down. A plan behind a closed probe gate writes explicit skipped results.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from draftlab.benchmark.bench_plan import server_argv
+from draftlab.benchmark.probe_gate import SKIP_MARKER
+from draftlab.errors import DraftlabError
+from draftlab.fsutil import read_json, write_json, write_text
+
+
+def skip_reason(plan: Mapping[str, Any]) -> str | None:
+    """Why a gated plan must not launch (gate closed or its drafter was skipped), or None."""
+    if plan.get("gate"):
+        gate = read_json(plan["gate"], "probe gate decision")
+        train_dir = plan.get("train_dir")
+        trained = train_dir is not None and not (Path(train_dir) / SKIP_MARKER).exists()
+        if not gate["pass"]:
+            if trained:
+                raise DraftlabError(
+                    f"{plan['gate']}: the gate is now closed but {train_dir} holds a drafter trained while it was open; "
+                    "rerun its training job (snakemake -R train) so the result is not recorded"
+                )
+            return gate["reason"]
+        if train_dir is not None and not trained:
+            raise DraftlabError(
+                f"{plan['gate']}: the gate is now open but {train_dir} was skipped while it was closed; "
+                "rerun its training job (snakemake -R train)"
+            )
+    return None
+
+
+def _skipped_result(plan: Mapping[str, Any], client: Mapping[str, Any], reason: str) -> dict[str, Any]:
+    return {"skipped": True, "reason": reason, "variant": plan["variant"], "spec_id": plan["spec_id"],
+            "client": client["name"], "summary": None, "rows": [], "server": {"fingerprint": plan["fingerprint"]}}
+
+
+def run_plan(plan: Mapping[str, Any], argv: Sequence[str] | None = None, progress: bool = True) -> dict[str, Any]:
+    """Launch the plan's server once, run every client against it, write each result; always tear down.
+
+    ``argv``, when given, is the command printed in the rule's shell line: it must be the command the
+    plan's server config produces, so what Snakemake shows is exactly what runs.
+    """
+    from draftlab.benchmark.bench import run_benchmark, write_results
+    from draftlab.serving.launch import ServerSpec, running_server
+
+    server = dict(plan["server"])
+    if argv:
+        expected = server_argv(server)
+        if list(argv) != expected:
+            raise DraftlabError(
+                "serve-bench: the command after -- differs from the plan's server config;\n"
+                f"  given:    {' '.join(argv)}\n  expected: {' '.join(expected)}"
+            )
+    started = time.time()
+    summary: dict[str, Any] = {"variant": plan["variant"], "spec_id": plan["spec_id"], "fingerprint": plan["fingerprint"],
+                               "argv": server_argv(server), "launches": 0, "clients": [], "started_at": started}
+    reason = skip_reason(plan)
+    if reason is not None:
+        print(f"serve-bench: {plan['variant']} {plan['spec_id']}: skipped, no server launched: {reason}", file=sys.stderr)
+        for c in plan["clients"]:
+            write_json(c["out_json"], _skipped_result(plan, c, reason))
+            _write_skipped_csv(c["out_csv"], reason)
+        summary.update(skipped=True, reason=reason, finished_at=time.time())
+        write_json(plan["summary"], summary)
+        return summary
+    spec = ServerSpec.from_dict(server, source=f"plan for {plan['variant']} {plan['spec_id']}")
+    Path(plan["server_log"]).parent.mkdir(parents=True, exist_ok=True)
+    print(f"serve-bench: launching {' '.join(summary['argv'])}", file=sys.stderr)
+    measured = []  # written only once every client has run: a server dying mid-plan leaves no result
+    with running_server(spec, plan["server_log"]) as srv:
+        summary["launches"] = 1
+        summary["url"] = srv.url
+        summary["ready_s"] = time.time() - started
+        print(f"serve-bench: server ready at {srv.url} after {summary['ready_s']:.1f}s", file=sys.stderr)
+        for c in plan["clients"]:
+            t0 = time.time()
+            result = run_benchmark(
+                srv.url, c["prompts"] or "default", api=plan["api"], max_new_tokens=c["max_new_tokens"],
+                repeats=c["repeats"], warmup=c["warmup"], concurrency=c["concurrency"], limit=c.get("limit"),
+                ignore_eos=bool(c.get("ignore_eos")), require_speculation=plan["require_speculation"], progress=progress,
+            )
+            result.server = {**(result.server or {}), "fingerprint": plan["fingerprint"], "variant": plan["variant"],
+                             "spec_id": plan["spec_id"], "client": c["name"], "argv": summary["argv"]}
+            measured.append((result, c))
+            summary["clients"].append({"name": c["name"], "seconds": time.time() - t0,
+                                       "accept_length": result.summary.get("accept_length"),
+                                       "output_tps_median": result.summary.get("output_tps_median")})
+    for result, c in measured:
+        write_results(result, c["out_json"], c["out_csv"])
+    summary.update(skipped=False, finished_at=time.time())
+    write_json(plan["summary"], summary)
+    return summary
+
+
+def _write_skipped_csv(path: str, reason: str) -> None:
+    write_text(path, f"# skipped: {reason}\n")

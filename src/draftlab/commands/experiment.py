@@ -1,0 +1,66 @@
+"""CLI for the experiment layer: ``records-merge`` (alias ``records``), ``report``, ``check-config``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from draftlab.commands._common import add_json_flag, emit
+
+
+def register(sub) -> None:
+    """records-merge (alias records), report, check-config."""
+    p = sub.add_parser("records-merge", aliases=["records"], help="append an experiment's records to results/records.{csv,parquet} (by row_id)")
+    p.add_argument("--merge", required=True, metavar="CSV", help="the experiment's records CSV")
+    p.add_argument("--global-dir", default="results", help="folder of the global records files")
+    p.add_argument("--out", help="receipt JSON (what was appended)")
+    add_json_flag(p)
+    p.set_defaults(func=_records_merge)
+
+    p = sub.add_parser("report", help="Markdown summary and plots of one experiment")
+    p.add_argument("--exp-dir", required=True)
+    p.add_argument("--out-dir", required=True)
+    p.add_argument("--records", required=True, help="the experiment's records CSV")
+    p.add_argument("--target-tps", type=float, nargs="*", default=[],
+                   help="throughput goals (kept for compatibility: the break-even section shows the goals of the "
+                        "--standing files)")
+    p.add_argument("--standing", nargs="*", default=[], metavar="JSON",
+                   help="break-even standing files of `draftlab standing` (report/breakeven/<spec>/<client>.json)")
+    p.add_argument("--static-md", nargs="*", default=[], metavar="MD",
+                   help="static-analysis Markdown summaries to gather into static.html (inspect, compare, doctor...)")
+    add_json_flag(p)
+    p.set_defaults(func=_report)
+
+    p = sub.add_parser("check-config", help="validate experiment config files (merged in order, as Snakemake does)")
+    p.add_argument("configfile", nargs="+")
+    add_json_flag(p)
+    p.set_defaults(func=_check_config)
+
+
+def _records_merge(args: argparse.Namespace) -> int:
+    from draftlab.experiment.records import merge_into_global
+
+    info = merge_into_global(args.merge, args.global_dir, args.out)
+    emit(args, info, lambda i: f"records: {i['appended']} new rows ({i['already_present']} already present), "
+                               f"{i['total']} in {i['csv']}")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from draftlab.experiment.report import write_report
+
+    out = write_report(args.exp_dir, args.out_dir, args.records, target_tps=args.target_tps, standing=args.standing,
+                       static_md=args.static_md)
+    emit(args, out, lambda o: f"report: {o['summary']}")
+    return 0
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    from draftlab.experiment.config import deep_merge, load_config, read_yaml
+
+    raw: dict = {}
+    for path in args.configfile:
+        raw = deep_merge(raw, read_yaml(path))
+    cfg = load_config(raw, source=" + ".join(args.configfile))
+    emit(args, cfg, lambda c: f"{' + '.join(args.configfile)}: valid (experiment {c['experiment']})")
+    return 0

@@ -1,0 +1,1 @@
+"""One experiment: its config (schema, defaults, merging), records and report."""

@@ -1,0 +1,289 @@
+"""Experiment configuration: load, validate against the JSON schema, fill defaults.
+
+The schema (``workflow/schemas/config.schema.yaml``) is the single source of truth for keys,
+types and defaults; this module wraps jsonschema so a bad config fails with one line that names
+the file, the key, the value and what is allowed, instead of a jsonschema traceback. The Snakefile
+and the tests both go through :func:`load_config`.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import jsonschema
+import yaml
+
+from draftlab.errors import DraftlabError
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+
+
+def load_schema(path: str | Path | None = None) -> dict[str, Any]:
+    with open(path or SCHEMA_PATH, encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+# A config is a few hundred nodes; YAML aliases can make a 1 kB file expand to 10^9 ("billion
+# laughs"), which costs nothing to parse but everything to validate, merge or print.
+MAX_YAML_NODES = 200_000
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a document whose aliases expand to more than MAX_YAML_NODES nodes."""
+
+    def get_single_node(self):
+        node = super().get_single_node()
+        if node is not None:
+            _expanded_size(node, {}, self)
+        return node
+
+
+def _expanded_size(node, memo: dict[int, int], loader) -> int:
+    """Nodes of ``node`` with every alias expanded (memoised per node, so linear in the file)."""
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    memo[key] = 1  # a recursive alias counts once more per visit below
+    size = 1
+    if isinstance(node, yaml.SequenceNode):
+        size += sum(_expanded_size(child, memo, loader) for child in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        size += sum(_expanded_size(k, memo, loader) + _expanded_size(v, memo, loader) for k, v in node.value)
+    if size > MAX_YAML_NODES:
+        raise yaml.YAMLError(f"aliases expand the document to more than {MAX_YAML_NODES} nodes "
+                             f"(near line {node.start_mark.line + 1}); refusing an alias bomb")
+    memo[key] = size
+    return size
+
+
+def load_yaml_text(text: str, where: str) -> Any:
+    """Parse YAML safely and boundedly; every failure is one user error naming ``where``."""
+    try:
+        return yaml.load(text, Loader=_BoundedLoader)
+    except yaml.YAMLError as exc:
+        raise DraftlabError(f"{where}: not valid YAML: {' '.join(str(exc).split())}") from None
+    except RecursionError:
+        raise DraftlabError(f"{where}: YAML nests too deeply to be a config") from None
+
+
+def check_size(cfg: Any, source: str, budget: int = MAX_YAML_NODES) -> None:
+    """Refuse a loaded config (e.g. Snakemake's, aliases already resolved into shared objects) that
+    expands to more than ``budget`` values; stops counting at the budget, so it is cheap either way."""
+    stack, seen = [cfg], 0
+    while stack:
+        item = stack.pop()
+        seen += 1
+        if seen > budget:
+            raise DraftlabError(f"{source}: the config expands to more than {budget} values "
+                                "(YAML aliases repeating a large block?); refusing it")
+        if isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    from draftlab.fsutil import read_text_file
+
+    path = Path(path)
+    data = load_yaml_text(read_text_file(path, "config file"), str(path))
+    if not isinstance(data, dict):
+        raise DraftlabError(f"{path}: expected a mapping of keys at the top level, got {type(data).__name__}")
+    return data
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` on top of ``base``: mappings merge key by key, everything else is replaced (as Snakemake does)."""
+    out = copy.deepcopy(dict(base))
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _with_defaults(cls):
+    """A validator class that also writes each property's ``default`` into the instance."""
+    validate_props = cls.VALIDATORS["properties"]
+
+    def set_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, sub in properties.items():
+                if "default" in sub and name not in instance:
+                    instance[name] = copy.deepcopy(sub["default"])
+        yield from validate_props(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(cls, {"properties": set_defaults})
+
+
+_Validator = jsonschema.Draft202012Validator
+_DefaultingValidator = _with_defaults(_Validator)
+
+
+def _key(path: Iterable[Any]) -> str:
+    parts: list[str] = []
+    for p in path:
+        if isinstance(p, int):
+            parts.append(f"[{p}]")
+        else:
+            parts.append(("." if parts else "") + str(p))
+    return "".join(parts) or "<top level>"
+
+
+def _allowed(error: jsonschema.ValidationError) -> str:
+    v, arg, schema = error.validator, error.validator_value, error.schema
+    if v == "enum":
+        return "allowed: " + ", ".join(json.dumps(a) for a in arg)
+    if v == "type":
+        types = arg if isinstance(arg, list) else [arg]
+        article = {"integer": "an integer", "array": "a list", "object": "a mapping", "null": "null", "boolean": "true or false"}
+        return "expected " + " or ".join(article.get(t, f"a {t}") for t in types)
+    if v in ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"):
+        sym = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}[v]
+        return f"expected a value {sym} {arg}"
+    if v == "pattern":
+        return f"expected text matching {arg}"
+    if v in ("minItems", "maxItems", "minLength", "uniqueItems"):
+        return error.message
+    return schema.get("description") or error.message
+
+
+def format_error(error: jsonschema.ValidationError, source: str) -> str:
+    """One line: file, key, offending value, what is allowed."""
+    if error.validator == "additionalProperties":
+        extra = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        where = _key(error.absolute_path)
+        keys = [f"{where}.{k}" if error.absolute_path else k for k in extra]
+        allowed = ", ".join(sorted(error.schema.get("properties", {})))
+        return f"{source}: unknown key {', '.join(repr(k) for k in keys)}; allowed keys here: {allowed}"
+    if error.validator == "required":
+        return f"{source}: key {_key(error.absolute_path)!r}: {error.message}"
+    value = json.dumps(error.instance, default=str)
+    if len(value) > 80:
+        value = value[:77] + "..."
+    return f"{source}: key {_key(error.absolute_path)!r}: value {value} is not valid; {_allowed(error)}"
+
+
+_JSON_TYPES = {"integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+               "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+               "boolean": lambda v: isinstance(v, bool), "null": lambda v: v is None,
+               "array": lambda v: isinstance(v, list), "object": lambda v: isinstance(v, dict),
+               "string": lambda v: isinstance(v, str)}
+
+
+def _coerce_one(cfg: Any, error: jsonschema.ValidationError) -> bool:
+    """Replace a string the schema wanted as another type by its YAML reading, when that fits.
+
+    Snakemake hands ``--config train='{steps: 90}'`` over with ``"90"`` as text; a user wrote an
+    integer, so read it as YAML would have (``90``) instead of refusing it.
+    """
+    if error.validator != "type" or not isinstance(error.instance, str) or not error.absolute_path:
+        return False
+    try:
+        value = yaml.safe_load(error.instance)
+    except yaml.YAMLError:
+        return False
+    wanted = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+    if isinstance(value, str) and "number" in wanted:  # PyYAML reads 3e-4 (no dot) as text
+        try:
+            value = float(error.instance)
+        except ValueError:
+            return False
+    if isinstance(value, str) or not any(_JSON_TYPES.get(t, lambda v: False)(value) for t in wanted):
+        return False
+    *parents, last = list(error.absolute_path)
+    node = cfg
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    return True
+
+
+def validate(cfg: dict[str, Any], source: str = "config", schema: dict | None = None, *, defaults: bool = True) -> dict[str, Any]:
+    """Validate ``cfg`` in place (filling defaults) and return it; raise DraftlabError on the first problem.
+
+    Strings that YAML reads as the expected type (``"90"`` for an integer) are converted first.
+    """
+    schema = schema or load_schema()
+    cls = _DefaultingValidator if defaults else _Validator
+    for _ in range(1000):  # each pass converts at least one value, so this ends
+        if not any([_coerce_one(cfg, e) for e in list(_Validator(schema).iter_errors(cfg))]):
+            break
+    errors = sorted(cls(schema).iter_errors(cfg), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    if errors:
+        raise DraftlabError(format_error(errors[0], source))
+    return cfg
+
+
+def load_config(cfg: str | Path | Mapping[str, Any], source: str | None = None) -> dict[str, Any]:
+    """Validated config with defaults: the ``sizes[size]`` preset is merged in, then checked again."""
+    if isinstance(cfg, (str, Path)):
+        source = source or str(cfg)
+        raw = read_yaml(cfg)
+    else:
+        check_size(cfg, source or "config")
+        raw = copy.deepcopy(dict(cfg))
+    source = source or "config"
+    schema = load_schema()
+    validate(copy.deepcopy(raw), source, schema, defaults=False)
+    size = raw.get("size", "default")
+    preset = (raw.get("sizes") or {}).get(size) or {}
+    merged = deep_merge(raw, preset)
+    label = f"{source} (with sizes.{size} applied)" if preset else source
+    return validate(merged, label, schema, defaults=True)
+
+
+def config_hash(cfg: Mapping[str, Any]) -> str:
+    """sha256 of the validated config as canonical JSON (what a record says it ran with)."""
+    blob = json.dumps(cfg, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+# --- names the workflow derives from a config -------------------------------------------------
+
+
+def spec_id(spec: Mapping[str, Any]) -> str:
+    """Folder name of one speculative setting, e.g. ``s2-k1-d3``."""
+    return f"s{spec['num_steps']}-k{spec['topk']}-d{spec['num_draft_tokens']}"
+
+
+def trained_arms(cfg: Mapping[str, Any]) -> list[str]:
+    """``finetune-<mode>`` for every configured vocab mode, plus ``scratch`` (the control arm)."""
+    arms = [f"finetune-{m}" for m in cfg["train"]["finetune_modes"]]
+    if cfg["train"]["scratch"]:
+        arms.append("scratch")
+    return arms
+
+
+def drafter_variants(cfg: Mapping[str, Any]) -> list[str]:
+    """Every variant that serves a drafter: the probe, the reference (if any), the trained arms."""
+    out = ["probe"]
+    if cfg["reference"].get("source"):
+        out.append("reference")
+    return out + trained_arms(cfg)
+
+
+def model_path(cfg: Mapping[str, Any]) -> str:
+    """What the server and the data stages load for the target."""
+    t = cfg["target"]
+    return t["model_path"] or t["source"].removeprefix("hf:")
+
+
+def server_gpus(cfg: Mapping[str, Any]) -> int:
+    s = cfg["serve"]
+    if s["gpus"] is not None:
+        return int(s["gpus"])
+    return 0 if s["backend"] == "builtin" else int(s["tp"])
+
+
+def train_gpus(cfg: Mapping[str, Any]) -> int:
+    t = cfg["train"]
+    if t["gpus"] is not None:
+        return int(t["gpus"])
+    return int(t["nproc"]) if cfg["serve"]["backend"] != "builtin" else 0

@@ -1,0 +1,332 @@
+"""Records: one row per benchmark result, and the append-only global tables.
+
+Per experiment, :func:`build_records` reads the result layout under ``results/<experiment>/`` and
+makes a table (``records/records.csv`` + ``.parquet``, outputs of a Snakemake rule). Then
+:func:`merge_into_global` appends its rows to ``results/records.csv`` and ``results/records.parquet``
+by key (``row_id``): rows already there are never rewritten, a new experiment or a new measurement
+adds rows, and merging the same table twice adds nothing. The global files are not Snakemake outputs
+(Snakemake deletes a job's outputs before it runs, which would drop other experiments' rows); they
+are replaced atomically under a file lock, so two experiments merging at once cannot lose rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+from draftlab.experiment.config import config_hash
+from draftlab.errors import DraftlabError
+from draftlab.fsutil import atomic_path, read_json, write_json
+
+# Columns that legitimately differ between two identical runs (clock, machine load, run identity).
+TIMING_COLUMNS = ("tps_median", "tps_mean", "tps_ci_low", "tps_ci_high", "cycle_ms", "speedup",
+                  "ttft_s", "latency_s_median", "bench_seconds", "server_ready_s", "created_at")
+RUN_COLUMNS = ("row_id", "draftlab_commit")
+INT_COLUMNS = ("tp", "num_steps", "topk", "num_draft_tokens", "prompt_count", "max_new_tokens", "concurrency",
+               "repeats", "requests", "completion_tokens", "verify_ct")
+VARIANT_ORDER = ("baseline", "probe", "reference", "finetune-keep", "finetune-remap", "finetune-regenerate", "scratch")
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    return read_json(path) if path.exists() else None
+
+
+def draftlab_commit() -> str | None:
+    """The git commit of the draftlab checkout that runs (``+dirty`` when it has local changes)."""
+    root = Path(__file__).resolve().parents[3]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", "src"],
+                               capture_output=True, text=True, timeout=10)
+        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def package_versions() -> dict[str, str]:
+    from importlib import metadata
+
+    out = {"python": platform.python_version()}
+    for name in ("draftlab", "torch", "transformers", "safetensors", "huggingface_hub", "snakemake", "sglang", "vllm"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[name] = metadata.version(name)
+    return out
+
+
+def hardware() -> str:
+    """CPU model and core count, plus GPU names when torch sees CUDA devices."""
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    desc = f"{cpu} x{os.cpu_count()}"
+    with contextlib.suppress(Exception):
+        import torch
+
+        if torch.cuda.is_available():
+            names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            desc += "; " + ", ".join(names)
+    return desc
+
+
+def _weights_sha(folder: Path) -> str | None:
+    """One sha256 over a drafter folder's safetensors (acquire.json's per-file hashes when present)."""
+    acq = _read(folder / "acquire.json")
+    if acq and acq.get("files"):
+        pairs = [(f["name"], f.get("sha256")) for f in acq["files"] if f["name"].endswith(".safetensors")]
+    else:
+        pairs = [(p.name, _file_sha(p)) for p in sorted(folder.glob("*.safetensors"))]
+    if not pairs or any(s is None for _, s in pairs):
+        return None
+    return hashlib.sha256("".join(f"{n}:{s}\n" for n, s in pairs).encode()).hexdigest()
+
+
+def _drafter_info(exp_dir: Path, cfg: Mapping[str, Any], variant: str) -> dict[str, Any]:
+    """Source, revision, resolved commit and weights hash of the drafter a variant served."""
+    none = {"drafter_source": None, "drafter_revision": None, "drafter_commit": None, "drafter_weights_sha256": None}
+    if variant == "baseline":
+        return none
+    role = "reference" if variant == "reference" else "drafter"
+    acq = _read(exp_dir / "models" / role / "acquire.json") or {}
+    info = {"drafter_source": cfg[role]["source"], "drafter_revision": cfg[role].get("revision"),
+            "drafter_commit": acq.get("resolved_commit"),
+            "drafter_weights_sha256": _weights_sha(exp_dir / "models" / role)}
+    if variant == "scratch":  # the control arm starts from random weights: no source drafter
+        info.update(drafter_source="none (scratch: trained from random init, no source drafter)",
+                    drafter_revision=None, drafter_commit=None)
+    if variant not in ("probe", "reference"):
+        folder = exp_dir / "train" / variant / "drafter"
+        if variant != "scratch":
+            info["drafter_source"] = f"{cfg['drafter']['source']} ({variant})"
+        info["drafter_weights_sha256"] = _weights_sha(folder) if folder.is_dir() else None
+    return info
+
+
+def _file_sha(path: Path) -> str | None:
+    if not path.is_file():
+        return None
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(8 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+_PATH_KEYS = ("target", "tokens", "data", "hidden_states", "vocab_mapping", "checkpoint")
+
+
+def _training_hashes(exp_dir: Path, variant: str) -> dict[str, str | None]:
+    """sha256 of the data a trained arm consumed and of its settings (train_config.json, the keys a
+    resume checks, without file paths: the data's bytes are hashed instead, the target and source
+    drafter have their own columns), so two rows with one config hash but other data or other
+    training settings are told apart."""
+    none = {"train_data_sha256": None, "train_settings_sha256": None}
+    if variant in ("baseline", "probe", "reference"):
+        return none
+    conf = _read(exp_dir / "train" / variant / "train_config.json")
+    if not conf:
+        return none
+    from draftlab.train import TrainConfig
+
+    settings = {k: conf.get(k) for k in TrainConfig.RESUME_KEYS if k not in _PATH_KEYS}
+    data = conf.get("tokens") or conf.get("data")
+    return {"train_data_sha256": _file_sha(Path(data)) if data else None,
+            "train_settings_sha256": hashlib.sha256(json.dumps(settings, sort_keys=True, default=str)
+                                                    .encode()).hexdigest()}
+
+
+def _ttft_note(res: Mapping[str, Any], summary: Mapping[str, Any]) -> str | None:
+    """Why ``ttft_s`` is what it is: measured over streamed requests, or why it is empty."""
+    if res.get("skipped"):
+        return None
+    if summary.get("ttft_s_median") is not None:
+        n = summary.get("ttft_requests")
+        return f"median over {n} streamed requests" if n else "median over the streamed requests"
+    if not (res.get("config") or {}).get("measure_ttft", True):
+        return "not measured: TTFT pass off (--no-ttft)"
+    rows = [r for r in res.get("rows") or [] if r.get("phase") == "ttft"]
+    if rows and not any(r.get("streamed") for r in rows):
+        return "not measured: the server answered the streaming requests without streaming"
+    return "not measured"
+
+
+def _validation(exp_dir: Path, variant: str) -> tuple[str | None, float | None]:
+    val = _read(exp_dir / "train" / variant / "validation.json") if variant not in ("baseline", "probe", "reference") else None
+    if not val or not val.get("acc"):
+        return None, None
+    acc = [round(float(a), 6) for a in val["acc"]]
+    return json.dumps(acc), round(sum(acc) / len(acc), 6)
+
+
+def _train_device(exp_dir: Path, variant: str) -> str | None:
+    """The device a trained arm ran on, as its summary.json recorded it (None for untrained variants)."""
+    if variant in ("baseline", "probe", "reference"):
+        return None
+    return (_read(exp_dir / "train" / variant / "summary.json") or {}).get("device")
+
+
+def _row_id(parts: Sequence[Any]) -> str:
+    return hashlib.sha256(json.dumps(list(parts), default=str).encode()).hexdigest()[:20]
+
+
+def build_records(exp_dir: str | os.PathLike, cfg: Mapping[str, Any], *, servers: Sequence[tuple[str, str]],
+                  clients: Sequence[str]) -> "pandas.DataFrame":  # noqa: F821
+    """One row per (server, client) benchmark result of the experiment under ``exp_dir``."""
+    import pandas as pd
+
+    exp_dir = Path(exp_dir)
+    target = _read(exp_dir / "models" / "target" / "model.json") or {}
+    gate = _read(exp_dir / "gate" / "gate.json") or {}
+    chash = config_hash(cfg)
+    commit = draftlab_commit()
+    versions = json.dumps(package_versions(), sort_keys=True)
+    hw = hardware()
+    specs = {f"s{s['num_steps']}-k{s['topk']}-d{s['num_draft_tokens']}": s for s in cfg["speculative"]}
+    client_cfg = {c["name"]: c for c in cfg["bench"]["clients"]}
+    rows: list[dict[str, Any]] = []
+    for variant, sid in servers:
+        serve = _read(exp_dir / "bench" / variant / sid / "serve.json") or {}
+        dinfo = _drafter_info(exp_dir, cfg, variant)
+        val_acc, val_mean = _validation(exp_dir, variant)
+        spec = specs.get(sid) or {}
+        for client in clients:
+            path = exp_dir / "bench" / variant / sid / f"{client}.json"
+            res = _read(path)
+            if res is None:
+                raise DraftlabError(f"{path}: benchmark result missing")
+            summary = res.get("summary") or {}
+            skipped = bool(res.get("skipped"))
+            ci = summary.get("output_tps_ci95") or [None, None]
+            created = serve.get("finished_at")
+            row = {
+                "experiment": cfg["experiment"],
+                "variant": variant,
+                "spec_id": sid,
+                "client": client,
+                "status": "skipped" if skipped else "ok",
+                "skip_reason": res.get("reason") if skipped else None,
+                "target_source": cfg["target"]["source"],
+                "target_revision": cfg["target"].get("revision"),
+                "target_commit": target.get("resolved_commit"),
+                "target_weights_sha256": target.get("weights_sha256"),
+                **dinfo,
+                "backend": cfg["serve"]["backend"],
+                "tp": cfg["serve"]["tp"],
+                "serve_device": cfg["serve"].get("device"),
+                "train_device": _train_device(exp_dir, variant),
+                "num_steps": spec.get("num_steps"),
+                "topk": spec.get("topk"),
+                "num_draft_tokens": spec.get("num_draft_tokens"),
+                "server_fingerprint": (res.get("server") or {}).get("fingerprint") or serve.get("fingerprint"),
+                "prompts_sha256": (res.get("prompt_set") or {}).get("sha256"),
+                "prompt_count": (res.get("prompt_set") or {}).get("count"),
+                "max_new_tokens": client_cfg[client]["max_new_tokens"],
+                "concurrency": client_cfg[client]["concurrency"],
+                "repeats": client_cfg[client]["repeats"],
+                "requests": summary.get("requests"),
+                "completion_tokens": summary.get("total_completion_tokens"),
+                "verify_ct": summary.get("total_verify_ct"),
+                "accept_length": summary.get("accept_length"),
+                "tps_median": summary.get("output_tps_median"),
+                "tps_mean": summary.get("output_tps_mean"),
+                "tps_ci_low": ci[0],
+                "tps_ci_high": ci[1],
+                "cycle_ms": summary.get("cycle_ms"),
+                # what the cycle was timed from: only draftlab.benchmark.bench.VERIFY_CYCLE_SOURCES time the
+                # verify cycle; e2e_latency / client_latency include prefill and queueing
+                "cycle_ms_source": summary.get("cycle_time_source"),
+                "ttft_s": summary.get("ttft_s_median"),
+                "ttft_note": _ttft_note(res, summary),
+                "latency_s_median": summary.get("latency_s_median"),
+                "speedup": None,
+                "val_acc_per_step": val_acc,
+                "val_acc_mean": val_mean,
+                "gate_decision": gate.get("decision"),
+                "config_hash": chash,
+                **_training_hashes(exp_dir, variant),
+                "draftlab_commit": commit,
+                "versions": versions,
+                "hardware": hw,
+                "bench_seconds": (created - serve["started_at"]) if created and serve.get("started_at") else None,
+                "server_ready_s": serve.get("ready_s"),
+                "created_at": pd.Timestamp(created, unit="s", tz="UTC").isoformat() if created else None,
+            }
+            row["row_id"] = _row_id([row["experiment"], variant, sid, client, chash, dinfo["drafter_weights_sha256"],
+                                     row["created_at"]])
+            rows.append(row)
+    base = {r["client"]: r["tps_median"] for r in rows if r["variant"] == "baseline" and r["tps_median"]}
+    for r in rows:
+        if r["tps_median"] and base.get(r["client"]):
+            r["speedup"] = r["tps_median"] / base[r["client"]]
+    frame = pd.DataFrame(rows)
+    for col in INT_COLUMNS:  # counts stay integers when some rows (baseline, skipped) have none
+        frame[col] = frame[col].astype("Int64")
+    return frame[["row_id"] + [c for c in frame.columns if c != "row_id"]]
+
+
+def _parquet_safe(frame):
+    """Object columns as strings (or null) so pyarrow never guesses a type from the first rows."""
+    out = frame.copy()
+    for col in out.columns:
+        if out[col].dtype == object:
+            out[col] = out[col].map(lambda v: None if v is None or (isinstance(v, float) and v != v) else str(v))
+    return out
+
+
+def write_records(frame, csv_path: str | os.PathLike, parquet_path: str | os.PathLike | None = None) -> None:
+    """CSV and Parquet, each written to a temporary file and renamed."""
+    with atomic_path(csv_path) as tmp:
+        frame.to_csv(tmp, index=False)
+    if parquet_path is not None:
+        with atomic_path(parquet_path) as tmp:
+            _parquet_safe(frame).to_parquet(tmp, index=False)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def merge_into_global(exp_csv: str | os.PathLike, global_dir: str | os.PathLike = "results",
+                      receipt: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Append the rows of ``exp_csv`` that the global tables do not hold yet (by ``row_id``)."""
+    import pandas as pd
+
+    global_dir = Path(global_dir)
+    new = pd.read_csv(exp_csv, dtype=str, keep_default_na=False)
+    csv_path, pq_path = global_dir / "records.csv", global_dir / "records.parquet"
+    with _locked(global_dir / ".records.lock"):
+        old = pd.read_csv(csv_path, dtype=str, keep_default_na=False) if csv_path.exists() else None
+        known = set(old["row_id"]) if old is not None else set()
+        fresh = new[~new["row_id"].isin(known)]
+        merged = fresh if old is None else pd.concat([old, fresh], ignore_index=True).fillna("")
+        if old is None or len(fresh):
+            with atomic_path(csv_path) as tmp:
+                merged.to_csv(tmp, index=False)
+            typed = pd.read_csv(csv_path)  # numbers back as numbers for Parquet readers
+            with atomic_path(pq_path) as tmp:
+                _parquet_safe(typed).to_parquet(tmp, index=False)
+    info = {"source": str(exp_csv), "appended": int(len(fresh)), "already_present": int(len(new) - len(fresh)),
+            "total": int(len(merged)), "csv": str(csv_path), "parquet": str(pq_path),
+            "row_ids": list(new["row_id"])}
+    if receipt is not None:
+        write_json(receipt, info)
+    return info
+

@@ -1,0 +1,406 @@
+"""The experiment report: a Markdown summary a person reads, and the plots beside it.
+
+Everything comes from files the pipeline already wrote under ``results/<experiment>/`` (records,
+gate decision, doctor reports, d2t diff and coverage, training metrics and validation, the
+``breakeven`` rule's standing files), so the report can be regenerated at any time and never
+measures or recomputes anything itself. Sections: the decision in words (draftlab.benchmark.verdict: only
+what the measurements separate), the comparison table, accept length by variant, tok/s against
+baseline with the break-even table, TTT per-step accuracy of every trained drafter, the d2t diff,
+doctor findings, the gate. HTML views of the same for ``snakemake --report``: draftlab.experiment.report_html.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from draftlab.experiment import report_html as html_view
+from draftlab.fsutil import atomic_path, write_text
+from draftlab.benchmark.verdict import baseline_row, best_by_accept, ci_text, decide, fmt, num, transfer_vs_scratch
+
+PLOTS = {"accept": "accept_length.png", "tps": "throughput.png", "ttt": "ttt_accuracy.png"}
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+_num, _fmt = num, fmt
+
+
+def load_rows(records_csv: str | os.PathLike) -> list[dict[str, Any]]:
+    with open(records_csv, newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _baseline_tps(rows: list[dict[str, Any]], client: str) -> float | None:
+    base = baseline_row(rows, client)
+    return _num(base["tps_median"]) if base else None
+
+
+def _ok(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r["status"] == "ok"]
+
+
+def decision_text(rows: list[dict[str, Any]], gate: dict[str, Any] | None) -> list[str]:
+    """The outcome in plain sentences, the decision first, from the main (first) client's numbers
+    (see draftlab.benchmark.verdict); one paragraph each."""
+    if not rows:
+        return ["No benchmark results were recorded."]
+    client = rows[0]["client"]
+    out = []
+    probe = best_by_accept(rows, ["probe"], client)
+    if probe:
+        out.append(
+            f"The transferred drafter, served as is (config patched), reaches accept length "
+            f"{_fmt(probe['accept_length'])} at {probe['spec_id']} ({_fmt(probe['tps_median'], '{:.1f}')} tok/s "
+            f"{ci_text(probe)}, {_fmt(probe['speedup'])}x plain decoding)."
+        )
+    if gate:
+        verdict = "passed" if gate.get("pass") else "failed"
+        out.append(f"Probe gate {verdict}: {gate.get('reason')}.")
+    trained = sorted({r["variant"] for r in rows if r["variant"].startswith("finetune-")})
+    if gate and not gate.get("pass"):
+        out.append("Fine-tuning and the from-scratch control arm were skipped, so their rows are marked `skipped`.")
+    else:
+        ft = best_by_accept(rows, trained, client)
+        if ft:
+            out.append(f"Best fine-tuned drafter by accept length: {ft['variant']} at {ft['spec_id']}: accept length "
+                       f"{_fmt(ft['accept_length'])}, {_fmt(ft['speedup'])}x plain decoding.")
+        vs = transfer_vs_scratch(rows, client)
+        if vs:
+            out.append(vs)
+    out.append("Accept lengths are counts (tokens per verify cycle) and compare directly; throughput differences "
+               "count only where the 95% intervals do not overlap.")
+    d = decide(rows, client)["lines"]
+    return [d[-1]] + out + d[:-1]  # the decision first, then what it rests on
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines
+
+
+E2E_MARK = "†"
+E2E_NOTE = (f"{E2E_MARK} timed from the server's end-to-end latency per verify step (`cycle_ms_source` "
+            "`e2e_latency` or `client_latency`): prefill and queueing included, so an upper bound, not the "
+            "verify cycle; SGLang 0.5.23 reports no draft/verify times (add `--enable-metrics` to "
+            "`serve.extra_args` for `first_token_latency`, which draftlab then subtracts).")
+
+
+def _cycle(r: dict[str, Any]) -> tuple[float | None, str]:
+    """The row's cycle time and the mark it carries when it is not a verify-cycle timing."""
+    from draftlab.benchmark.bench import is_verify_cycle
+
+    c = _num(r.get("cycle_ms"))
+    source = r.get("cycle_ms_source") or None
+    return c, "" if c is None or is_verify_cycle(source) else E2E_MARK
+
+
+def _e2e_note(rows: list[dict[str, Any]]) -> list[str]:
+    return ["", E2E_NOTE] if any(_cycle(r)[1] for r in rows) else []
+
+
+def comparison_table(rows: list[dict[str, Any]], compact: bool = False) -> list[str]:
+    """Every row; ``compact`` keeps the columns the decision uses (the HTML report's landing page)."""
+    body = []
+    for r in rows:
+        ci = ""
+        if _num(r["tps_ci_low"]) is not None:
+            ci = f" [{_fmt(r['tps_ci_low'], '{:.1f}')}, {_fmt(r['tps_ci_high'], '{:.1f}')}]"
+        val = _fmt(r["val_acc_mean"], "{:.3f}")
+        status = "" if r["status"] == "ok" else " (skipped)"
+        tps = _fmt(r["tps_median"], "{:.1f}") + ci
+        if compact:
+            body.append([r["variant"] + status, r["spec_id"], tps, _fmt(r["accept_length"]), val, _fmt(r["speedup"])])
+            continue
+        body.append([r["variant"] + status, r["spec_id"], r["client"], tps, _fmt(r["accept_length"]),
+                     _fmt(r["cycle_ms"], "{:.1f}") + _cycle(r)[1], val, _fmt(r["speedup"])])
+    if compact:
+        return _table(["variant", "spec", "tok/s [95% CI]", "accept length", "val. acc", "speedup"], body)
+    return _table(["variant", "spec", "client", "tok/s median [95% CI]", "accept length", "cycle ms",
+                   "val. acc (mean over TTT steps)", "speedup"], body) + _e2e_note(rows)
+
+
+def goal_cell(goal: dict[str, Any], measured: float | None) -> str:
+    """A requirement and whether it was *measured* as met (never assumed from the accept length)."""
+    need = float(goal["required_accept_length"])
+    ran = "no tok/s measured" if measured is None else (
+        f"{'met' if measured >= goal['target_tps'] else 'not met'}: {measured:.1f} tok/s measured")
+    if need < 1.0:
+        return f"reached without speculation (needs {need:.2f} < 1); {ran}"
+    return f"{need:.2f} ({ran})"
+
+
+def load_standing(paths: Sequence[str | os.PathLike]) -> list[tuple[str, str, dict[str, Any]]]:
+    """``(spec, client, standing)`` per ``report/breakeven/<spec>/<client>.json`` the breakeven rule wrote."""
+    from draftlab.fsutil import read_json
+
+    return [(Path(p).parent.name, Path(p).stem, read_json(p, "break-even standing")) for p in paths]
+
+
+def breakeven_table(standing: Sequence[tuple[str, str, dict[str, Any]]]) -> list[str]:
+    """The ``breakeven`` rule's standing files as one table (nothing recomputed here)."""
+    if not standing:
+        return ["(no break-even standing files)"]
+    goals = sorted({float(t) for _, _, s in standing for t in s.get("target_tps", [])})
+    body = []
+    marked = False
+    for spec, client, st in standing:
+        for d in st.get("drafters", []):
+            if d.get("skipped"):
+                body.append([d["name"], spec, client, "–", "–", f"skipped: {d.get('reason')}"] + ["–"] * len(goals))
+                continue
+            by_t = {float(g["target_tps"]): g for g in d.get("goals", [])}
+            cells = [goal_cell(by_t[t], d.get("measured_tps")) if t in by_t else "–" for t in goals]
+            verdict = "above" if d["above_break_even"] else "below"
+            mark = _cycle({"cycle_ms": d.get("cycle_ms"), "cycle_ms_source": d.get("cycle_ms_source")})[1]
+            marked = marked or bool(mark)
+            body.append([d["name"], spec, client, f"{d['accept_length']:.2f}",
+                         f"{d['break_even_accept_length']:.2f}{mark}", verdict] + cells)
+    return _table(["variant", "spec", "client", "accept length", "break-even accept length", "vs break-even"]
+                  + [f"needed for {t:g} tok/s" for t in goals], body) + (["", E2E_NOTE] if marked else [])
+
+
+def ttt_curves(exp_dir: Path) -> dict[str, list[float]]:
+    """Validation accuracy per TTT step of every trained drafter that was trained."""
+    out = {}
+    for d in sorted((exp_dir / "train").glob("*")):
+        val = _read_json(d / "validation.json")
+        if isinstance(val, dict) and val.get("acc"):
+            out[d.name] = [float(a) for a in val["acc"]]
+    return out
+
+
+def _plot(path: Path, draw, n: int = 4) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(7.0, 1.3 * n + 2), 4.6), dpi=100)
+    draw(ax)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format="png", metadata={"Software": None})
+    plt.close(fig)
+
+
+def _xlabels(ax, rows) -> None:
+    """One tick per arm, 'variant' over 'spec', turned so long names never run into each other."""
+    ax.set_xticks(range(len(rows)), [f"{r['variant']}\n{r['spec_id']}" for r in rows], fontsize=8,
+                  rotation=30, ha="right", rotation_mode="anchor")
+    ax.set_xlim(-0.6, len(rows) - 0.4)
+
+
+def _span(values: Sequence[float], pad: float = 0.15) -> tuple[float, float]:
+    lo, hi = min(values), max(values)
+    margin = max((hi - lo) * pad, abs(hi) * 0.02, 1e-3)
+    return lo - margin, hi + margin
+
+
+def _breakeven_by_arm(standing) -> dict[tuple[str, str, str], float]:
+    return {(d["name"], spec, client): float(d["break_even_accept_length"])
+            for spec, client, st in standing for d in st.get("drafters", []) if not d.get("skipped")}
+
+
+def plot_accept(rows: list[dict[str, Any]], path: Path, standing=()) -> None:
+    """Accept length per arm, axis scaled to the data, with the probe's level and each arm's break-even."""
+    client = rows[0]["client"] if rows else None
+    sel = [r for r in _ok(rows) if r["client"] == client and r["variant"] != "baseline" and _num(r["accept_length"])]
+    be = _breakeven_by_arm(standing)
+    probe = best_by_accept(rows, ["probe"], client) if rows else None
+
+    def draw(ax):
+        if not sel:
+            ax.text(0.5, 0.5, "no accept length measured", ha="center", va="center", transform=ax.transAxes)
+            return
+        vals = [_num(r["accept_length"]) for r in sel]
+        marks = [be.get((r["variant"], r["spec_id"], client)) for r in sel]
+        ax.plot(range(len(sel)), vals, "o", color="#4c72b0", ms=8, label="accept length (bonus token included)")
+        for x, v in enumerate(vals):
+            ax.annotate(f"{v:.2f}", (x, v), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
+        if any(m is not None for m in marks):
+            ax.plot([x for x, m in enumerate(marks) if m is not None], [m for m in marks if m is not None], "_",
+                    color="#c44e52", ms=22, mew=2, label="break-even (baseline tok/s x own cycle)")
+        if probe is not None:
+            ax.axhline(_num(probe["accept_length"]), color="grey", lw=1, ls="--",
+                       label=f"probe (transferred as is): {_fmt(probe['accept_length'])}")
+        lo, hi = _span(vals + [m for m in marks if m is not None])
+        ax.set_ylim(lo, hi)
+        _xlabels(ax, sel)
+        ax.set_ylabel("accept length (tokens per verify cycle)")
+        ax.set_title(f"Accept length by variant (client {client}; axis not from 0)")
+        ax.legend(fontsize=7, loc="best")
+
+    _plot(path, draw, len(sel))
+
+
+def plot_tps(rows: list[dict[str, Any]], path: Path) -> None:
+    """Median tok/s per arm with its 95% interval, the baseline's median and interval as a band."""
+    client = rows[0]["client"] if rows else None
+    sel = [r for r in _ok(rows) if r["client"] == client and _num(r["tps_median"]) is not None]
+    base = baseline_row(rows, client) if rows else None
+
+    def draw(ax):
+        if not sel:
+            ax.text(0.5, 0.5, "no throughput measured", ha="center", va="center", transform=ax.transAxes)
+            return
+        vals = [_num(r["tps_median"]) for r in sel]
+        lows = [_num(r["tps_ci_low"]) if _num(r["tps_ci_low"]) is not None else v for v, r in zip(vals, sel)]
+        highs = [_num(r["tps_ci_high"]) if _num(r["tps_ci_high"]) is not None else v for v, r in zip(vals, sel)]
+        err = [[max(0.0, v - lo) for v, lo in zip(vals, lows)], [max(0.0, hi - v) for v, hi in zip(vals, highs)]]
+        colors = ["#8c8c8c" if r["variant"] == "baseline" else "#55a868" for r in sel]
+        for x, (v, c) in enumerate(zip(vals, colors)):
+            ax.errorbar(x, v, yerr=[[err[0][x]], [err[1][x]]], fmt="o", color=c, ms=7, capsize=4)
+        if base is not None and _num(base["tps_median"]):
+            b = _num(base["tps_median"])
+            ax.axhline(b, color="#c44e52", lw=1.5, ls="--", label=f"baseline = break-even ({b:.1f} tok/s)")
+            iv = (_num(base["tps_ci_low"]), _num(base["tps_ci_high"]))
+            if None not in iv:
+                ax.axhspan(iv[0], iv[1], color="#c44e52", alpha=0.12, label="baseline 95% interval")
+            ax.legend(fontsize=7, loc="best")
+        lo, hi = _span(lows + highs)
+        ax.set_ylim(max(0.0, lo), hi)  # scaled to the data, never below 0 tok/s
+        _xlabels(ax, sel)
+        ax.set_ylabel("output tok/s (median, 95% interval)")
+        ax.set_title(f"Throughput against plain decoding (client {client})")
+
+    _plot(path, draw, len(sel))
+
+
+def plot_ttt(curves: dict[str, list[float]], path: Path) -> None:
+    def draw(ax):
+        from matplotlib.ticker import MaxNLocator
+
+        for name, acc in curves.items():
+            ax.plot(range(len(acc)), acc, marker="o", label=name)
+        if not curves:
+            ax.text(0.5, 0.5, "no trained drafters (fine-tuning skipped)", ha="center", va="center",
+                    transform=ax.transAxes)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("TTT step (0 = first drafted token)")
+        ax.set_ylabel("validation accuracy\n(draft argmax == target argmax)")
+        ax.set_ylim(0, 1)
+        ax.set_title("Per-step accuracy of the trained drafters")
+        if curves:
+            ax.legend(fontsize=7)
+
+    _plot(path, draw)
+
+
+def _count(v: Any) -> str:
+    if isinstance(v, list):
+        return str(len(v))
+    return "–" if v is None else str(v)
+
+
+def d2t_section(exp_dir: Path) -> list[str]:
+    diff = _read_json(exp_dir / "static" / "d2t-diff.json")
+    cov = _read_json(exp_dir / "static" / "d2t-coverage.json")
+    if not diff and not cov:
+        return ["(no d2t analysis)"]
+    lines = []
+    if diff:
+        lines += _table(["draft vocab", "draft ids mapped differently", "shared target ids", "only in drafter",
+                         "only in data mapping"],
+                        [[_count(diff.get("draft_vocab_size")), _count(diff.get("differing")),
+                          _count(diff.get("shared_target_ids")), _count(diff.get("only_in_a")),
+                          _count(diff.get("only_in_b"))]])
+    if cov and cov.get("coverage") is not None:
+        lines += ["", f"Coverage of the fine-tune tokens by the transferred drafter's vocabulary: "
+                      f"{float(cov['coverage']):.1%} (an upper bound on acceptance)."]
+    return lines
+
+
+def doctor_section(exp_dir: Path) -> list[str]:
+    body = []
+    for path in sorted((exp_dir / "static").glob("doctor-*.json")):
+        rep = _read_json(path) or {}
+        name = path.stem.removeprefix("doctor-")
+        if rep.get("skipped"):
+            body.append([name, "–", "–", f"skipped: {rep.get('reason')}"])
+            continue
+        for f in rep.get("findings", []) or [{"code": "ok", "severity": "–", "message": "no findings"}]:
+            body.append([name, f.get("severity", ""), f.get("code", ""), str(f.get("message", "")).replace("|", "/")])
+    return _table(["drafter", "severity", "code", "message"], body) if body else ["(no doctor reports)"]
+
+
+def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records_csv: str | os.PathLike,
+                 target_tps: Sequence[float] = (), standing: Sequence[str | os.PathLike] = (),
+                 static_md: Sequence[str | os.PathLike] = ()) -> dict[str, str]:
+    """Write ``summary.md``, the three plots and the HTML views under ``out_dir``; return their paths.
+
+    HTML views (for ``snakemake --report``, see draftlab.experiment.report_html): ``summary.html`` (plots
+    embedded), ``decision-fragment.html`` (decision + comparison table, a fragment captions include), ``records.html``, ``static.html``
+    (the ``static_md`` summaries of inspect, compare, patch, doctor and d2t).
+
+    ``standing`` are the ``breakeven`` rule's JSON files; ``target_tps`` is kept for the command
+    line's sake (the goals shown are the ones the standing files were computed for).
+    """
+    exp_dir, out_dir = Path(exp_dir), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = load_rows(records_csv)
+    gate = _read_json(exp_dir / "gate" / "gate.json")
+    curves = ttt_curves(exp_dir)
+    paths = {k: out_dir / v for k, v in PLOTS.items()}
+    standing_rows = load_standing(standing)
+    plot_accept(rows, paths["accept"], standing_rows)
+    plot_tps(rows, paths["tps"])
+    plot_ttt(curves, paths["ttt"])
+    experiment = rows[0]["experiment"] if rows else exp_dir.name
+    md = [f"# draftlab report: {experiment}", ""]
+    decision, comparison = decision_text(rows, gate), comparison_table(rows)
+    md += ["## Decision", ""] + [p for line in decision for p in (line, "")]
+    md += ["## Comparison", ""] + comparison + [""]
+    md += ["## Accept length by variant", "", f"![accept length]({PLOTS['accept']})", ""]
+    md += ["## Throughput against baseline and break-even", "",
+           "Break-even accept length = baseline tok/s x cycle ms / 1000 (the drafter's own measured cycle).", ""]
+    md += breakeven_table(standing_rows) + ["", f"![throughput]({PLOTS['tps']})", ""]
+    md += ["## TTT per-step validation accuracy", ""]
+    if curves:
+        k = max(len(a) for a in curves.values())
+        md += _table(["drafter"] + [f"step {i}" for i in range(k)],
+                     [[n] + [f"{a[i]:.3f}" if i < len(a) else "–" for i in range(k)] for n, a in curves.items()])
+    else:
+        md += ["No trained drafter (fine-tuning skipped or not configured)."]
+    md += ["", f"![TTT accuracy]({PLOTS['ttt']})", ""]
+    md += ["## d2t: transferred mapping vs the fine-tune data's", ""] + d2t_section(exp_dir) + [""]
+    md += ["## Doctor findings", ""] + doctor_section(exp_dir) + [""]
+    md += ["## Probe gate", ""]
+    if gate:
+        md += [f"- decision: **{gate.get('decision')}** (min accept length {gate.get('min_accept_length')}, "
+               f"best probe {_fmt(gate.get('best_accept_length'), '{:.3f}')})", f"- {gate.get('reason')}"]
+    else:
+        md += ["(no gate decision)"]
+    summary = out_dir / "summary.md"
+    write_text(summary, "\n".join(md) + "\n")
+    views = {
+        "summary_html": html_view.write_page(out_dir / "summary.html", f"draftlab report: {experiment}",
+                                             html_view.markdown_to_html("\n".join(md), out_dir)),
+        "decision_fragment": _write(out_dir / "decision-fragment.html", html_view.decision_fragment(
+            decision[:1], comparison_table([r for r in rows if r["client"] == rows[0]["client"]], compact=True))),
+        "records_html": html_view.write_page(out_dir / "records.html", "records",
+                                             html_view.records_html(records_csv, RECORD_VIEW_COLUMNS)),
+        "static_html": html_view.write_page(out_dir / "static.html", "static analysis",
+                                            html_view.static_html(static_md)),
+    }
+    return {"summary": str(summary), **{k: str(v) for k, v in paths.items()}, **views}
+
+
+def _write(path: Path, text: str) -> str:
+    write_text(path, text)
+    return str(path)
+
+
+RECORD_VIEW_COLUMNS = ("variant", "spec_id", "client", "status", "accept_length", "tps_median", "tps_ci_low",
+                       "tps_ci_high", "speedup", "cycle_ms", "val_acc_mean", "ttft_s", "ttft_note", "repeats",
+                       "max_new_tokens", "drafter_source", "drafter_commit", "config_hash", "train_data_sha256",
+                       "train_settings_sha256", "created_at")

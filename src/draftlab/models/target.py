@@ -1,0 +1,79 @@
+"""The target model: load it frozen with transformers and read the aux hidden states EAGLE-3 fuses.
+
+transformers returns ``hidden_states`` with the embeddings first, so the *output of layer L* is
+``hidden_states[L + 1]``. draftlab's aux ids are such output ids; what a drafter's
+``eagle_aux_hidden_state_layer_ids`` mean depends on the target's architecture in SGLang
+(:mod:`draftlab.formats.aux_layers`), and :func:`aux_layer_ids_for` is the one place that translates them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from draftlab.formats import aux_layers
+from draftlab.formats import eagle3_format as fmt
+from draftlab.errors import DraftlabError
+from draftlab.formats.target_config import load_json_config
+
+
+def read_config(folder: str | Path) -> dict[str, Any]:
+    """A model folder's ``config.json`` (types checked by :mod:`draftlab.formats.target_config`)."""
+    return load_json_config(Path(folder) / "config.json")
+
+
+def load_target(folder: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device | None = None,
+                trust_remote_code: bool = False):
+    """``AutoModelForCausalLM`` from a local folder, in eval mode with every parameter frozen."""
+    from transformers import AutoModelForCausalLM
+
+    read_config(folder)  # clear error for a missing/broken config before transformers' own
+    model = AutoModelForCausalLM.from_pretrained(
+        str(folder), dtype=dtype or torch.float32, trust_remote_code=trust_remote_code, local_files_only=True
+    )
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    if device is not None:
+        model.to(device)
+    return model
+
+
+def load_tokenizer(folder: str | Path, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise DraftlabError(f"{folder}: cannot load a tokenizer ({exc})") from exc
+
+
+def aux_layer_ids_for(drafter_config: dict[str, Any] | None, target_config: dict[str, Any]) -> list[int]:
+    """The target layers SGLang feeds this drafter, as output ids (``hidden_states[i + 1]``) in fc order.
+
+    Read the way the target's SGLang model class reads the drafter's
+    ``eagle_config.eagle_aux_hidden_state_layer_ids`` (or its default capture without them).
+    """
+    return aux_layers.fed_output_ids(fmt.aux_layer_ids(drafter_config or {}), target_config)
+
+
+def aux_hidden(hidden_states: Sequence[Tensor], layer_ids: Sequence[int]) -> Tensor:
+    """Concatenate the outputs of ``layer_ids`` (``hidden_states[L+1]``; -1 = embeddings) in order: [B, T, len(ids)*H]."""
+    if min(layer_ids) < -1 or len(hidden_states) < max(layer_ids) + 2:
+        raise DraftlabError(f"target returned {len(hidden_states) - 1} layers, aux layer ids {list(layer_ids)} need more")
+    return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+@torch.no_grad()
+def target_features(model, input_ids: Tensor, layer_ids: Sequence[int],
+                    attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Run the frozen target once: (aux hidden [B,T,3H], logits [B,T,V])."""
+    out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
+    return aux_hidden(out.hidden_states, layer_ids), out.logits
+
+
+def input_embeddings(model) -> Tensor:
+    return model.get_input_embeddings().weight.detach()

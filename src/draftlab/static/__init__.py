@@ -1,0 +1,1 @@
+"""Static analysis (no server, no GPU): inspect, compare, patch-config, doctor and the d2t draft vocabulary."""
