@@ -18,7 +18,6 @@ def test_console_script_runs():
 
 
 def test_user_error_is_one_line_exit_2(monkeypatch, capsys):
-    import argparse
 
     def boom(args):
         raise DraftlabError("config.yaml: key 'x': expected an integer, got 'y'")
@@ -39,3 +38,78 @@ def _parser_with(func):
     s = sub.add_parser("boom")
     s.set_defaults(func=func)
     return p
+
+
+# Rule = command = module: a rule's command (and its module) carry the rule's name, and the old
+# command names keep working with the same flags (the public interface is frozen).
+RULE_COMMANDS = {
+    "demo_models": ("demo-models", "draftlab.models.demo_models"),
+    "resolve_target": ("resolve-target", "draftlab.models.resolve_target"),
+    "acquire": ("acquire", "draftlab.models.acquire"),
+    "inspect": ("inspect", "draftlab.static.inspect"),
+    "compare": ("compare", "draftlab.static.compare"),
+    "patch_config": ("patch-config", "draftlab.static.patch_config"),
+    "doctor": ("doctor", "draftlab.static.doctor"),
+    "generate_data": ("generate-data", "draftlab.training.generate_data"),
+    "tokenize": ("tokenize", "draftlab.training.tokenize"),
+    "serve_bench": ("serve-bench", "draftlab.benchmark.serve_bench"),
+    "probe_gate": ("probe-gate", "draftlab.benchmark.probe_gate"),
+    "breakeven": ("breakeven", "draftlab.benchmark.breakeven"),
+    "records_merge": ("records-merge", "draftlab.experiment.records"),
+    "report": ("report", "draftlab.experiment.report"),
+}
+ALIASES = {"resolve-model": "resolve-target", "generate": "generate-data", "gate": "probe-gate",
+           "records": "records-merge"}
+
+
+def _subcommands():
+    import argparse
+
+    action = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices
+
+
+def test_each_rule_runs_its_own_named_command_from_its_named_module():
+    import importlib
+    import re
+    from pathlib import Path
+
+    rules_dir = Path(__file__).resolve().parents[1] / "workflow" / "rules"
+    text = "\n".join(p.read_text() for p in sorted(rules_dir.glob("*.smk")))
+    rules = re.split(r"^\s*rule (\w+):", text, flags=re.M)
+    bodies = dict(zip(rules[1::2], rules[2::2]))
+    commands = _subcommands()
+    for rule, (command, module) in RULE_COMMANDS.items():
+        assert rule in bodies, rule
+        assert f"draftlab {command} " in bodies[rule], (rule, command)
+        assert command in commands, command
+        importlib.import_module(module)
+
+
+def test_old_command_names_are_aliases_with_the_same_parser():
+    commands = _subcommands()
+    for old, new in ALIASES.items():
+        assert commands[old] is commands[new], old
+
+
+def test_breakeven_measured_form_is_standing(tmp_path, capsys):
+    import json
+
+    def bench(path, tps, accept, cycle):
+        path.write_text(json.dumps({"summary": {"output_tps_median": tps, "accept_length": accept,
+                                                "cycle_ms": cycle, "cycle_ms_source": "verify"}}))
+        return path
+
+    base = bench(tmp_path / "base.json", 100.0, None, None)
+    drafter = bench(tmp_path / "d.json", 150.0, 2.5, 16.0)
+    args = ["--baseline", str(base), "--drafter", f"d={drafter}", "--target-tps", "150", "--json"]
+    assert main(["standing", *args, "--out", str(tmp_path / "s.json")]) == 0
+    assert main(["breakeven", *args, "--out", str(tmp_path / "b.json")]) == 0
+    assert json.loads((tmp_path / "s.json").read_text()) == json.loads((tmp_path / "b.json").read_text())
+    capsys.readouterr()
+    # the two forms do not mix, and neither form half-given runs
+    assert main(["breakeven", "--baseline", str(base), "--cycle-ms", "3", "--target-tps", "150"]) == 2
+    assert main(["breakeven", "--baseline", str(base), "--target-tps", "150"]) == 2
+    assert main(["breakeven", "--baseline-tps", "100", "--target-tps", "150"]) == 2
+    err = capsys.readouterr().err
+    assert "do not go together" in err and "needs --drafter" in err and "missing --cycle-ms" in err
