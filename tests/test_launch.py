@@ -8,7 +8,6 @@ pointing at the fake script.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import stat
 import sys

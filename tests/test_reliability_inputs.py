@@ -11,7 +11,6 @@ doctor finding has its own case in test_doctor.py.
 from __future__ import annotations
 
 import json
-import shutil
 import struct
 import subprocess
 import sys

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from factories import target_config, tiny_drafter_config, write_drafter, write_target_config
+from factories import tiny_drafter_config, write_drafter, write_target_config
 
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import MARKER, atomic_dir, check_replaceable, claim_dir, remove_own

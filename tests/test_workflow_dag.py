@@ -97,7 +97,7 @@ def test_kimi_dag_on_gpu8_prints_real_sglang_and_training_commands():
     for l in train:
         arm = re.search(r"--skip-dir results/kimi-k25/train/([\w-]+) ", l).group(1)
         out = f"results/kimi-k25/train-state/{arm}/specforge"
-        assert (f"-- draftlab specforge-command --config results/kimi-k25/config.json "
+        assert ("-- draftlab specforge-command --config results/kimi-k25/config.json "
                 "--target results/kimi-k25/models/target/model "
                 "--draft-config results/kimi-k25/drafter/patched/config.json ") in l
         assert f"--output-dir {out}" in l and "--tokens results/kimi-k25/data/tokens.jsonl" in l

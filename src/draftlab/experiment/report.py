@@ -39,11 +39,6 @@ def load_rows(records_csv: str | os.PathLike) -> list[dict[str, Any]]:
         return list(csv.DictReader(fh))
 
 
-def _baseline_tps(rows: list[dict[str, Any]], client: str) -> float | None:
-    base = baseline_row(rows, client)
-    return _num(base["tps_median"]) if base else None
-
-
 def _ok(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if r["status"] == "ok"]
 
