@@ -3,7 +3,7 @@
 For each size:
 1. ``draftlab demo-models`` (timed, with the machine's load average before and after);
 2. per-TTT-step accuracy of the v1 drafter against v1 and against v2 on the held-out conversations
-   (teacher-forced, ``draftlab.train.evaluate_drafter``);
+   (teacher-forced, ``draftlab.training.eval_drafter.evaluate_drafter``);
 3. greedy chain accept length with k draft steps on each target's *own* greedy answers to held-out
    prompts (``draftlab generate``): on target-greedy text, TTT step i at position t is exactly the
    draft a greedy speculative decoder makes once steps 0..i-1 were accepted, so a verify cycle that
@@ -33,12 +33,14 @@ from draftlab.fsutil import write_json
 from draftlab.training.generate_data import generate
 from draftlab.training.model import Eagle3Drafter
 from draftlab.models.target import aux_layer_ids_for, input_embeddings, load_target, read_config
-from draftlab.train import _shift, evaluate_drafter, ttt_mask
+from draftlab.training.attention import ttt_mask
+from draftlab.training.eval_drafter import evaluate_drafter
+from draftlab.training.loss import _shift
 
 
 @torch.no_grad()
 def chain_hits(drafter: Eagle3Drafter, ids, mask, aux, logits, k: int) -> torch.Tensor:
-    """hits[i, b, t]: TTT step i at position t predicts the target's argmax (as in train.ttt_forward)."""
+    """hits[i, b, t]: TTT step i at position t predicts the target's argmax (as in training.loss.ttt_forward)."""
     b, t = ids.shape
     draft_tids = drafter.d2t + torch.arange(drafter.draft_vocab_size)
     t_arg = logits.argmax(-1)

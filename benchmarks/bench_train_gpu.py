@@ -34,7 +34,7 @@ import torch
 
 from draftlab.formats.eagle3_format import drafter_config
 from draftlab.training.model import Eagle3Drafter, init_weights
-from draftlab.train import TTTModule
+from draftlab.training.loss import TTTModule
 
 PEAK_TFLOPS = 989.0
 

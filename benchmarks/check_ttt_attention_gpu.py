@@ -10,7 +10,7 @@ import json
 import torch
 import torch.nn.functional as F
 
-from draftlab.train import cross_step_attend
+from draftlab.training.attention import cross_step_attend
 
 
 class _Attn:

@@ -11,7 +11,7 @@ import torch
 from draftlab.formats import aux_layers
 from draftlab.errors import DraftlabError
 from draftlab.models.target import aux_hidden, aux_layer_ids_for
-from draftlab.train import scratch_config
+from draftlab.training.drafter_init import scratch_config
 from factories import kimi_k25_config, qwen3_config, target_config, tiny_drafter_config
 
 

@@ -37,7 +37,7 @@ class _Attn:
 @pytest.mark.parametrize("t", [100, 512])
 def test_flex_equals_dense_over_shapes(hd, t, dtype):
     """Forced flex (padding, and the dense fallback where its kernels fail) = the dense mask."""
-    from draftlab.train import _FLEX, _padded, cross_step_attend
+    from draftlab.training.attention import _FLEX, _padded, cross_step_attend
 
     torch.manual_seed(hd * 1000 + t)
     heads, kv = 4, 2
@@ -83,7 +83,7 @@ def world(tmp_path_factory):
                                        ("checkpoint", "regenerate")])
 def test_train_every_arm_on_cuda(world, tmp_path, init, mode):
     """The issue's failures: flex at head_dim 16 (scratch/keep/regenerate) and remap's devices."""
-    from draftlab.train import train_drafter
+    from draftlab.training.train import train_drafter
 
     kw = dict(target=world["target"], out=tmp_path / "run", tokens=world["tokens"], ttt_length=3, max_steps=4,
               batch_size=2, val_samples=2, progress=False, device="cuda", vocab_mapping=world["mapping"])
@@ -111,7 +111,8 @@ def test_generate_on_cuda_matches_the_cpu(world, tmp_path):
 
 def test_dump_hidden_states_and_train_and_eval_on_cuda(world, tmp_path):
     from draftlab.training.hidden_states import dump_hidden_states
-    from draftlab.train import evaluate_drafter, train_drafter
+    from draftlab.training.eval_drafter import evaluate_drafter
+    from draftlab.training.train import train_drafter
 
     dump_hidden_states(world["target"], world["tokens"], tmp_path / "hs", device="cuda", aux_layer_ids=[1, 3, 4])
     s = train_drafter(target=world["target"], out=tmp_path / "run", hidden_states=tmp_path / "hs", ttt_length=2,

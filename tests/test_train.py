@@ -19,8 +19,13 @@ from draftlab.errors import DraftlabError
 from draftlab.training.hidden_states import HiddenStateShards, check_disk, dump_hidden_states, storage_estimate
 from draftlab.training.model import DrafterCache, Eagle3Drafter, init_weights
 from draftlab.models.target import load_target, read_config, target_features
-from draftlab.train import (Samples, TrainConfig, build_drafter, metric_columns, train_drafter, ttt_forward,
-                            ttt_mask)
+from draftlab.training.attention import cross_step_attend, ttt_attention_backend, ttt_mask
+from draftlab.training.config import TrainConfig
+from draftlab.training.drafter_init import build_drafter
+from draftlab.training.features import Samples
+from draftlab.training.loss import ttt_forward
+from draftlab.training.metrics import metric_columns
+from draftlab.training.train import train_drafter
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +212,6 @@ def test_flex_cross_step_attention_matches_the_dense_mask():
     """The GPU path (flex attention, block-sparse TTT mask) computes what the dense-mask SDPA path does."""
     import warnings
 
-    from draftlab.train import cross_step_attend
 
     class Attn:
         n_heads, n_kv, hd = 4, 2, 16
@@ -235,7 +239,6 @@ def test_flex_pads_lengths_off_its_block_size_exactly(t):
     tests/test_gpu.py compares gradients on CUDA)."""
     import warnings
 
-    from draftlab.train import cross_step_attend
 
     class Attn:
         n_heads, n_kv, hd = 4, 2, 16
@@ -258,7 +261,6 @@ def test_flex_pads_lengths_off_its_block_size_exactly(t):
 
 def test_attention_backend_falls_back_to_dense_where_flex_has_no_kernels(monkeypatch):
     """Flex only on CUDA, for head dims its kernels take and lengths where it pays; dense elsewhere."""
-    from draftlab.train import ttt_attention_backend
 
     monkeypatch.delenv("DRAFTLAB_TTT_ATTENTION", raising=False)
     cuda, cpu = torch.device("cuda"), torch.device("cpu")

@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 
 from draftlab.cli import main
 from draftlab.errors import DraftlabError
-from draftlab.train import train_drafter
+from draftlab.training.train import train_drafter
 
 STEPS, EVERY = 10, 3
 

@@ -175,7 +175,7 @@ def _dump(args: argparse.Namespace) -> int:
 
 def _train(args: argparse.Namespace) -> int:
     from draftlab.errors import DraftlabError
-    from draftlab.train import train_drafter
+    from draftlab.training.train import train_drafter
 
     overrides = {}
     if args.drafter_config:
@@ -203,7 +203,7 @@ def _human_summary(r: dict) -> str:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    from draftlab.train import evaluate_drafter
+    from draftlab.training.eval_drafter import evaluate_drafter
 
     r = evaluate_drafter(args.drafter, args.target, args.tokens, ttt_length=args.ttt_length,
                          max_samples=args.max_samples, device=args.device)

@@ -137,7 +137,7 @@ def _training_hashes(exp_dir: Path, variant: str) -> dict[str, str | None]:
     conf = _read(exp_dir / "train" / variant / "train_config.json")
     if not conf:
         return none
-    from draftlab.train import TrainConfig
+    from draftlab.training.config import TrainConfig
 
     settings = {k: conf.get(k) for k in TrainConfig.RESUME_KEYS if k not in _PATH_KEYS}
     data = conf.get("tokens") or conf.get("data")

@@ -571,7 +571,7 @@ def heldout_accuracy(spec: DemoSize, drafter_dir: Path, targets: dict[str, Path]
                      device: str = "cpu") -> dict[str, list[float]]:
     """Per-TTT-step accuracy of the drafter against each target on the held-out conversations."""
     from draftlab.training.tokenize import tokenize_file
-    from draftlab.train import evaluate_drafter
+    from draftlab.training.eval_drafter import evaluate_drafter
 
     tokens = data_dir / "heldout.tokens.jsonl"
     first = next(iter(targets.values()))
@@ -593,7 +593,7 @@ def train_demo_drafter(spec: DemoSize, target_dir: Path, data_dir: Path, run_dir
     """
 
     from draftlab.training.tokenize import tokenize_file
-    from draftlab.train import train_drafter
+    from draftlab.training.train import train_drafter
     from draftlab.static.d2t import build_mapping, count_tokens, save_mapping
 
     tokens = data_dir / "v1.tokens.jsonl"

@@ -328,7 +328,7 @@ def run_identity(job: SpecForgeJob, cfg: dict[str, Any]) -> dict[str, Any]:
     """Settings (the run config without attempt-only keys) and fingerprints of every input file."""
     import hashlib
 
-    from draftlab.train import path_fingerprint
+    from draftlab.training.resume import path_fingerprint
 
     settings = _drop(cfg, VOLATILE)
     settings["model"].pop("draft_checkpoint_path", None)
@@ -355,7 +355,7 @@ def _drop(cfg: dict[str, Any], paths) -> dict[str, Any]:
 
 
 def _resume_decision(job: SpecForgeJob, ident: dict[str, Any], write: bool) -> tuple[str | None, list[str]]:
-    from draftlab.train import identity_changes, move_aside
+    from draftlab.training.resume import identity_changes, move_aside
 
     out = Path(job.output_dir)
     latest = latest_checkpoint(out)

@@ -1,0 +1,102 @@
+"""The trainer's settings: one dataclass, saved as ``train_config.json`` and checked on ``--resume``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from draftlab.errors import DraftlabError
+from draftlab.training.loss import LOSS_NORMS, MASK_ALIGNMENTS
+
+INIT_MODES = ("scratch", "checkpoint")
+VOCAB_MODES = ("keep", "remap", "regenerate")
+PATH_FIELDS = ("target", "out", "tokens", "data", "hidden_states", "vocab_mapping", "checkpoint", "log_file")
+
+
+@dataclass
+class TrainConfig:
+    """Everything a run depends on; saved as ``train_config.json`` and checked on ``--resume``."""
+
+    target: str
+    out: str
+    tokens: str | None = None              # tokens.jsonl (draftlab tokenize)
+    data: str | None = None                # raw JSONL/text, tokenized on the fly
+    hidden_states: str | None = None       # offline features (draftlab dump-hidden-states)
+    vocab_mapping: str | None = None       # d2t/t2d file (draftlab.static.d2t.load_mapping)
+    init: str = "scratch"
+    checkpoint: str | None = None          # drafter folder for init=checkpoint
+    vocab_mode: str = "keep"
+    draft_vocab_size: int | None = None    # scratch without a mapping file: build one of this size
+    ttt_length: int = 7
+    epochs: int = 1
+    max_steps: int | None = None
+    batch_size: int = 1                    # per rank
+    max_length: int = 2048
+    lr: float = 1e-4
+    warmup_ratio: float = 0.015
+    grad_clip: float = 0.5
+    weight_decay: float = 0.0
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # torch's AdamW default, as SpecForge
+    loss_norm: str = "positions"           # positions (SpecForge: / B*T) | valid (/ valid positions)
+    mask_alignment: str = "specforge"      # specforge (loss_mask[t+i]) | predicted (loss_mask[t+2+i])
+    seed: int = 0
+    precision: str = "auto"                # auto (bf16 on a bf16 GPU, else fp32) | bf16 | fp32
+    checkpoint_every: int = 0
+    keep_checkpoints: int = 2
+    resume: bool | str = False             # False | True (strict: refuse other settings) | "auto"
+    state_dir: str | None = None           # checkpoints + run.json; default <out>/checkpoints
+    val_samples: int | None = None         # held out; default max(1, 5%) capped at 64
+    device: str | None = None
+    log_file: str | None = None
+    aux_layer_ids: list[int] | None = None
+    drafter_overrides: dict[str, Any] = field(default_factory=dict)
+    stop_after: int | None = None          # exit after this many steps, as if preempted (tests, debugging)
+    progress: bool = True
+    trust_remote_code: bool = False
+    compile: bool = False                  # torch.compile the TTT step (GPU throughput; see benchmarks/)
+
+    RESUME_KEYS = ("target", "tokens", "data", "hidden_states", "vocab_mapping", "init", "checkpoint",
+                   "vocab_mode", "draft_vocab_size", "ttt_length", "epochs", "max_steps", "batch_size",
+                   "max_length", "lr", "warmup_ratio", "grad_clip", "weight_decay", "adam_betas", "loss_norm", "mask_alignment",
+                   "seed", "precision", "val_samples", "aux_layer_ids", "drafter_overrides")
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict[str, Any]) -> "TrainConfig":
+        """The config of ``train_drafter(**kwargs)``: unknown names refused, paths made strings."""
+        unknown = set(kwargs) - {f.name for f in fields(cls)}
+        if unknown:
+            raise TypeError(f"train_drafter: unknown arguments {sorted(unknown)}")
+        cfg = cls(**kwargs)
+        for name in PATH_FIELDS:
+            value = getattr(cfg, name)
+            if value is not None:
+                setattr(cfg, name, str(value))
+        return cfg
+
+    def validate(self) -> None:
+        """Refuse settings with no meaning before any file is read or written."""
+        if self.loss_norm not in LOSS_NORMS:
+            raise DraftlabError(f"train: loss_norm {self.loss_norm!r}: expected one of {', '.join(LOSS_NORMS)}")
+        if self.mask_alignment not in MASK_ALIGNMENTS:
+            raise DraftlabError(f"train: mask_alignment {self.mask_alignment!r}: expected one of "
+                                f"{', '.join(MASK_ALIGNMENTS)}")
+        if self.ttt_length < 1:
+            raise DraftlabError(f"train: ttt_length must be >= 1, got {self.ttt_length}")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise DraftlabError(f"train: precision {self.precision!r}: expected auto, bf16 or fp32")
+        if self.resume not in (False, True, "auto"):
+            raise DraftlabError(f"train: resume {self.resume!r}: expected false, true or 'auto'")
+        if self.init not in INIT_MODES:
+            raise DraftlabError(f"train: init {self.init!r}: expected one of {', '.join(INIT_MODES)}")
+        if self.init == "checkpoint" and not self.checkpoint:
+            raise DraftlabError("train: --init checkpoint needs --checkpoint DIR (a drafter folder)")
+
+    def inputs(self) -> tuple[str, ...]:
+        """The paths this run reads: its output may not contain (or be) any of them."""
+        return tuple(p for p in (self.target, self.tokens, self.data, self.hidden_states, self.vocab_mapping,
+                                 self.checkpoint) if p)
+
+    def state_path(self) -> Path:
+        """Where checkpoints and run.json live (outside ``out`` when a workflow deletes ``out`` on failure)."""
+        return Path(self.state_dir) if self.state_dir else Path(self.out) / "checkpoints"

@@ -1,0 +1,32 @@
+"""``draftlab eval-drafter``: per-TTT-step accuracy of a saved drafter against a target on a tokens file
+(e.g. a v1 drafter against a v2 target), teacher-forced as in training."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from draftlab.serving.devices import resolve_device
+from draftlab.training.model import Eagle3Drafter
+from draftlab.models.target import aux_layer_ids_for, read_config
+from draftlab.formats.target_config import text_config
+from draftlab.training.config import TrainConfig
+from draftlab.training.features import Features, Samples
+from draftlab.training.loop import evaluate
+
+
+def evaluate_drafter(drafter_dir: str | os.PathLike, target: str | os.PathLike, tokens: str | os.PathLike, *,
+                     ttt_length: int = 7, max_samples: int | None = None, max_length: int = 2048,
+                     device: str | None = None) -> dict[str, Any]:
+    """Per-step accuracy of a saved drafter against a target on a tokens file (e.g. v1 drafter vs v2)."""
+    dev = resolve_device(device, what="eval-drafter: device")
+    drafter = Eagle3Drafter.from_pretrained(drafter_dir, dtype=torch.float32, device=dev)
+    tcfg = read_config(target)
+    cfg = TrainConfig(target=str(target), out="", tokens=str(tokens), max_length=max_length)
+    samples = Samples(cfg, int(text_config(tcfg)["vocab_size"]))
+    feats = Features(cfg, samples, aux_layer_ids_for(drafter.config, tcfg), dev, torch.float32)
+    drafter.load_target_embeddings(feats.embeddings(str(target)).to(dev))
+    n = len(samples) if max_samples is None else min(max_samples, len(samples))
+    return evaluate(drafter, feats, list(range(n)), ttt_length)
