@@ -19,7 +19,10 @@ Facts encoded (see docs and ../shared/FIELD-NOTES.md):
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from draftlab.errors import DraftlabError
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 EAGLE1_ARCHITECTURES = ("LlamaForCausalLMEagle", "EagleLlamaForCausalLM")
@@ -52,6 +55,63 @@ def aux_layer_ids(cfg: dict[str, Any]) -> list[int] | None:
     eagle = cfg.get("eagle_config") or {}
     ids = eagle.get("eagle_aux_hidden_state_layer_ids")
     return [int(i) for i in ids] if ids is not None else None
+
+
+# Keys every EAGLE-3 drafter config.json must have (the rest have defaults SGLang also applies).
+REQUIRED_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size", "max_position_embeddings")
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """The typed view of a drafter ``config.json``: sizes, vocabularies, context, aux ids and RoPE, each
+    resolved once with SGLang's defaults, so readers use fields instead of re-reading raw keys.
+
+    Build it with :meth:`from_dict`; a missing or mistyped key is one error naming the file and key.
+    The raw dict stays the drafter's on-disk truth (it is what is saved); this is read from it.
+    """
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    draft_vocab_size: int
+    target_hidden_size: int
+    max_position_embeddings: int
+    aux_layer_ids: tuple[int, ...] | None    # eagle_config.eagle_aux_hidden_state_layer_ids, as listed
+    rope_theta: float
+    rope_scaling: Mapping[str, Any]          # rope_scaling, else rope_parameters, else {} (rope_type default)
+    rms_norm_eps: float
+    source: str = "drafter config"
+
+    @classmethod
+    def from_dict(cls, cfg: Mapping[str, Any], source: str | Any = "drafter config") -> "DrafterConfig":
+        """Read a drafter config dict; ``source`` (its file) names where a bad key came from."""
+        from draftlab.formats.target_config import check_config_types
+
+        if not isinstance(cfg, Mapping):
+            raise DraftlabError(f"{source}: expected a JSON object, got {type(cfg).__name__}")
+        for key in REQUIRED_KEYS:
+            if cfg.get(key) is None:
+                raise DraftlabError(f"{source}: key {key!r} is missing (expected an EAGLE-3 drafter config)")
+        check_config_types(dict(cfg), source)
+        rope_params = cfg.get("rope_parameters") or {}
+        ids = aux_layer_ids(dict(cfg))
+        return cls(
+            hidden_size=int(cfg["hidden_size"]), intermediate_size=int(cfg["intermediate_size"]),
+            num_attention_heads=int(cfg["num_attention_heads"]),
+            num_key_value_heads=int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
+            head_dim=head_dim(cfg), vocab_size=int(cfg["vocab_size"]), draft_vocab_size=draft_vocab_size(cfg),
+            target_hidden_size=target_hidden_size(cfg), max_position_embeddings=int(cfg["max_position_embeddings"]),
+            aux_layer_ids=tuple(ids) if ids is not None else None,
+            rope_theta=float(cfg.get("rope_theta") or rope_params.get("rope_theta") or 10000.0),
+            rope_scaling=dict(cfg.get("rope_scaling") or rope_params),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)), source=str(source))
+
+    @property
+    def rope_type(self) -> str:
+        return self.rope_scaling.get("rope_type") or self.rope_scaling.get("type") or "default"
 
 
 def options(cfg: dict[str, Any]) -> dict[str, bool]:

@@ -53,12 +53,9 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rope_inv_freq(cfg: dict[str, Any]) -> tuple[Tensor, float]:
+def rope_inv_freq(spec: fmt.DrafterConfig) -> tuple[Tensor, float]:
     """Inverse RoPE frequencies (and cos/sin scale) from the config's rope_theta / rope_scaling."""
-    dim = fmt.head_dim(cfg)
-    theta = float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or 10000.0)
-    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-    rope_type = scaling.get("rope_type") or scaling.get("type") or "default"
+    dim, theta, scaling, rope_type = spec.head_dim, spec.rope_theta, spec.rope_scaling, spec.rope_type
     if rope_type == "default":
         return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
     # Non-default schemes (llama3, yarn, linear, ...): reuse transformers' reference implementations.
@@ -69,8 +66,8 @@ def rope_inv_freq(cfg: dict[str, Any]) -> tuple[Tensor, float]:
         raise DraftlabError(f"drafter config: rope_scaling.rope_type {rope_type!r} is not supported "
                             f"(expected one of default, {', '.join(ROPE_INIT_FUNCTIONS)})")
     hf = LlamaConfig(
-        hidden_size=cfg["hidden_size"], num_attention_heads=cfg["num_attention_heads"], head_dim=dim,
-        max_position_embeddings=cfg["max_position_embeddings"], rope_theta=theta,
+        hidden_size=spec.hidden_size, num_attention_heads=spec.num_attention_heads, head_dim=dim,
+        max_position_embeddings=spec.max_position_embeddings, rope_theta=theta,
         rope_scaling={k: v for k, v in scaling.items() if k != "rope_theta"},
     )
     inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](hf, None)
@@ -116,16 +113,16 @@ class DrafterCache:
 class Attention(nn.Module):
     """Llama attention whose q/k/v read the 2H-wide input (normed embedding || normed hidden)."""
 
-    def __init__(self, cfg: dict[str, Any]):
+    def __init__(self, spec: fmt.DrafterConfig, o_proj_bias: bool):
         super().__init__()
-        h = int(cfg["hidden_size"])
-        self.n_heads = int(cfg["num_attention_heads"])
-        self.n_kv = int(cfg.get("num_key_value_heads") or self.n_heads)
-        self.hd = fmt.head_dim(cfg)
+        h = spec.hidden_size
+        self.n_heads = spec.num_attention_heads
+        self.n_kv = spec.num_key_value_heads
+        self.hd = spec.head_dim
         self.q_proj = nn.Linear(2 * h, self.n_heads * self.hd, bias=False)
         self.k_proj = nn.Linear(2 * h, self.n_kv * self.hd, bias=False)
         self.v_proj = nn.Linear(2 * h, self.n_kv * self.hd, bias=False)
-        self.o_proj = nn.Linear(self.n_heads * self.hd, h, bias=fmt.options(cfg)["o_proj_bias"])
+        self.o_proj = nn.Linear(self.n_heads * self.hd, h, bias=o_proj_bias)
 
     def qkv(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Project and rotate: q [B, heads, T, hd], k/v [B, kv_heads, T, hd]."""
@@ -158,14 +155,14 @@ class MLP(nn.Module):
 class MidLayer(nn.Module):
     """The one decoder layer. Split in ``inputs`` / ``finish`` so the TTT trainer can swap attention."""
 
-    def __init__(self, cfg: dict[str, Any]):
+    def __init__(self, spec: fmt.DrafterConfig, o_proj_bias: bool):
         super().__init__()
-        h, eps = int(cfg["hidden_size"]), float(cfg.get("rms_norm_eps", 1e-5))
+        h, eps = spec.hidden_size, spec.rms_norm_eps
         self.input_layernorm = RMSNorm(h, eps)
         self.hidden_norm = RMSNorm(h, eps)
-        self.self_attn = Attention(cfg)
+        self.self_attn = Attention(spec, o_proj_bias)
         self.post_attention_layernorm = RMSNorm(h, eps)
-        self.mlp = MLP(h, int(cfg["intermediate_size"]))
+        self.mlp = MLP(h, spec.intermediate_size)
 
     def inputs(self, embeds: Tensor, hidden: Tensor) -> Tensor:
         return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
@@ -185,14 +182,15 @@ class Eagle3Drafter(nn.Module):
             raise DraftlabError("drafter config: " + "; ".join(refused))
         self.config = dict(config)
         self.opts = fmt.options(config)
-        h, ht, eps = int(config["hidden_size"]), fmt.target_hidden_size(config), float(config.get("rms_norm_eps", 1e-5))
-        vocab, draft = int(config["vocab_size"]), fmt.draft_vocab_size(config)
+        spec = fmt.DrafterConfig.from_dict(config)
+        h, ht, eps = spec.hidden_size, spec.target_hidden_size, spec.rms_norm_eps
+        vocab, draft = spec.vocab_size, spec.draft_vocab_size
         self.embed_tokens = nn.Embedding(vocab, h)  # frozen: the target's, or (own_embeddings) the drafter's own
         self.embed_tokens.weight.requires_grad_(False)
         self.input_norm = RMSNorm(3 * ht, eps) if self.opts["norm_before_fc"] else None
         self.fc_norm = nn.ModuleList(RMSNorm(ht, eps) for _ in range(3)) if self.opts["fc_norm"] else None
         self.fc = nn.Linear(3 * ht, h, bias=self.opts["fc_bias"])
-        self.midlayer = MidLayer(config)
+        self.midlayer = MidLayer(spec, self.opts["o_proj_bias"])
         self.norm = RMSNorm(h, eps)
         self.lm_head = nn.Linear(h, draft, bias=False)
         ids = torch.arange(draft)
@@ -200,7 +198,7 @@ class Eagle3Drafter(nn.Module):
         t2d = torch.zeros(vocab, dtype=torch.bool)
         t2d[ids] = True
         self.register_buffer("t2d", t2d)
-        inv_freq, self.rope_scale = rope_inv_freq(config)
+        inv_freq, self.rope_scale = rope_inv_freq(spec)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     # -- pieces ---------------------------------------------------------------------------------
@@ -320,9 +318,7 @@ class Eagle3Drafter(nn.Module):
         folder = Path(folder)
         cfg_path = folder / "config.json"
         cfg = load_json_config(cfg_path)
-        for key in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size", "max_position_embeddings"):
-            if key not in cfg:
-                raise DraftlabError(f"{cfg_path}: key {key!r} is missing (expected an EAGLE-3 drafter config)")
+        fmt.DrafterConfig.from_dict(cfg, cfg_path)  # a missing or mistyped key: an error naming the file
         tensors = read_drafter_tensors(folder)
         model = cls(cfg)
         expected = fmt.expected_tensor_shapes(cfg)
