@@ -208,27 +208,33 @@ def test_cli_train_json_and_bad_checkpoint(setup, tmp_path, capsys):
     assert "config.json" in capsys.readouterr().err
 
 
-def test_flex_cross_step_attention_matches_the_dense_mask():
-    """The GPU path (flex attention, block-sparse TTT mask) computes what the dense-mask SDPA path does."""
+class _DenseAttn:
+    """The attention interface cross_step_attend needs: 4 query heads over 2 kv heads of dim 16, SDPA."""
+
+    n_heads, n_kv, hd = 4, 2, 16
+
+    def attend(self, q, k, v, mask, causal=False):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], 64)
+
+
+def _dense_and_flex(batch: int, t: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cross_step_attend at step 2 on random q/k/v, by the dense mask and by flex attention."""
     import warnings
 
-
-    class Attn:
-        n_heads, n_kv, hd = 4, 2, 16
-
-        def attend(self, q, k, v, mask, causal=False):
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-            return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], 64)
-
-    gen = torch.Generator().manual_seed(0)
-    t = 256
-    q = torch.randn(1, 4, t, 16, generator=gen)
-    keys = [torch.randn(1, 2, t, 16, generator=gen) for _ in range(3)]
-    values = [torch.randn(1, 2, t, 16, generator=gen) for _ in range(3)]
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, 4, t, 16, generator=gen)
+    keys = [torch.randn(batch, 2, t, 16, generator=gen) for _ in range(3)]
+    values = [torch.randn(batch, 2, t, 16, generator=gen) for _ in range(3)]
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        dense = cross_step_attend(Attn(), q, keys, values, 2, "sdpa")
-        flex = cross_step_attend(Attn(), q, keys, values, 2, "flex")
+        return (cross_step_attend(_DenseAttn(), q, keys, values, 2, "sdpa"),
+                cross_step_attend(_DenseAttn(), q, keys, values, 2, "flex"))
+
+
+def test_flex_cross_step_attention_matches_the_dense_mask():
+    """The GPU path (flex attention, block-sparse TTT mask) computes what the dense-mask SDPA path does."""
+    dense, flex = _dense_and_flex(1, 256, seed=0)
     torch.testing.assert_close(flex, dense, atol=1e-5, rtol=1e-5)
 
 
@@ -237,24 +243,7 @@ def test_flex_pads_lengths_off_its_block_size_exactly(t):
     """Flex attention with every step's chunk padded to a multiple of 128 (the GPU path for lengths off
     the block size) gives the dense mask's outputs on the real rows (CPU flex has no backward;
     tests/test_gpu.py compares gradients on CUDA)."""
-    import warnings
-
-
-    class Attn:
-        n_heads, n_kv, hd = 4, 2, 16
-
-        def attend(self, q, k, v, mask, causal=False):
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-            return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], 64)
-
-    gen = torch.Generator().manual_seed(1)
-    q = torch.randn(2, 4, t, 16, generator=gen)
-    keys = [torch.randn(2, 2, t, 16, generator=gen) for _ in range(3)]
-    values = [torch.randn(2, 2, t, 16, generator=gen) for _ in range(3)]
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        dense = cross_step_attend(Attn(), q, keys, values, 2, "sdpa")
-        flex = cross_step_attend(Attn(), q, keys, values, 2, "flex")
+    dense, flex = _dense_and_flex(2, t, seed=1)
     assert flex.shape == dense.shape == (2, t, 64)
     torch.testing.assert_close(flex, dense, atol=1e-5, rtol=1e-5)
 
@@ -285,3 +274,23 @@ def test_train_device_is_checked_and_recorded(setup, tmp_path):
                       max_steps=2, device="cpu", val_samples=2, progress=False)
     assert s["device"] == "cpu"
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["device"] == "cpu"
+
+
+@pytest.mark.parametrize("init, aux", [("scratch", None), ("scratch", [2, 4, 6]), ("checkpoint", None),
+                                       ("checkpoint", [0, 2, 5])])
+def test_aux_ids_resolved_before_the_drafter_are_the_ones_it_is_built_with(checkpoint_and_mapping, init, aux):
+    """train_drafter builds the features for resolve_aux_ids' layers before the drafter exists: the
+    drafter built afterwards (its config's aux ids, as SGLang reads them) must read the same layers."""
+    from draftlab.models.target import aux_layer_ids_for
+    from draftlab.training.drafter_init import check_aux_ids, resolve_aux_ids
+
+    target, tokens, ckpt, mpath, _ = checkpoint_and_mapping
+    cfg = TrainConfig(target=str(target), out="", tokens=str(tokens), init=init, checkpoint=str(ckpt),
+                      aux_layer_ids=aux, draft_vocab_size=32)
+    tcfg = read_config(target)
+    ids = resolve_aux_ids(cfg, tcfg, None)
+    drafter, _ = build_drafter(cfg, tcfg, Samples(cfg, tcfg["vocab_size"]), lambda: None)
+    assert ids == aux_layer_ids_for(drafter.config, tcfg) == (aux or [1, 3, 4])
+    check_aux_ids(drafter, tcfg, ids)
+    with pytest.raises(DraftlabError, match=r"aux layer ids changed while building the drafter"):
+        check_aux_ids(drafter, tcfg, [0, 1, 2])
