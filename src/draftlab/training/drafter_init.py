@@ -182,9 +182,9 @@ def checkpoint_drafter(cfg: TrainConfig, target_cfg: dict, vsize: int) -> Eagle3
     """The source checkpoint, checked against the target's vocabulary, with aux ids written in when
     ``--aux-layer-ids`` asks or it lists none (so SGLang reads them back to the same layers)."""
     drafter = Eagle3Drafter.from_pretrained(cfg.checkpoint, dtype=torch.float32)
-    if int(drafter.config["vocab_size"]) != vsize:
-        raise DraftlabError(f"{cfg.checkpoint}/config.json: vocab_size {drafter.config['vocab_size']} differs from "
-                            f"the target's {vsize}")
+    source = fmt.DrafterConfig.from_dict(drafter.config, f"{cfg.checkpoint}/config.json")
+    if source.vocab_size != vsize:
+        raise DraftlabError(f"{source.source}: vocab_size {source.vocab_size} differs from the target's {vsize}")
     if cfg.aux_layer_ids or fmt.aux_layer_ids(drafter.config) is None:
         outputs = cfg.aux_layer_ids or aux_layer_ids_for(None, target_cfg)
         drafter.config.setdefault("eagle_config", {})["eagle_aux_hidden_state_layer_ids"] = config_ids_for(
