@@ -17,7 +17,7 @@ configfile: "config/config.yaml"
 report: "workflow/report/workflow.rst"
 
 
-# Validate against workflow/schemas/config.schema.yaml and fill defaults; a bad key stops here
+# Validate against src/draftlab/experiment/config.schema.yaml and fill defaults; a bad key stops here
 # with the key, the value and what is allowed.
 config.update(
     load_config(config, source="config (config/config.yaml + --configfile/--config)")

@@ -94,6 +94,34 @@ def test_report_says_why_fine_tuning_was_skipped(tmp_path):
     assert Path(out["ttt"]).read_bytes().startswith(PNG)
 
 
+def test_an_arm_no_longer_configured_is_not_reported(tmp_path):
+    """Issue 14: with train.scratch: false, summary.md listed a "scratch" arm (the report globbed train/*
+    and static/doctor-*.json, and an earlier run had left scratch's folders) while records.csv had no
+    scratch rows. The report reads the files it is handed, or those of the variants records.csv holds."""
+    cfg = experiment_config(train={"scratch": False})
+    exp = make_experiment(tmp_path, cfg)  # leaves train/scratch and its bench result, as a run with scratch did
+    (exp / "static").mkdir()
+    for variant in ("probe", "finetune-keep", "scratch"):
+        write_json(exp / "static" / f"doctor-{variant}.json", {"findings": [
+            {"code": f"note-{variant}", "severity": "info", "message": f"a finding of {variant}"}]})
+    servers = [s for s in SERVERS if s[0] != "scratch"]
+    write_records(build_records(exp, cfg, servers=servers, clients=["default"]), exp / "records" / "records.csv")
+    assert "scratch" not in (exp / "records" / "records.csv").read_text().split("\n", 1)[1]
+    # the command line without the file flags (a hand-typed report) ...
+    subprocess.run([sys.executable, "-m", "draftlab.cli", "report", "--exp-dir", str(exp), "--out-dir",
+                    str(exp / "report"), "--records", str(exp / "records" / "records.csv")], check=True,
+                   capture_output=True)
+    implied = (exp / "report" / "summary.md").read_text()
+    # ... and the files the report rule declares, as it passes them
+    write_report(exp, exp / "report2", exp / "records" / "records.csv", gate=exp / "gate" / "gate.json",
+                 doctor=[exp / "static" / f"doctor-{v}.json" for v in ("probe", "finetune-keep")],
+                 train=[exp / "train" / "finetune-keep"])
+    declared = (exp / "report2" / "summary.md").read_text()
+    for md in (implied, declared):
+        assert "| finetune-keep | 0.600 | 0.450 | 0.300 |" in md and "note-finetune-keep" in md
+        assert "scratch" not in md.lower(), [line for line in md.splitlines() if "scratch" in line.lower()]
+
+
 def test_met_means_measured_not_assumed():
     """Issue 18: '1.22 (met)' for a probe measuring 99.2 tok/s against a 100 tok/s goal."""
     from draftlab.experiment.report import goal_cell

@@ -7,9 +7,9 @@ if DEMO:
         output:
             demo=f"{DEMO_DIR}/demo.json",
         log:
-            f"{LOGS}/demo_models.log",
+            L.log("demo_models.log"),
         benchmark:
-            f"{BENCHMARKS}/demo_models.tsv"
+            L.benchmark("demo_models.tsv")
         conda:
             "../../envs/training.yaml"
         threads: 2
@@ -17,8 +17,8 @@ if DEMO:
             gpu=DEMO_GPUS,
         params:
             out=lambda wildcards, output: os.path.dirname(output.demo),
-            size=config["size"],
-            device=config["demo"]["device"],
+            size=S.size,
+            device=S.demo.device,
         shell:
             "draftlab demo-models --out {params.out} --size {params.size} --threads {threads}"
             " --device {params.device} --json"
@@ -31,11 +31,11 @@ rule resolve_target:
     input:
         get_demo(),
     output:
-        model=f"{R}/models/target/model.json",
+        model=L.target_record,
     log:
-        f"{LOGS}/resolve_target.log",
+        L.log("resolve_target.log"),
     benchmark:
-        f"{BENCHMARKS}/resolve_target.tsv"
+        L.benchmark("resolve_target.tsv")
     conda:
         "../../envs/analysis.yaml"
     params:
@@ -49,12 +49,12 @@ rule acquire:
     input:
         get_demo(),
     output:
-        acquire=f"{R}/models/{{role}}/acquire.json",
-        summary=f"{R}/static/acquire-{{role}}.md",
+        acquire=L.acquire_record("{role}"),
+        summary=L.acquire_summary("{role}"),
     log:
-        f"{LOGS}/acquire-{{role}}.log",
+        L.log("acquire-{role}.log"),
     benchmark:
-        f"{BENCHMARKS}/acquire-{{role}}.tsv"
+        L.benchmark("acquire-{role}.tsv")
     conda:
         "../../envs/analysis.yaml"
     params:

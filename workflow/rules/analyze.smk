@@ -3,16 +3,12 @@
 
 rule inspect:
     input:
-        model=lambda wc: (
-            f"{R}/models/target/model.json"
-            if wc.what == "target"
-            else f"{R}/models/{wc.what}/acquire.json"
-        ),
+        model=lambda wc: get_model_record(wc.what),
     output:
-        json=f"{R}/static/inspect-{{what}}.json",
-        md=f"{R}/static/inspect-{{what}}.md",
+        json=L.inspect("{what}"),
+        md=L.inspect("{what}", "md"),
     log:
-        f"{LOGS}/inspect-{{what}}.log",
+        L.log("inspect-{what}.log"),
     wildcard_constraints:
         what="target|drafter|reference",
     conda:
@@ -29,13 +25,13 @@ rule inspect:
 
 rule patch_config:
     input:
-        drafter=f"{R}/models/drafter/acquire.json",
-        target=f"{R}/models/target/model.json",
+        drafter=L.acquire_record("drafter"),
+        target=L.target_record,
     output:
-        patch=f"{PATCHED}/patch.json",
-        md=f"{R}/static/patch-config.md",
+        patch=L.patch_record,
+        md=L.patch_summary,
     log:
-        f"{LOGS}/patch_config.log",
+        L.log("patch_config.log"),
     conda:
         "../../envs/analysis.yaml"
     params:
@@ -49,21 +45,13 @@ rule patch_config:
 
 rule compare:
     input:
-        a=lambda wc: (
-            get_drafter_marker("probe")
-            if wc.a == "patched"
-            else f"{R}/models/{wc.a}/acquire.json"
-        ),
-        b=lambda wc: (
-            get_drafter_marker("probe")
-            if wc.b == "patched"
-            else f"{R}/models/{wc.b}/acquire.json"
-        ),
+        a=lambda wc: get_compare_input(wc.a),
+        b=lambda wc: get_compare_input(wc.b),
     output:
-        json=f"{R}/static/compare-{{a}}-vs-{{b}}.json",
-        md=f"{R}/static/compare-{{a}}-vs-{{b}}.md",
+        json=L.compare("{a}", "{b}"),
+        md=L.compare("{a}", "{b}", "md"),
     log:
-        f"{LOGS}/compare-{{a}}-vs-{{b}}.log",
+        L.log("compare-{a}-vs-{b}.log"),
     wildcard_constraints:
         a="drafter|patched",
         b="patched|reference",
@@ -80,27 +68,21 @@ rule doctor:
     """Preflight of a drafter against the target: an error finding fails the job, so no server of
     that drafter is launched (serve_bench takes this report as input)."""
     input:
-        drafter=lambda wc: get_drafter_marker(wc.variant),
-        target=f"{R}/models/target/model.json",
+        drafter=lambda wc: L.drafter_marker(wc.variant),
+        target=L.target_record,
     output:
-        json=f"{R}/static/doctor-{{variant}}.json",
-        md=f"{R}/static/doctor-{{variant}}.md",
+        json=L.doctor("{variant}"),
+        md=L.doctor("{variant}", "md"),
     log:
-        f"{LOGS}/doctor-{{variant}}.log",
+        L.log("doctor-{variant}.log"),
     conda:
         "../../envs/analysis.yaml"
     params:
         drafter=get_drafter_dir_from,
         target=lambda wildcards, input: model_dir(input.target),
-        algorithm=config["doctor"]["algorithm"],
-        backend=config["serve"]["backend"],
-        gated=lambda wc: (
-            f"draftlab gated --unless-skipped {R}/train/{wc.variant}"
-            f" --skip-file {R}/static/doctor-{wc.variant}.json"
-            f" --skip-file {R}/static/doctor-{wc.variant}.md -- "
-            if wc.variant in ARMS
-            else ""
-        ),
+        algorithm=S.doctor.algorithm,
+        backend=S.serve.backend,
+        gated=get_doctor_gate,
     shell:
         "{params.gated}draftlab doctor --drafter {params.drafter} --target {params.target}"
         " --algorithm {params.algorithm} --backend {params.backend} --out {output.json}"
@@ -110,13 +92,13 @@ rule doctor:
 rule d2t_diff:
     """The transferred drafter's mapping against the one the fine-tune data calls for."""
     input:
-        drafter=get_drafter_marker("probe"),
-        mapping=f"{R}/data/vocab.safetensors",
+        drafter=L.drafter_marker("probe"),
+        mapping=L.vocab_mapping,
     output:
-        json=f"{R}/static/d2t-diff.json",
-        md=f"{R}/static/d2t-diff.md",
+        json=L.d2t_diff(),
+        md=L.d2t_diff("md"),
     log:
-        f"{LOGS}/d2t_diff.log",
+        L.log("d2t_diff.log"),
     conda:
         "../../envs/analysis.yaml"
     params:
@@ -128,13 +110,13 @@ rule d2t_diff:
 rule d2t_coverage:
     """Share of the fine-tune tokens the transferred drafter's vocabulary can propose at all."""
     input:
-        drafter=get_drafter_marker("probe"),
-        tokens=f"{R}/data/tokens.jsonl",
+        drafter=L.drafter_marker("probe"),
+        tokens=L.tokens,
     output:
-        json=f"{R}/static/d2t-coverage.json",
-        md=f"{R}/static/d2t-coverage.md",
+        json=L.d2t_coverage(),
+        md=L.d2t_coverage("md"),
     log:
-        f"{LOGS}/d2t_coverage.log",
+        L.log("d2t_coverage.log"),
     conda:
         "../../envs/analysis.yaml"
     params:

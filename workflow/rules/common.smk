@@ -1,49 +1,43 @@
-# Names, paths and get_* helpers every rule file uses. Logic lives in draftlab.experiment.config,
-# draftlab.benchmark.bench_plan and draftlab.training.specforge.
+# Input functions and names every rule file uses, over the experiment's Settings and Layout.
+# No path is spelled here: every results/<experiment>/... path comes from draftlab.experiment.layout,
+# every command and server from draftlab.experiment.jobs.
 import json
 import os
 import shlex
 
-from draftlab.benchmark import bench_plan as dlplan
-from draftlab.experiment import config as dlcfg
-from draftlab.training import specforge as dlspecforge
+from draftlab.experiment import jobs
+from draftlab.experiment.layout import Layout
+from draftlab.experiment.settings import Settings
 
-EXP = config["experiment"]
-R = f"results/{EXP}"
-LOGS = f"{R}/logs"
-BENCHMARKS = f"{R}/benchmarks"
-SPECS = {dlcfg.spec_id(s): s for s in config["speculative"]}
-CLIENTS = [c["name"] for c in config["bench"]["clients"]]
-ARMS = dlcfg.trained_arms(config)
-DRAFTED = dlcfg.drafter_variants(config)
-HAS_REFERENCE = bool(config["reference"]["source"])
-DEMO = config["demo"]["enabled"]
-DEMO_DIR = f"{config['demo']['out']}/{config['size']}"
-TARGET_MODEL = (
-    f"{R}/models/target/model"  # a link to the folder servers and data stages load
-)
-PATCHED = f"{R}/drafter/patched"
-GATE = f"{R}/gate/gate.json"
-# The config this run was planned with, after every --configfile and --config (rule experiment_config).
-MERGED_CONFIG = f"{R}/config.json"
-SERVER_GPUS = dlcfg.server_gpus(config)
-TRAIN_GPUS = dlcfg.train_gpus(config)
+# The Snakefile validated the merged config once (load_config); this only types it.
+S = Settings.from_validated(config, source="config (config/config.yaml + --configfile/--config)")
+L = Layout(S.experiment)
+
+SPECS = S.specs
+CLIENTS = S.clients
+ARMS = S.arms
+DRAFTED = S.drafted
+HAS_REFERENCE = S.has_reference
+DEMO = S.demo.enabled
+DEMO_DIR = f"{S.demo.out}/{S.size}"
+SERVER_GPUS = S.serve.job_gpus
+TRAIN_GPUS = S.train_gpus
 # The train rule's conda env (relative to workflow/rules): SpecForge's exact pins, or the builtin trainer's.
 TRAIN_ENV = (
     "../../envs/specforge.yaml"
-    if config["train"]["backend"] == "specforge"
+    if S.train.backend == "specforge"
     else "../../envs/training.yaml"
 )
-DEMO_GPUS = 1 if config["demo"]["device"].startswith("cuda") else 0
+DEMO_GPUS = 1 if S.demo.device.startswith("cuda") else 0
 
 # Every shell job sees the same Hugging Face cache and offline switch (the demo pair has its own cache).
-_hub_cache = config["hub"]["cache_dir"] or (f"{DEMO_DIR}/hf_cache" if DEMO else None)
+_hub_cache = S.hub.cache_dir or (f"{DEMO_DIR}/hf_cache" if DEMO else None)
 _cache_env = (
     f"export HF_HUB_CACHE={shlex.quote(os.path.abspath(_hub_cache))}; "
     if _hub_cache
     else ""
 )
-_offline_env = "export HF_HUB_OFFLINE=1; " if config["hub"]["offline"] else ""
+_offline_env = "export HF_HUB_OFFLINE=1; " if S.hub.offline else ""
 shell.prefix(f"set -euo pipefail; {_cache_env}{_offline_env}")
 
 
@@ -62,25 +56,16 @@ def get_demo():
 
 def get_source_args(section):
     """`SOURCE [--revision REV]` for an acquire-like command."""
-    s = config[section]
-    rev = f" --revision {shlex.quote(s['revision'])}" if s.get("revision") else ""
-    return f"{shlex.quote(s['source'])}{rev}"
+    s = getattr(S, section)
+    rev = f" --revision {shlex.quote(s.revision)}" if s.revision else ""
+    return f"{shlex.quote(s.source)}{rev}"
 
 
 def get_target_source():
     """What resolve-model links: the configured model_path, else the source at its revision."""
-    t = config["target"]
-    if t["model_path"]:
-        return shlex.quote(t["model_path"])
+    if S.target.model_path:
+        return shlex.quote(S.target.model_path)
     return get_source_args("target")
-
-
-def get_drafter_dir(variant):
-    if variant == "probe":
-        return PATCHED
-    if variant == "reference":
-        return f"{R}/models/reference"
-    return f"{R}/train/{variant}/drafter"
 
 
 def model_dir(input_file):
@@ -95,74 +80,54 @@ def get_drafter_dir_from(wildcards, input):
     return os.path.dirname(input.drafter)
 
 
-def get_drafter_marker(variant):
-    """The file (or folder) whose existence says the variant's drafter is ready."""
-    if variant == "probe":
-        return f"{PATCHED}/patch.json"
-    if variant == "reference":
-        return f"{R}/models/reference/acquire.json"
-    return f"{R}/train/{variant}"
+def get_model_record(what):
+    """The record a static job of `what` (target, drafter, reference) reads the model folder from."""
+    return L.target_record if what == "target" else L.acquire_record(what)
 
 
-def get_server(variant, spec):
-    drafter = None if variant == "baseline" else get_drafter_dir(variant)
-    setting = None if spec == "plain" else SPECS[spec]
-    return dlplan.server_dict(config, TARGET_MODEL, drafter, setting)
-
-
-def get_server_jobs():
-    """(variant, spec) of every distinct server: plain baseline, every drafter x every setting."""
-    return [("baseline", "plain")] + [(v, s) for v in DRAFTED for s in SPECS]
+def get_compare_input(side):
+    """One side of a compare job: the patched probe, or an acquired model."""
+    return L.patch_record if side == "patched" else L.acquire_record(side)
 
 
 def get_plan(wildcards):
-    v, s = wildcards.variant, wildcards.spec
-    trained = v in ARMS
-    return dlplan.build_plan(
-        config,
-        variant=v,
-        spec_id=s,
-        server=get_server(v, s),
-        out_dir=f"{R}/bench/{v}/{s}",
-        server_log=f"{LOGS}/server/{v}-{s}.log",
-        gate=GATE if trained else None,
-        train_dir=f"{R}/train/{v}" if trained else None,
-    )
+    return jobs.plan(S, L, wildcards.variant, wildcards.spec)
 
 
 def get_server_command(wildcards):
     """The launch command, printed in the serve_bench shell line and checked against the plan."""
-    return shlex.join(dlplan.server_argv(get_server(wildcards.variant, wildcards.spec)))
+    return shlex.join(
+        jobs.server_argv(jobs.server(S, L, wildcards.variant, wildcards.spec))
+    )
 
 
 def get_serve_bench_inputs(wildcards):
     v = wildcards.variant
-    inputs = {"plan": f"{R}/bench/{v}/{wildcards.spec}/plan.json"}
-    inputs["target"] = f"{R}/models/target/model.json"
+    inputs = {"plan": L.bench_plan(v, wildcards.spec), "target": L.target_record}
     if v != "baseline":
-        inputs["drafter"] = get_drafter_marker(v)
-        inputs["doctor"] = f"{R}/static/doctor-{v}.json"
+        inputs["drafter"] = L.drafter_marker(v)
+        inputs["doctor"] = L.doctor(v)
     if v in ARMS:
-        inputs["gate"] = GATE
+        inputs["gate"] = L.gate
     return inputs
 
 
+def get_server_jobs():
+    """(variant, spec) of every distinct server: plain baseline, every drafter x every setting."""
+    return S.server_jobs
+
+
 def get_bench_results(variants=None, clients=None, ext="json"):
-    out = []
-    for v, s in get_server_jobs():
-        if variants is None or v in variants:
-            for c in clients or CLIENTS:
-                out.append(f"{R}/bench/{v}/{s}/{c}.{ext}")
-    return out
+    servers = [(v, s) for v, s in S.server_jobs if variants is None or v in variants]
+    return L.bench_results(servers, clients or CLIENTS, ext)
 
 
 def get_gate_results():
-    client = config["bench"]["gate_client"] or CLIENTS[0]
-    return [f"{R}/bench/probe/{s}/{client}.json" for s in SPECS]
+    return [L.bench_result("probe", s, S.gate_client) for s in SPECS]
 
 
 def get_train_data():
-    return config["data"]["path"] or f"{R}/data/generated.jsonl"
+    return jobs.train_data(S, L)
 
 
 def get_train_data_input():
@@ -170,7 +135,7 @@ def get_train_data_input():
     is left out of the DAG with a warning, and tokenize fails with a clear error if it is still missing.
     """
     path = get_train_data()
-    if config["data"]["path"] and not os.path.exists(path):
+    if S.data.path and not os.path.exists(path):
         logger.warning(
             f"data.path {path} does not exist here; tokenize will fail until it does"
         )
@@ -179,130 +144,72 @@ def get_train_data_input():
 
 
 def get_generate_prompts():
-    if config["data"]["prompts"]:
-        return config["data"]["prompts"]
+    if S.data.prompts:
+        return S.data.prompts
     return f"{DEMO_DIR}/work/data/v2.jsonl"
 
 
 def get_trust_remote_code():
-    return "--trust-remote-code" if config["target"]["trust_remote_code"] else ""
+    return "--trust-remote-code" if S.target.trust_remote_code else ""
 
 
-def get_train_state_dir(arm):
-    """Checkpoints of one arm: outside the rule's output, which Snakemake deletes after a failure."""
-    return f"{R}/train-state/{arm}"
-
-
-def get_train_command(arm):
-    """The training command of one arm (builtin trainer or SpecForge), as it will run.
-
-    The builtin trainer checkpoints every train.checkpoint_every steps into get_train_state_dir(arm)
-    and, with `--resume auto`, continues a killed job from there when the settings, input files and
-    code are the same (else it moves the stale state aside and starts fresh).
-    """
-    t = config["train"]
-    run = f"{R}/train/{arm}"
-    mapping = f"{R}/data/vocab.safetensors"
-    if t["backend"] == "specforge":
-        return dlspecforge.specforge_commands(
-            config,
-            arm,
-            TARGET_MODEL,
-            PATCHED,
-            get_train_data(),
-            mapping,
-            run,
-            MERGED_CONFIG,
-            f"{R}/data/tokens.jsonl",
-            get_train_state_dir(arm),
-        )
-    cmd = [
-        "draftlab",
-        "train",
-        "--target",
-        TARGET_MODEL,
-        "--tokens",
-        f"{R}/data/tokens.jsonl",
-    ]
-    if arm == "scratch":
-        cmd += ["--init", "scratch", "--vocab-mapping", mapping]
-    else:
-        mode = arm.removeprefix("finetune-")
-        cmd += ["--init", "checkpoint", "--checkpoint", PATCHED, "--vocab-mode", mode]
-        if mode != "keep":
-            cmd += ["--vocab-mapping", mapping]
-    cmd += [
-        "--out",
-        run,
-        "--max-steps",
-        str(t["steps"]),
-        "--batch-size",
-        str(t["batch_size"]),
-    ]
-    cmd += ["--lr", repr(float(t["lr"])), "--ttt-length", str(t["ttt_length"])]
-    cmd += ["--max-length", str(t["max_length"]), "--seed", str(t["seed"])]
-    if t["checkpoint_every"]:
-        cmd += ["--checkpoint-every", str(t["checkpoint_every"])]
-    cmd += ["--state-dir", get_train_state_dir(arm), "--resume", "auto"]
-    cmd += ["--device", t["device"]]
-    if config["target"]["trust_remote_code"]:
-        cmd += ["--trust-remote-code"]
-    cmd += list(t["extra_args"])
-    if t["nproc"] > 1:
-        cmd = [
-            "torchrun",
-            "--standalone",
-            "--nproc-per-node",
-            str(t["nproc"]),
-            "-m",
-            "draftlab.cli",
-        ] + cmd[1:]
-    return [cmd]
+def get_training_settings(wildcards=None):
+    """The settings a training job reads from the merged config (train, target), as one JSON value:
+    a params value, so a change of them rewrites the merged config and reruns the arms, and nothing
+    else does."""
+    return json.dumps(
+        {"train": config["train"], "target": config["target"]},
+        sort_keys=True,
+        default=str,
+    )
 
 
 def get_train_settings(wildcards):
     """SpecForge reads its settings from the merged config file, not the command line: this params
-    value makes a change of them rerun the arm (the file itself is an ancient input)."""
-    if config["train"]["backend"] != "specforge":
-        return ""
-    return json.dumps(
-        {"train": config["train"], "target": config["target"]}, sort_keys=True
-    )
+    value makes a change of them rerun the arm."""
+    return get_training_settings() if S.train.backend == "specforge" else ""
 
 
 def get_gated_train_shell(wildcards):
     """Each training command wrapped in `draftlab gated` so a closed gate writes SKIPPED.json instead."""
-    run = f"{R}/train/{wildcards.arm}"
-    parts = []
-    for i, cmd in enumerate(get_train_command(wildcards.arm)):
-        guard = (
-            f"--gate {GATE} --skip-dir {run}" if i == 0 else f"--unless-skipped {run}"
-        )
-        parts.append(f"draftlab gated {guard} -- {shlex.join(cmd)}")
-    return " && ".join(parts)
+    return jobs.gated_train_shell(S, L, wildcards.arm)
+
+
+def get_doctor_gate(wildcards):
+    """A trained arm's doctor job is skipped (explicit skip files) when its training was skipped."""
+    v = wildcards.variant
+    if v not in ARMS:
+        return ""
+    return (
+        f"draftlab gated --unless-skipped {L.train_dir(v)}"
+        f" --skip-file {L.doctor(v)} --skip-file {L.doctor(v, 'md')} -- "
+    )
 
 
 def get_static_summaries():
     """The Markdown of every static-analysis job, gathered into the report's static.html."""
+    return jobs.static_summaries(S, L)
+
+
+def get_compare_outputs():
+    """The compare JSONs the report reads: the transfer, and the reference when there is one."""
     pairs = [("drafter", "patched")] + (
         [("patched", "reference")] if HAS_REFERENCE else []
     )
-    return (
-        [f"{R}/static/inspect-{w}.md" for w in ["target", "drafter"]]
-        + [f"{R}/static/patch-config.md"]
-        + [f"{R}/static/compare-{a}-vs-{b}.md" for a, b in pairs]
-        + [f"{R}/static/d2t-diff.md", f"{R}/static/d2t-coverage.md"]
-        + [f"{R}/static/doctor-{v}.md" for v in DRAFTED]
-    )
+    return [L.compare(a, b) for a, b in pairs]
+
+
+def get_standing_files():
+    return [L.standing(s, c) for s in SPECS for c in CLIENTS]
 
 
 def get_final_outputs():
-    return [f"{R}/report/summary.md", f"{R}/records/merged.json"]
+    return [L.summary, L.merged_receipt]
 
 
 def done_message():
     """What the end of a run says: where the summary is and the command for the HTML report."""
-    summary = f"{R}/report/summary.md"
+    summary = L.summary
     if not os.path.exists(summary):
         return "draftlab: done (no report yet: run `snakemake all` to get results/<experiment>/report/summary.md)"
     rel = [os.path.relpath(c) for c in workflow.overwrite_configfiles]

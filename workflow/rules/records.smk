@@ -5,26 +5,24 @@
 rule records:
     input:
         results=get_bench_results(),
-        servers=[f"{R}/bench/{v}/{s}/serve.json" for v, s in get_server_jobs()],
-        target=f"{R}/models/target/model.json",
-        drafter=f"{R}/models/drafter/acquire.json",
-        reference=[f"{R}/models/reference/acquire.json"] if HAS_REFERENCE else [],
-        train=[f"{R}/train/{arm}" for arm in ARMS],
-        gate=GATE,
+        servers=[L.serve_summary(v, s) for v, s in get_server_jobs()],
+        target=L.target_record,
+        drafter=L.acquire_record("drafter"),
+        reference=[L.acquire_record("reference")] if HAS_REFERENCE else [],
+        train=[L.train_dir(arm) for arm in ARMS],
+        gate=L.gate,
     output:
-        csv=f"{R}/records/records.csv",
-        parquet=f"{R}/records/records.parquet",
+        csv=L.records_csv,
+        parquet=L.records_parquet,
     log:
-        f"{LOGS}/records.log",
+        L.log("records.log"),
     conda:
         "../../envs/analysis.yaml"
     params:
         config=config,
         clients=CLIENTS,
         servers=get_server_jobs(),
-        results_dir=lambda wildcards, output: os.path.dirname(
-            os.path.dirname(output.csv)
-        ),
+        results_dir=L.root,
     script:
         "../scripts/records.py"
 
@@ -32,11 +30,11 @@ rule records:
 rule records_merge:
     """Append this experiment's new rows to the global tables (atomic, under a lock)."""
     input:
-        csv=f"{R}/records/records.csv",
+        csv=L.records_csv,
     output:
-        receipt=f"{R}/records/merged.json",
+        receipt=L.merged_receipt,
     log:
-        f"{LOGS}/records_merge.log",
+        L.log("records_merge.log"),
     conda:
         "../../envs/analysis.yaml"
     shell:

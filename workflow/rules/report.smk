@@ -5,23 +5,23 @@
 rule breakeven:
     """Each drafter's measured accept length against the baseline's break-even and the goals."""
     input:
-        baseline=f"{R}/bench/baseline/plain/{{client}}.json",
+        baseline=L.bench_result("baseline", "plain", "{client}"),
         drafters=lambda wildcards: [
-            f"{R}/bench/{v}/{wildcards.spec}/{wildcards.client}.json" for v in DRAFTED
+            L.bench_result(v, wildcards.spec, wildcards.client) for v in DRAFTED
         ],
     output:
         # shown in the HTML report through the summary's break-even table (JSON has no view there)
-        standing=f"{R}/report/breakeven/{{spec}}/{{client}}.json",
+        standing=L.standing("{spec}", "{client}"),
     log:
-        f"{LOGS}/breakeven/{{spec}}-{{client}}.log",
+        L.log("breakeven", "{spec}-{client}.log"),
     conda:
         "../../envs/analysis.yaml"
     params:
         drafters=lambda wildcards, input: " ".join(
             f"--drafter {v}={path}" for v, path in zip(DRAFTED, input.drafters)
         ),
-        target_tps=" ".join(str(t) for t in config["breakeven"]["target_tps"]),
-        num_steps=lambda wildcards: SPECS[wildcards.spec]["num_steps"],
+        target_tps=" ".join(str(t) for t in S.breakeven.target_tps),
+        num_steps=lambda wildcards: SPECS[wildcards.spec].num_steps,
     shell:
         "draftlab breakeven --baseline {input.baseline} {params.drafters}"
         " --target-tps {params.target_tps} --num-steps {params.num_steps}"
@@ -30,68 +30,64 @@ rule breakeven:
 
 rule report:
     input:
-        records=f"{R}/records/records.csv",
-        gate=GATE,
-        doctor=[f"{R}/static/doctor-{v}.json" for v in DRAFTED],
-        d2t=f"{R}/static/d2t-diff.json",
-        coverage=f"{R}/static/d2t-coverage.json",
-        patch=f"{PATCHED}/patch.json",
-        compare=[f"{R}/static/compare-drafter-vs-patched.json"]
-        + ([f"{R}/static/compare-patched-vs-reference.json"] if HAS_REFERENCE else []),
-        inspect=[f"{R}/static/inspect-{w}.json" for w in ["target", "drafter"]],
-        train=[f"{R}/train/{arm}" for arm in ARMS],
-        standing=expand(
-            f"{R}/report/breakeven/{{spec}}/{{client}}.json",
-            spec=SPECS,
-            client=CLIENTS,
-        ),
+        records=L.records_csv,
+        gate=L.gate,
+        doctor=[L.doctor(v) for v in DRAFTED],
+        d2t=L.d2t_diff(),
+        coverage=L.d2t_coverage(),
+        patch=L.patch_record,
+        compare=get_compare_outputs(),
+        inspect=[L.inspect(w) for w in ["target", "drafter"]],
+        train=[L.train_dir(arm) for arm in ARMS],
+        standing=get_standing_files(),
         static_md=get_static_summaries(),
     output:
         # snakemake --report shows PNG and HTML inline, Markdown/CSV/JSON only as dead data: links,
         # so what a person reads there is HTML (rendered from the Markdown) with captions
-        summary=f"{R}/report/summary.md",
+        summary=L.summary,
         summary_html=report(
-            f"{R}/report/summary.html",
+            L.report_file("summary.html"),
             caption="../report/summary.rst",
             category="1. Decision",
         ),
-        decision_fragment=f"{R}/report/decision-fragment.html",
+        decision_fragment=L.report_file("decision-fragment.html"),
         accept=report(
-            f"{R}/report/accept_length.png",
+            L.report_file("accept_length.png"),
             caption="../report/accept_length.rst",
             category="2. Plots",
         ),
         tps=report(
-            f"{R}/report/throughput.png",
+            L.report_file("throughput.png"),
             caption="../report/throughput.rst",
             category="2. Plots",
         ),
         ttt=report(
-            f"{R}/report/ttt_accuracy.png",
+            L.report_file("ttt_accuracy.png"),
             caption="../report/ttt_accuracy.rst",
             category="2. Plots",
         ),
         records_html=report(
-            f"{R}/report/records.html",
+            L.report_file("records.html"),
             caption="../report/records.rst",
             category="3. Records",
         ),
         static_html=report(
-            f"{R}/report/static.html",
+            L.report_file("static.html"),
             caption="../report/static.rst",
             category="4. Static analysis",
         ),
     log:
-        f"{LOGS}/report.log",
+        L.log("report.log"),
     conda:
         "../../envs/analysis.yaml"
     params:
-        exp_dir=lambda wildcards, output: os.path.dirname(
-            os.path.dirname(output.summary)
-        ),
-        out_dir=lambda wildcards, output: os.path.dirname(output.summary),
-        target_tps=" ".join(str(t) for t in config["breakeven"]["target_tps"]),
+        exp_dir=L.root,
+        out_dir=L.report_dir,
+        target_tps=" ".join(str(t) for t in S.breakeven.target_tps),
     shell:
+        # every file the report reads is an input above and named on this line: nothing is globbed
         "draftlab report --exp-dir {params.exp_dir} --out-dir {params.out_dir} --records {input.records}"
         " --target-tps {params.target_tps} --standing {input.standing}"
+        " --gate {input.gate} --doctor {input.doctor} --train {input.train}"
+        " --d2t-diff {input.d2t} --d2t-coverage {input.coverage}"
         " --static-md {input.static_md} > {log} 2>&1"

@@ -5,9 +5,9 @@
 rule bench_plan:
     """What one server job runs: the server config and every client variant (from the config)."""
     output:
-        plan=f"{R}/bench/{{variant}}/{{spec}}/plan.json",
+        plan=L.bench_plan("{variant}", "{spec}"),
     log:
-        f"{LOGS}/bench_plan/{{variant}}-{{spec}}.log",
+        L.log("bench_plan", "{variant}-{spec}.log"),
     localrule: True
     params:
         plan=get_plan,
@@ -22,18 +22,14 @@ rule serve_bench:
     input:
         unpack(get_serve_bench_inputs),
     output:
-        results=expand(
-            f"{R}/bench/{{{{variant}}}}/{{{{spec}}}}/{{client}}.json", client=CLIENTS
-        ),
-        tables=expand(
-            f"{R}/bench/{{{{variant}}}}/{{{{spec}}}}/{{client}}.csv", client=CLIENTS
-        ),
-        serve=f"{R}/bench/{{variant}}/{{spec}}/serve.json",
+        results=[L.bench_result("{variant}", "{spec}", c) for c in CLIENTS],
+        tables=[L.bench_result("{variant}", "{spec}", c, "csv") for c in CLIENTS],
+        serve=L.serve_summary("{variant}", "{spec}"),
     log:
-        bench=f"{LOGS}/serve_bench/{{variant}}-{{spec}}.log",
-        server=f"{LOGS}/server/{{variant}}-{{spec}}.log",
+        bench=L.log("serve_bench", "{variant}-{spec}.log"),
+        server=L.server_log("{variant}", "{spec}"),
     benchmark:
-        f"{BENCHMARKS}/serve_bench/{{variant}}-{{spec}}.tsv"
+        L.benchmark("serve_bench", "{variant}-{spec}.tsv")
     conda:
         "../../envs/serving.yaml"
     resources:
@@ -52,12 +48,12 @@ rule probe_gate:
     input:
         get_gate_results(),
     output:
-        gate=GATE,
+        gate=L.gate,
     log:
-        f"{LOGS}/probe_gate.log",
+        L.log("probe_gate.log"),
     conda:
         "../../envs/analysis.yaml"
     params:
-        min_accept_length=config["gate"]["min_accept_length"],
+        min_accept_length=S.gate.min_accept_length,
     shell:
         "draftlab probe-gate {input} --min-accept-length {params.min_accept_length} --out {output.gate} > {log} 2>&1"

@@ -14,38 +14,33 @@ localrules:
 # arms at all), so a benchmark-only change neither rewrites it nor retrains.
 rule experiment_config:
     output:
-        MERGED_CONFIG,
+        L.config_json,
     log:
-        f"{LOGS}/experiment_config.log",
+        L.log("experiment_config.log"),
     params:
-        training=lambda wildcards: json.dumps(
-            {"train": config["train"], "target": config["target"]},
-            sort_keys=True,
-            default=str,
-        ),
+        training=get_training_settings,
     run:
         from draftlab.fsutil import write_text
 
-        merged = json.dumps(config, sort_keys=True, default=str)
-        write_text(output[0], f"{merged}\n")
+        S.write(output[0])
         write_text(log[0], f"wrote {output[0]}\n")
 
 
 rule train:
     input:
-        gate=ancient(GATE),
-        target=f"{R}/models/target/model.json",
-        drafter=get_drafter_marker("probe"),
-        tokens=f"{R}/data/tokens.jsonl",
-        mapping=f"{R}/data/vocab.safetensors",
+        gate=ancient(L.gate),
+        target=L.target_record,
+        drafter=L.drafter_marker("probe"),
+        tokens=L.tokens,
+        mapping=L.vocab_mapping,
         data=get_train_data_input(),
-        merged=MERGED_CONFIG,
+        merged=L.config_json,
     output:
-        run=directory(f"{R}/train/{{arm}}"),
+        run=directory(L.train_dir("{arm}")),
     log:
-        f"{LOGS}/train/{{arm}}.log",
+        L.log("train", "{arm}.log"),
     benchmark:
-        f"{BENCHMARKS}/train/{{arm}}.tsv"
+        L.benchmark("train", "{arm}.tsv")
     conda:
         TRAIN_ENV
     threads: 2
@@ -54,6 +49,6 @@ rule train:
     params:
         command=get_gated_train_shell,
         settings=get_train_settings,
-        min_accept_length=config["gate"]["min_accept_length"],
+        min_accept_length=S.gate.min_accept_length,
     shell:
         "{params.command} > {log} 2>&1"

@@ -28,6 +28,14 @@ def register(sub) -> None:
                    help="break-even standing files of `draftlab standing` (report/breakeven/<spec>/<client>.json)")
     p.add_argument("--static-md", nargs="*", default=[], metavar="MD",
                    help="static-analysis Markdown summaries to gather into static.html (inspect, compare, doctor...)")
+    # The files the report reads; left out, those of the variants records.csv holds (never a glob).
+    p.add_argument("--gate", metavar="JSON", help="probe gate decision (default <exp-dir>/gate/gate.json)")
+    p.add_argument("--doctor", nargs="*", metavar="JSON",
+                   help="doctor reports, one per drafter (default: static/doctor-<variant>.json of the records' variants)")
+    p.add_argument("--train", nargs="*", metavar="DIR",
+                   help="train folders of the arms (default: train/<arm> of the records' trained variants)")
+    p.add_argument("--d2t-diff", metavar="JSON", help="d2t diff (default <exp-dir>/static/d2t-diff.json)")
+    p.add_argument("--d2t-coverage", metavar="JSON", help="d2t coverage (default <exp-dir>/static/d2t-coverage.json)")
     add_json_flag(p)
     p.set_defaults(func=_report)
 
@@ -50,7 +58,8 @@ def _report(args: argparse.Namespace) -> int:
     from draftlab.experiment.report import write_report
 
     out = write_report(args.exp_dir, args.out_dir, args.records, target_tps=args.target_tps, standing=args.standing,
-                       static_md=args.static_md)
+                       static_md=args.static_md, gate=args.gate, doctor=args.doctor, train=args.train,
+                       d2t_diff=args.d2t_diff, d2t_coverage=args.d2t_coverage)
     emit(args, out, lambda o: f"report: {o['summary']}")
     return 0
 

@@ -1,1 +1,2 @@
-"""One experiment: its config (schema, defaults, merging), records and report."""
+"""One experiment: its validated settings and the schema they are checked against (config, settings), the
+layout of its results, the commands of its jobs, its records and report."""

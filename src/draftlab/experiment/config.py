@@ -1,7 +1,7 @@
 """Experiment configuration: load, validate against the JSON schema, fill defaults.
 
-The schema (``workflow/schemas/config.schema.yaml``) is the single source of truth for keys,
-types and defaults; this module wraps jsonschema so a bad config fails with one line that names
+The schema (``draftlab/experiment/config.schema.yaml``, package data, so an installed draftlab finds it
+without a source checkout) is the single source of truth for keys, types and defaults; this module wraps jsonschema so a bad config fails with one line that names
 the file, the key, the value and what is allowed, instead of a jsonschema traceback. The Snakefile
 and the tests both go through :func:`load_config`.
 """
@@ -19,13 +19,27 @@ import yaml
 
 from draftlab.errors import DraftlabError
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-SCHEMA_PATH = REPO_ROOT / "workflow" / "schemas" / "config.schema.yaml"
+SCHEMA_PACKAGE, SCHEMA_NAME = "draftlab.experiment", "config.schema.yaml"
+
+
+def schema_text() -> str:
+    """The schema shipped inside the package (importlib.resources: works from a wheel, a zip or a checkout)."""
+    from importlib.resources import files
+
+    return files(SCHEMA_PACKAGE).joinpath(SCHEMA_NAME).read_text(encoding="utf-8")
+
+
+_SCHEMA_CACHE: dict[str, Any] = {}
 
 
 def load_schema(path: str | Path | None = None) -> dict[str, Any]:
-    with open(path or SCHEMA_PATH, encoding="utf-8") as fh:
-        return yaml.safe_load(fh)
+    """The config schema: the packaged one, or the file at ``path``. A fresh copy each call (callers may edit it)."""
+    if path is not None:
+        with open(path, encoding="utf-8") as fh:
+            return yaml.safe_load(fh)
+    if "schema" not in _SCHEMA_CACHE:
+        _SCHEMA_CACHE["schema"] = yaml.safe_load(schema_text())
+    return copy.deepcopy(_SCHEMA_CACHE["schema"])
 
 
 # A config is a few hundred nodes; YAML aliases can make a 1 kB file expand to 10^9 ("billion
@@ -246,44 +260,41 @@ def config_hash(cfg: Mapping[str, Any]) -> str:
 
 
 # --- names the workflow derives from a config -------------------------------------------------
+# Kept for callers holding a plain validated dict; each answer comes from draftlab.experiment.settings,
+# where the rule is written once.
 
 
 def spec_id(spec: Mapping[str, Any]) -> str:
     """Folder name of one speculative setting, e.g. ``s2-k1-d3``."""
-    return f"s{spec['num_steps']}-k{spec['topk']}-d{spec['num_draft_tokens']}"
+    from draftlab.experiment.settings import spec_id as _spec_id
+
+    return _spec_id(spec)
+
+
+def _settings(cfg: Mapping[str, Any]):
+    from draftlab.experiment.settings import Settings
+
+    return cfg if isinstance(cfg, Settings) else Settings.from_validated(cfg)
 
 
 def trained_arms(cfg: Mapping[str, Any]) -> list[str]:
     """``finetune-<mode>`` for every configured vocab mode, plus ``scratch`` (the control arm)."""
-    arms = [f"finetune-{m}" for m in cfg["train"]["finetune_modes"]]
-    if cfg["train"]["scratch"]:
-        arms.append("scratch")
-    return arms
+    return _settings(cfg).arms
 
 
 def drafter_variants(cfg: Mapping[str, Any]) -> list[str]:
     """Every variant that serves a drafter: the probe, the reference (if any), the trained arms."""
-    out = ["probe"]
-    if cfg["reference"].get("source"):
-        out.append("reference")
-    return out + trained_arms(cfg)
+    return _settings(cfg).drafted
 
 
 def model_path(cfg: Mapping[str, Any]) -> str:
     """What the server and the data stages load for the target."""
-    t = cfg["target"]
-    return t["model_path"] or t["source"].removeprefix("hf:")
+    return _settings(cfg).target.load_path
 
 
 def server_gpus(cfg: Mapping[str, Any]) -> int:
-    s = cfg["serve"]
-    if s["gpus"] is not None:
-        return int(s["gpus"])
-    return 0 if s["backend"] == "builtin" else int(s["tp"])
+    return _settings(cfg).serve.job_gpus
 
 
 def train_gpus(cfg: Mapping[str, Any]) -> int:
-    t = cfg["train"]
-    if t["gpus"] is not None:
-        return int(t["gpus"])
-    return int(t["nproc"]) if cfg["serve"]["backend"] != "builtin" else 0
+    return _settings(cfg).train_gpus

@@ -3,7 +3,9 @@
 Everything comes from files the pipeline already wrote under ``results/<experiment>/`` (records,
 gate decision, doctor reports, d2t diff and coverage, training metrics and validation, the
 ``breakeven`` rule's standing files), so the report can be regenerated at any time and never
-measures or recomputes anything itself. Sections: the decision in words (draftlab.benchmark.verdict: only
+measures or recomputes anything itself. It reads the files it is handed (the report rule's inputs)
+and nothing else: an arm no longer configured (``train.scratch: false`` after a run with it) has
+no row in records.csv and no table row here, whatever its old folder still holds. Sections: the decision in words (draftlab.benchmark.verdict: only
 what the measurements separate), the comparison table, accept length by variant, tok/s against
 baseline with the break-even table, TTT per-step accuracy of every trained drafter, the d2t diff,
 doctor findings, the gate. HTML views of the same for ``snakemake --report``: draftlab.experiment.report_html.
@@ -164,10 +166,10 @@ def breakeven_table(standing: Sequence[tuple[str, str, dict[str, Any]]]) -> list
                   + [f"needed for {t:g} tok/s" for t in goals], body) + (["", E2E_NOTE] if marked else [])
 
 
-def ttt_curves(exp_dir: Path) -> dict[str, list[float]]:
-    """Validation accuracy per TTT step of every trained drafter that was trained."""
+def ttt_curves(train_dirs: Sequence[str | os.PathLike]) -> dict[str, list[float]]:
+    """Validation accuracy per TTT step of each given arm's folder that holds a trained drafter."""
     out = {}
-    for d in sorted((exp_dir / "train").glob("*")):
+    for d in map(Path, train_dirs):
         val = _read_json(d / "validation.json")
         if isinstance(val, dict) and val.get("acc"):
             out[d.name] = [float(a) for a in val["acc"]]
@@ -297,9 +299,9 @@ def _count(v: Any) -> str:
     return "–" if v is None else str(v)
 
 
-def d2t_section(exp_dir: Path) -> list[str]:
-    diff = _read_json(exp_dir / "static" / "d2t-diff.json")
-    cov = _read_json(exp_dir / "static" / "d2t-coverage.json")
+def d2t_section(diff_path: str | os.PathLike | None, coverage_path: str | os.PathLike | None) -> list[str]:
+    diff = _read_json(Path(diff_path)) if diff_path else None
+    cov = _read_json(Path(coverage_path)) if coverage_path else None
     if not diff and not cov:
         return ["(no d2t analysis)"]
     lines = []
@@ -315,9 +317,10 @@ def d2t_section(exp_dir: Path) -> list[str]:
     return lines
 
 
-def doctor_section(exp_dir: Path) -> list[str]:
+def doctor_section(paths: Sequence[str | os.PathLike]) -> list[str]:
+    """Findings of each given doctor report (``static/doctor-<variant>.json``), in the order given."""
     body = []
-    for path in sorted((exp_dir / "static").glob("doctor-*.json")):
+    for path in map(Path, paths):
         rep = _read_json(path) or {}
         name = path.stem.removeprefix("doctor-")
         if rep.get("skipped"):
@@ -328,9 +331,25 @@ def doctor_section(exp_dir: Path) -> list[str]:
     return _table(["drafter", "severity", "code", "message"], body) if body else ["(no doctor reports)"]
 
 
+def report_inputs(exp_dir: str | os.PathLike, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The files the report reads when not handed them (a hand-typed ``draftlab report --exp-dir``):
+    those of the variants records.csv holds, named by the experiment's Layout, never globbed."""
+    from draftlab.experiment.layout import Layout, is_trained
+
+    exp_dir = Path(exp_dir)
+    layout = Layout(exp_dir.name, str(exp_dir.parent))
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    return {"gate": layout.gate, "d2t_diff": layout.d2t_diff(), "d2t_coverage": layout.d2t_coverage(),
+            "doctor": [layout.doctor(v) for v in variants if v != "baseline"],
+            "train": [layout.train_dir(v) for v in variants if is_trained(v)]}
+
+
 def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records_csv: str | os.PathLike,
                  target_tps: Sequence[float] = (), standing: Sequence[str | os.PathLike] = (),
-                 static_md: Sequence[str | os.PathLike] = ()) -> dict[str, str]:
+                 static_md: Sequence[str | os.PathLike] = (), *, gate: str | os.PathLike | None = None,
+                 doctor: Sequence[str | os.PathLike] | None = None, train: Sequence[str | os.PathLike] | None = None,
+                 d2t_diff: str | os.PathLike | None = None,
+                 d2t_coverage: str | os.PathLike | None = None) -> dict[str, str]:
     """Write ``summary.md``, the three plots and the HTML views under ``out_dir``; return their paths.
 
     HTML views (for ``snakemake --report``, see draftlab.experiment.report_html): ``summary.html`` (plots
@@ -338,13 +357,20 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
     (the ``static_md`` summaries of inspect, compare, patch, doctor and d2t).
 
     ``standing`` are the ``breakeven`` rule's JSON files; ``target_tps`` is kept for the command
-    line's sake (the goals shown are the ones the standing files were computed for).
+    line's sake (the goals shown are the ones the standing files were computed for). ``gate``,
+    ``doctor`` (one JSON per drafter), ``train`` (one folder per arm), ``d2t_diff`` and
+    ``d2t_coverage`` are the files the rule declares; left out, they are those of the variants in
+    ``records_csv`` (:func:`report_inputs`).
     """
     exp_dir, out_dir = Path(exp_dir), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = load_rows(records_csv)
-    gate = _read_json(exp_dir / "gate" / "gate.json")
-    curves = ttt_curves(exp_dir)
+    implied = report_inputs(exp_dir, rows)
+    gate_path = gate or implied["gate"]
+    doctor = implied["doctor"] if doctor is None else doctor
+    train = implied["train"] if train is None else train
+    gate = _read_json(Path(gate_path))
+    curves = ttt_curves(train)
     paths = {k: out_dir / v for k, v in PLOTS.items()}
     standing_rows = load_standing(standing)
     plot_accept(rows, paths["accept"], standing_rows)
@@ -367,8 +393,8 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
     else:
         md += ["No trained drafter (fine-tuning skipped or not configured)."]
     md += ["", f"![TTT accuracy]({PLOTS['ttt']})", ""]
-    md += ["## d2t: transferred mapping vs the fine-tune data's", ""] + d2t_section(exp_dir) + [""]
-    md += ["## Doctor findings", ""] + doctor_section(exp_dir) + [""]
+    md += ["## d2t: transferred mapping vs the fine-tune data's", ""] + d2t_section(d2t_diff or implied["d2t_diff"], d2t_coverage or implied["d2t_coverage"]) + [""]
+    md += ["## Doctor findings", ""] + doctor_section(doctor) + [""]
     md += ["## Probe gate", ""]
     if gate:
         md += [f"- decision: **{gate.get('decision')}** (min accept length {gate.get('min_accept_length')}, "

@@ -1,0 +1,109 @@
+"""The commands and specs of an experiment's jobs, from its Settings and Layout, asked for in one place.
+
+What a rule runs (the trainer's command line, SpecForge's three commands, the server a bench job
+launches and its plan) is decided here: ``workflow/rules/common.smk`` only asks for it, and tests
+check the same functions the workflow calls. The mapping-level builders stay with their layer
+(``benchmark.bench_plan`` for servers and plans, ``training.specforge`` for SpecForge's commands).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from typing import Any
+
+from draftlab.benchmark.bench_plan import build_plan, server_argv, server_dict  # noqa: F401 - server_argv for the rules
+from draftlab.experiment.layout import Layout, is_trained
+from draftlab.experiment.settings import Settings
+
+# --- servers ------------------------------------------------------------------------------------
+
+
+def server(settings: Settings, layout: Layout, variant: str, spec: str) -> dict[str, Any]:
+    """The server of ``variant`` at speculative setting ``spec`` (``baseline``/``plain``: no drafter)."""
+    drafter = None if variant == "baseline" else layout.drafter_dir(variant)
+    setting = None if spec == "plain" else dataclasses.asdict(settings.specs[spec])
+    return server_dict(settings.config, layout.target_model, drafter, setting)
+
+
+def plan(settings: Settings, layout: Layout, variant: str, spec: str) -> dict[str, Any]:
+    """The serve-bench plan of one server job: a trained arm's plan carries the gate and its train folder."""
+    trained = is_trained(variant)
+    return build_plan(settings.config, variant=variant, spec_id=spec, server=server(settings, layout, variant, spec),
+                      out_dir=layout.bench_dir(variant, spec), server_log=layout.server_log(variant, spec),
+                      gate=layout.gate if trained else None, train_dir=layout.train_dir(variant) if trained else None)
+
+
+# --- training -----------------------------------------------------------------------------------
+
+
+def train_data(settings: Settings, layout: Layout) -> str:
+    """The fine-tune data: ``data.path``, else what rule generate_data writes."""
+    return settings.data.path or layout.generated_data
+
+
+def builtin_train_command(settings: Settings, layout: Layout, arm: str) -> list[str]:
+    """``draftlab train`` for one arm (under torchrun when ``train.nproc`` > 1), every setting explicit.
+
+    It checkpoints every ``train.checkpoint_every`` steps into the arm's train-state folder and, with
+    ``--resume auto``, continues a killed job from there when the settings, inputs and code are the same.
+    """
+    t = settings.train
+    mapping = layout.vocab_mapping
+    cmd = ["draftlab", "train", "--target", layout.target_model, "--tokens", layout.tokens]
+    if arm == "scratch":
+        cmd += ["--init", "scratch", "--vocab-mapping", mapping]
+    else:
+        mode = arm.removeprefix("finetune-")
+        cmd += ["--init", "checkpoint", "--checkpoint", layout.patched, "--vocab-mode", mode]
+        if mode != "keep":
+            cmd += ["--vocab-mapping", mapping]
+    cmd += ["--out", layout.train_dir(arm), "--max-steps", str(t.steps), "--batch-size", str(t.batch_size)]
+    cmd += ["--lr", repr(float(t.lr)), "--ttt-length", str(t.ttt_length)]
+    cmd += ["--max-length", str(t.max_length), "--seed", str(t.seed)]
+    if t.checkpoint_every:
+        cmd += ["--checkpoint-every", str(t.checkpoint_every)]
+    cmd += ["--state-dir", layout.train_state(arm), "--resume", "auto", "--device", t.device]
+    if settings.target.trust_remote_code:
+        cmd += ["--trust-remote-code"]
+    cmd += list(t.extra_args)
+    if t.nproc > 1:
+        cmd = ["torchrun", "--standalone", "--nproc-per-node", str(t.nproc), "-m", "draftlab.cli"] + cmd[1:]
+    return cmd
+
+
+def train_commands(settings: Settings, layout: Layout, arm: str) -> list[list[str]]:
+    """The commands of one arm, in order: one for the builtin trainer, three for SpecForge.
+
+    SpecForge is handed the merged config the run wrote (``layout.config_json``: every --configfile and
+    every --config override), never one of the config files it was merged from.
+    """
+    if settings.train.backend == "specforge":
+        from draftlab.training.specforge import specforge_commands
+
+        return specforge_commands(settings.config, arm, layout.target_model, layout.patched,
+                                  train_data(settings, layout), layout.vocab_mapping, layout.train_dir(arm),
+                                  layout.config_json, layout.tokens, layout.train_state(arm))
+    return [builtin_train_command(settings, layout, arm)]
+
+
+def gated_train_shell(settings: Settings, layout: Layout, arm: str) -> str:
+    """Each training command wrapped in ``draftlab gated`` so a closed gate writes SKIPPED.json instead."""
+    run = layout.train_dir(arm)
+    parts = []
+    for i, cmd in enumerate(train_commands(settings, layout, arm)):
+        guard = f"--gate {layout.gate} --skip-dir {run}" if i == 0 else f"--unless-skipped {run}"
+        parts.append(f"draftlab gated {guard} -- {shlex.join(cmd)}")
+    return " && ".join(parts)
+
+
+# --- what records and the report read -------------------------------------------------------------
+
+
+def static_summaries(settings: Settings, layout: Layout) -> list[str]:
+    """The Markdown of every static-analysis job, gathered into the report's static.html."""
+    pairs = [("drafter", "patched")] + ([("patched", "reference")] if settings.has_reference else [])
+    return ([layout.inspect(w, "md") for w in ("target", "drafter")] + [layout.patch_summary]
+            + [layout.compare(a, b, "md") for a, b in pairs]
+            + [layout.d2t_diff("md"), layout.d2t_coverage("md")]
+            + [layout.doctor(v, "md") for v in settings.drafted])

@@ -1,0 +1,211 @@
+"""Where every artifact of one experiment lives, named once.
+
+The rules, the records and the report all need the same paths (``results/<experiment>/bench/
+<variant>/<spec>/<client>.json`` and three dozen more); building them in each place let them
+drift. A :class:`Layout` is the only place a path under ``results/<experiment>/`` is spelled: the
+Snakemake rules take their inputs and outputs from it, and library code that reads results is
+handed the files the rule declared (which come from here too).
+
+Methods return plain strings relative to the working directory (what Snakemake compares); a
+method taking a wildcard name also accepts ``"{variant}"``-style placeholders, so a rule's output
+pattern is made by the same method as the concrete path its input function asks for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable
+
+
+def is_trained(variant: str) -> bool:
+    """A variant whose drafter this pipeline trains (a fine-tune arm or the scratch control arm)."""
+    return variant == "scratch" or variant.startswith("finetune-")
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """The result tree of experiment ``experiment`` under ``results`` (default ``results/``)."""
+
+    experiment: str
+    results: str = "results"
+
+    @property
+    def root(self) -> str:
+        return f"{self.results}/{self.experiment}"
+
+    def _p(self, *parts: str) -> str:
+        return "/".join((self.root,) + parts)
+
+    # --- run-wide ------------------------------------------------------------------------------
+    @property
+    def config_json(self) -> str:
+        """The merged config this run was planned with (rule experiment_config)."""
+        return self._p("config.json")
+
+    @property
+    def logs(self) -> str:
+        return self._p("logs")
+
+    def log(self, *parts: str) -> str:
+        return "/".join((self.logs,) + parts)
+
+    @property
+    def benchmarks(self) -> str:
+        return self._p("benchmarks")
+
+    def benchmark(self, *parts: str) -> str:
+        return "/".join((self.benchmarks,) + parts)
+
+    # --- models ---------------------------------------------------------------------------------
+    @property
+    def target_record(self) -> str:
+        """resolve-model's record of the target (its existence says the target link is ready)."""
+        return self._p("models", "target", "model.json")
+
+    @property
+    def target_model(self) -> str:
+        """A link to the folder servers and data stages load."""
+        return self._p("models", "target", "model")
+
+    def model_dir(self, role: str) -> str:
+        """An acquired model folder: ``drafter`` or ``reference`` (or ``target`` for its record's folder)."""
+        return self._p("models", role)
+
+    def acquire_record(self, role: str) -> str:
+        return self._p("models", role, "acquire.json")
+
+    @property
+    def patched(self) -> str:
+        """The transferred drafter with its config patched for the target (the probe)."""
+        return self._p("drafter", "patched")
+
+    @property
+    def patch_record(self) -> str:
+        return self._p("drafter", "patched", "patch.json")
+
+    # --- data -----------------------------------------------------------------------------------
+    @property
+    def generated_data(self) -> str:
+        return self._p("data", "generated.jsonl")
+
+    @property
+    def tokens(self) -> str:
+        return self._p("data", "tokens.jsonl")
+
+    @property
+    def vocab_mapping(self) -> str:
+        return self._p("data", "vocab.safetensors")
+
+    @property
+    def vocab_report(self) -> str:
+        return self._p("data", "vocab.json")
+
+    # --- static analysis ------------------------------------------------------------------------
+    def static(self, name: str) -> str:
+        """``static/<name>`` (e.g. ``inspect-target.json``, ``patch-config.md``)."""
+        return self._p("static", name)
+
+    def inspect(self, what: str, ext: str = "json") -> str:
+        return self.static(f"inspect-{what}.{ext}")
+
+    def compare(self, a: str, b: str, ext: str = "json") -> str:
+        return self.static(f"compare-{a}-vs-{b}.{ext}")
+
+    def doctor(self, variant: str, ext: str = "json") -> str:
+        return self.static(f"doctor-{variant}.{ext}")
+
+    def d2t_diff(self, ext: str = "json") -> str:
+        return self.static(f"d2t-diff.{ext}")
+
+    def d2t_coverage(self, ext: str = "json") -> str:
+        return self.static(f"d2t-coverage.{ext}")
+
+    def acquire_summary(self, role: str) -> str:
+        return self.static(f"acquire-{role}.md")
+
+    @property
+    def patch_summary(self) -> str:
+        return self.static("patch-config.md")
+
+    # --- training -------------------------------------------------------------------------------
+    def train_dir(self, arm: str) -> str:
+        """The train rule's output folder of one arm (summary, validation, the drafter or SKIPPED.json)."""
+        return self._p("train", arm)
+
+    def train_file(self, arm: str, name: str) -> str:
+        return self._p("train", arm, name)
+
+    def train_state(self, arm: str) -> str:
+        """Checkpoints of one arm: outside the rule's output, which Snakemake deletes after a failure."""
+        return self._p("train-state", arm)
+
+    # --- drafters by variant --------------------------------------------------------------------
+    def drafter_dir(self, variant: str) -> str:
+        """The folder a variant's server loads as its drafter."""
+        if variant == "probe":
+            return self.patched
+        if variant == "reference":
+            return self.model_dir("reference")
+        return self.train_file(variant, "drafter")
+
+    def drafter_marker(self, variant: str) -> str:
+        """The file (or folder) whose existence says the variant's drafter is ready."""
+        if variant == "probe":
+            return self.patch_record
+        if variant == "reference":
+            return self.acquire_record("reference")
+        return self.train_dir(variant)
+
+    # --- serve + bench, gate ---------------------------------------------------------------------
+    def bench_dir(self, variant: str, spec: str) -> str:
+        return self._p("bench", variant, spec)
+
+    def bench_plan(self, variant: str, spec: str) -> str:
+        return f"{self.bench_dir(variant, spec)}/plan.json"
+
+    def bench_result(self, variant: str, spec: str, client: str, ext: str = "json") -> str:
+        return f"{self.bench_dir(variant, spec)}/{client}.{ext}"
+
+    def serve_summary(self, variant: str, spec: str) -> str:
+        return f"{self.bench_dir(variant, spec)}/serve.json"
+
+    def server_log(self, variant: str, spec: str) -> str:
+        return self.log("server", f"{variant}-{spec}.log")
+
+    @property
+    def gate(self) -> str:
+        return self._p("gate", "gate.json")
+
+    # --- records and report ---------------------------------------------------------------------
+    @property
+    def records_csv(self) -> str:
+        return self._p("records", "records.csv")
+
+    @property
+    def records_parquet(self) -> str:
+        return self._p("records", "records.parquet")
+
+    @property
+    def merged_receipt(self) -> str:
+        return self._p("records", "merged.json")
+
+    @property
+    def report_dir(self) -> str:
+        return self._p("report")
+
+    def report_file(self, name: str) -> str:
+        return self._p("report", name)
+
+    @property
+    def summary(self) -> str:
+        return self.report_file("summary.md")
+
+    def standing(self, spec: str, client: str) -> str:
+        """The breakeven rule's standing of every drafter at one setting and client."""
+        return self._p("report", "breakeven", spec, f"{client}.json")
+
+    # --- sets of files --------------------------------------------------------------------------
+    def bench_results(self, servers: Iterable[tuple[str, str]], clients: Iterable[str],
+                      ext: str = "json") -> list[str]:
+        clients = list(clients)
+        return [self.bench_result(v, s, c, ext) for v, s in servers for c in clients]
