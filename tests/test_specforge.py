@@ -57,6 +57,7 @@ def _job(tmp_path: Path, **over) -> specforge.SpecForgeJob:
         chat_template="kimi-k2-instruct",
         trust_remote_code=True,
         nproc=8,
+        batch_size=1,  # one sample per rank: the epoch arithmetic below counts 8 samples a step
         steps=100,
         num_samples=250,
         save_interval=50,

@@ -45,7 +45,7 @@ def _rows(path):
 def test_loss_decreases_and_outputs(setup, tmp_path):
     root, target, tokens = setup
     s = train_drafter(target=target, out=tmp_path / "run", tokens=tokens, draft_vocab_size=64, ttt_length=3,
-                      epochs=2, lr=5e-3, val_samples=3, progress=False)
+                      epochs=2, lr=5e-3, val_samples=3, batch_size=1, progress=False)
     rows = _rows(tmp_path / "run" / "metrics.csv")
     assert list(rows[0]) == metric_columns(3)
     assert list(rows[0])[:5] == ["step", "epoch", "loss", "loss_0", "loss_1"]

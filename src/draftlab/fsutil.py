@@ -226,3 +226,41 @@ def _json_default(obj: Any) -> Any:
     if hasattr(obj, "item"):
         return obj.item()
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+# --- file hashes ----------------------------------------------------------------------------------
+
+
+def sha256_file(path: str | os.PathLike, progress: bool = False) -> str:
+    """sha256 of a (possibly multi-GB) file, read in 8 MiB chunks; a tqdm bar on stderr for big ones
+    when ``progress``. The one file hash of draftlab (records, acquire, resolve-model, resume, hf_cache)."""
+    import hashlib
+
+    path = Path(path)
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    bar = None
+    if progress and size >= (64 << 20):
+        import sys
+
+        from tqdm import tqdm
+
+        bar = tqdm(total=size, unit="B", unit_scale=True, desc=f"sha256 {path.name}", file=sys.stderr, leave=False)
+    try:
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(8 << 20), b""):
+                h.update(chunk)
+                if bar is not None:
+                    bar.update(len(chunk))
+    finally:
+        if bar is not None:
+            bar.close()
+    return h.hexdigest()
+
+
+def named_digest(pairs: Iterable[tuple[str, str]]) -> str:
+    """One sha256 over ``(name, sha256)`` pairs (a model folder's weight files), as records and
+    resolve-model both state a folder's weights."""
+    import hashlib
+
+    return hashlib.sha256("".join(f"{name}:{sha}\n" for name, sha in pairs).encode()).hexdigest()

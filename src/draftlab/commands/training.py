@@ -10,6 +10,7 @@ from pathlib import Path
 
 from draftlab.commands._common import add_json_flag, emit
 from draftlab.errors import DraftlabError
+from draftlab.experiment.settings import schema_default
 
 
 def register(sub) -> None:
@@ -50,12 +51,14 @@ def register(sub) -> None:
     p.add_argument("--checkpoint", help="drafter folder to start from (--init checkpoint)")
     p.add_argument("--vocab-mode", choices=["keep", "remap", "regenerate"], default="keep")
     p.add_argument("--draft-vocab-size", type=int, help="scratch without --vocab-mapping (default 32000)")
-    p.add_argument("--ttt-length", type=int, default=7)
+    # defaults of the settings an experiment config also has: the schema's train.<key> (as TrainConfig's)
+    p.add_argument("--ttt-length", type=int, default=schema_default("train.ttt_length"))
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--max-steps", type=int)
-    p.add_argument("--batch-size", type=int, default=1, help="per rank")
-    p.add_argument("--max-length", type=int, default=2048)
-    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--batch-size", type=int, default=schema_default("train.batch_size"),
+                   help="per rank (default %(default)s, as the config's train.batch_size)")
+    p.add_argument("--max-length", type=int, default=schema_default("train.max_length"))
+    p.add_argument("--lr", type=float, default=schema_default("train.lr"))
     p.add_argument("--warmup-ratio", type=float, default=0.015)
     p.add_argument("--grad-clip", type=float, default=0.5)
     p.add_argument("--weight-decay", type=float, default=0.0)
@@ -65,7 +68,7 @@ def register(sub) -> None:
                    help="divide each TTT step's loss by the B*T positions (SpecForge 0.2.0) or the valid ones")
     p.add_argument("--mask-alignment", choices=["specforge", "predicted"], default="specforge",
                    help="loss mask of the fed position t+i (SpecForge 0.2.0) or of the predicted token t+2+i")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=schema_default("train.seed"))
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
     p.add_argument("--checkpoint-every", type=int, default=0, help="save a resumable checkpoint every N steps")
     p.add_argument("--keep-checkpoints", type=int, default=2)
@@ -92,7 +95,7 @@ def register(sub) -> None:
     p.add_argument("--drafter", required=True)
     p.add_argument("--target", required=True)
     p.add_argument("--tokens", required=True)
-    p.add_argument("--ttt-length", type=int, default=7)
+    p.add_argument("--ttt-length", type=int, default=schema_default("train.ttt_length"))
     p.add_argument("--max-samples", type=int)
     p.add_argument("--device")
     add_json_flag(p)

@@ -23,7 +23,9 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from draftlab.experiment.config import config_hash
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import atomic_path, read_json, write_json
+from draftlab.experiment.layout import Layout
+from draftlab.experiment.settings import spec_id
+from draftlab.fsutil import atomic_path, named_digest, read_json, sha256_file, write_json
 
 # Columns that legitimately differ between two identical runs (clock, machine load, run identity).
 TIMING_COLUMNS = ("tps_median", "tps_mean", "tps_ci_low", "tps_ci_high", "cycle_ms", "speedup",
@@ -32,6 +34,11 @@ RUN_COLUMNS = ("row_id", "draftlab_commit")
 INT_COLUMNS = ("tp", "num_steps", "topk", "num_draft_tokens", "prompt_count", "max_new_tokens", "concurrency",
                "repeats", "requests", "completion_tokens", "verify_ct")
 VARIANT_ORDER = ("baseline", "probe", "reference", "finetune-keep", "finetune-remap", "finetune-regenerate", "scratch")
+
+
+def _layout(exp_dir: Path) -> Layout:
+    """The experiment's result tree, named by draftlab.experiment.layout (never spelled here)."""
+    return Layout(exp_dir.name, str(exp_dir.parent))
 
 
 def _read(path: Path) -> dict[str, Any] | None:
@@ -89,7 +96,7 @@ def _weights_sha(folder: Path) -> str | None:
         pairs = [(p.name, _file_sha(p)) for p in sorted(folder.glob("*.safetensors"))]
     if not pairs or any(s is None for _, s in pairs):
         return None
-    return hashlib.sha256("".join(f"{n}:{s}\n" for n, s in pairs).encode()).hexdigest()
+    return named_digest(pairs)
 
 
 def _drafter_info(exp_dir: Path, cfg: Mapping[str, Any], variant: str) -> dict[str, Any]:
@@ -98,15 +105,15 @@ def _drafter_info(exp_dir: Path, cfg: Mapping[str, Any], variant: str) -> dict[s
     if variant == "baseline":
         return none
     role = "reference" if variant == "reference" else "drafter"
-    acq = _read(exp_dir / "models" / role / "acquire.json") or {}
+    acq = _read(Path(_layout(exp_dir).acquire_record(role))) or {}
     info = {"drafter_source": cfg[role]["source"], "drafter_revision": cfg[role].get("revision"),
             "drafter_commit": acq.get("resolved_commit"),
-            "drafter_weights_sha256": _weights_sha(exp_dir / "models" / role)}
+            "drafter_weights_sha256": _weights_sha(Path(_layout(exp_dir).model_dir(role)))}
     if variant == "scratch":  # the control arm starts from random weights: no source drafter
         info.update(drafter_source="none (scratch: trained from random init, no source drafter)",
                     drafter_revision=None, drafter_commit=None)
     if variant not in ("probe", "reference"):
-        folder = exp_dir / "train" / variant / "drafter"
+        folder = Path(_layout(exp_dir).drafter_dir(variant))
         if variant != "scratch":
             info["drafter_source"] = f"{cfg['drafter']['source']} ({variant})"
         info["drafter_weights_sha256"] = _weights_sha(folder) if folder.is_dir() else None
@@ -114,13 +121,7 @@ def _drafter_info(exp_dir: Path, cfg: Mapping[str, Any], variant: str) -> dict[s
 
 
 def _file_sha(path: Path) -> str | None:
-    if not path.is_file():
-        return None
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(8 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return sha256_file(path) if path.is_file() else None
 
 
 _PATH_KEYS = ("target", "tokens", "data", "hidden_states", "vocab_mapping", "checkpoint")
@@ -134,7 +135,7 @@ def _training_hashes(exp_dir: Path, variant: str) -> dict[str, str | None]:
     none = {"train_data_sha256": None, "train_settings_sha256": None}
     if variant in ("baseline", "probe", "reference"):
         return none
-    conf = _read(exp_dir / "train" / variant / "train_config.json")
+    conf = _read(Path(_layout(exp_dir).train_file(variant, "train_config.json")))
     if not conf:
         return none
     from draftlab.training.config import TrainConfig
@@ -162,7 +163,7 @@ def _ttft_note(res: Mapping[str, Any], summary: Mapping[str, Any]) -> str | None
 
 
 def _validation(exp_dir: Path, variant: str) -> tuple[str | None, float | None]:
-    val = _read(exp_dir / "train" / variant / "validation.json") if variant not in ("baseline", "probe", "reference") else None
+    val = _read(Path(_layout(exp_dir).train_file(variant, "validation.json"))) if variant not in ("baseline", "probe", "reference") else None
     if not val or not val.get("acc"):
         return None, None
     acc = [round(float(a), 6) for a in val["acc"]]
@@ -173,7 +174,7 @@ def _train_device(exp_dir: Path, variant: str) -> str | None:
     """The device a trained arm ran on, as its summary.json recorded it (None for untrained variants)."""
     if variant in ("baseline", "probe", "reference"):
         return None
-    return (_read(exp_dir / "train" / variant / "summary.json") or {}).get("device")
+    return (_read(Path(_layout(exp_dir).train_file(variant, "summary.json"))) or {}).get("device")
 
 
 def _row_id(parts: Sequence[Any]) -> str:
@@ -186,22 +187,23 @@ def build_records(exp_dir: str | os.PathLike, cfg: Mapping[str, Any], *, servers
     import pandas as pd
 
     exp_dir = Path(exp_dir)
-    target = _read(exp_dir / "models" / "target" / "model.json") or {}
-    gate = _read(exp_dir / "gate" / "gate.json") or {}
+    layout = _layout(exp_dir)
+    target = _read(Path(layout.target_record)) or {}
+    gate = _read(Path(layout.gate)) or {}
     chash = config_hash(cfg)
     commit = draftlab_commit()
     versions = json.dumps(package_versions(), sort_keys=True)
     hw = hardware()
-    specs = {f"s{s['num_steps']}-k{s['topk']}-d{s['num_draft_tokens']}": s for s in cfg["speculative"]}
+    specs = {spec_id(s): s for s in cfg["speculative"]}
     client_cfg = {c["name"]: c for c in cfg["bench"]["clients"]}
     rows: list[dict[str, Any]] = []
     for variant, sid in servers:
-        serve = _read(exp_dir / "bench" / variant / sid / "serve.json") or {}
+        serve = _read(Path(layout.serve_summary(variant, sid))) or {}
         dinfo = _drafter_info(exp_dir, cfg, variant)
         val_acc, val_mean = _validation(exp_dir, variant)
         spec = specs.get(sid) or {}
         for client in clients:
-            path = exp_dir / "bench" / variant / sid / f"{client}.json"
+            path = Path(layout.bench_result(variant, sid, client))
             res = _read(path)
             if res is None:
                 raise DraftlabError(f"{path}: benchmark result missing")

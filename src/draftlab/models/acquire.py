@@ -10,11 +10,9 @@ Local folders are accepted the same way. Tokens come from huggingface_hub's usua
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -35,18 +33,9 @@ def _wanted(name: str) -> bool:
 
 def sha256_file(path: Path, progress: bool = True) -> str:
     """sha256 of a (possibly multi-GB) file, with a tqdm bar on stderr for big ones."""
-    from tqdm import tqdm
+    from draftlab.fsutil import sha256_file as _sha256_file
 
-    h = hashlib.sha256()
-    size = path.stat().st_size
-    with open(path, "rb") as fh, tqdm(
-        total=size, unit="B", unit_scale=True, desc=f"sha256 {path.name}", file=sys.stderr,
-        disable=not progress or size < (64 << 20), leave=False,
-    ) as bar:
-        for chunk in iter(lambda: fh.read(8 << 20), b""):
-            h.update(chunk)
-            bar.update(len(chunk))
-    return h.hexdigest()
+    return _sha256_file(path, progress=progress)
 
 
 def _resolve_source(

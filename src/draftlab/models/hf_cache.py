@@ -117,11 +117,9 @@ def git_blob_sha1(data: bytes) -> str:
 
 
 def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    from draftlab.fsutil import sha256_file
+
+    return sha256_file(path)
 
 
 def _is_lfs(path: Path) -> bool:

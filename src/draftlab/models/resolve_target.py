@@ -7,13 +7,12 @@ resolved commit and a weights digest so records can say which target was measure
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Any
 
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import write_json
+from draftlab.fsutil import named_digest, sha256_file, write_json
 
 # What a server and the data stages need from a target repo: config, weights, tokenizer, and the
 # repo's own code for trust_remote_code models. Never pickles.
@@ -49,17 +48,13 @@ def _weights_digest(folder: Path) -> tuple[str | None, list[dict[str, Any]]]:
         if re.fullmatch(r"[0-9a-f]{64}", blob):
             digest = blob
         elif total <= _HASH_LIMIT_BYTES:
-            h = hashlib.sha256()
-            with open(p, "rb") as fh:
-                for chunk in iter(lambda: fh.read(8 << 20), b""):
-                    h.update(chunk)
-            digest = h.hexdigest()
+            digest = sha256_file(p)
         else:
             digest = None
         files.append({"name": p.name, "size": p.stat().st_size, "sha256": digest})
     if not files or any(f["sha256"] is None for f in files):
         return None, files
-    combined = hashlib.sha256("".join(f"{f['name']}:{f['sha256']}\n" for f in files).encode()).hexdigest()
+    combined = named_digest((f["name"], f["sha256"]) for f in files)
     return combined, files
 
 

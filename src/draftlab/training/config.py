@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from draftlab.errors import DraftlabError
+from draftlab.experiment.settings import schema_default
 from draftlab.training.loss import LOSS_NORMS, MASK_ALIGNMENTS
 
 INIT_MODES = ("scratch", "checkpoint")
@@ -28,19 +29,20 @@ class TrainConfig:
     checkpoint: str | None = None          # drafter folder for init=checkpoint
     vocab_mode: str = "keep"
     draft_vocab_size: int | None = None    # scratch without a mapping file: build one of this size
-    ttt_length: int = 7
+    # the settings an experiment config also has default to the schema's train.<key> (one set of defaults)
+    ttt_length: int = schema_default("train.ttt_length")
     epochs: int = 1
     max_steps: int | None = None
-    batch_size: int = 1                    # per rank
-    max_length: int = 2048
-    lr: float = 1e-4
+    batch_size: int = schema_default("train.batch_size")  # per rank
+    max_length: int = schema_default("train.max_length")
+    lr: float = schema_default("train.lr")
     warmup_ratio: float = 0.015
     grad_clip: float = 0.5
     weight_decay: float = 0.0
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # torch's AdamW default, as SpecForge
     loss_norm: str = "positions"           # positions (SpecForge: / B*T) | valid (/ valid positions)
     mask_alignment: str = "specforge"      # specforge (loss_mask[t+i]) | predicted (loss_mask[t+2+i])
-    seed: int = 0
+    seed: int = schema_default("train.seed")
     precision: str = "auto"                # auto (bf16 on a bf16 GPU, else fp32) | bf16 | fp32
     checkpoint_every: int = 0
     keep_checkpoints: int = 2

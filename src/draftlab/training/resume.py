@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import to_json
+from draftlab.fsutil import sha256_file, to_json
 from draftlab.training.checkpoints import latest_checkpoint
 from draftlab.training.config import TrainConfig
 
@@ -39,12 +39,10 @@ def file_fingerprint(path: Path) -> dict[str, Any]:
     st = real.stat()
     if re.fullmatch(r"[0-9a-f]{64}", real.name):
         return {"size": st.st_size, "sha256": real.name}
+    if st.st_size <= SMALL_FILE_BYTES:
+        return {"size": st.st_size, "sha256": sha256_file(real)}
     h = hashlib.sha256()
     with open(real, "rb") as fh:
-        if st.st_size <= SMALL_FILE_BYTES:
-            for chunk in iter(lambda: fh.read(8 << 20), b""):
-                h.update(chunk)
-            return {"size": st.st_size, "sha256": h.hexdigest()}
         h.update(fh.read(SAMPLE_BYTES))
         fh.seek(-SAMPLE_BYTES, os.SEEK_END)
         h.update(fh.read(SAMPLE_BYTES))

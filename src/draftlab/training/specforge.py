@@ -32,6 +32,7 @@ from typing import Any, Mapping
 
 from draftlab.formats import eagle3_format as fmt
 from draftlab.errors import DraftlabError
+from draftlab.experiment.settings import schema_default
 from draftlab.fsutil import atomic_path, read_json, to_json, write_json
 
 SPECFORGE_VERSION = "0.2.0"  # keep in step with envs/specforge.yaml
@@ -56,18 +57,19 @@ class SpecForgeJob:
     output_dir: str
     vocab_mapping: str | None = None  # draftlab mapping file or drafter folder, pinned for SpecForge
     draft_checkpoint: str | None = None  # warm start (fine-tune arms); None = scratch
-    chat_template: str = "llama3"  # a name in SpecForge's template registry (kimi-k2-instruct, qwen, ...)
+    # Defaults of the settings an experiment config also has are the schema's (train.<key>), the one set.
+    chat_template: str = schema_default("train.chat_template")  # a SpecForge template name (kimi-k2-instruct, qwen, ...)
     trust_remote_code: bool = False
     steps: int = 1  # optimizer steps (train.steps)
     num_samples: int | None = None  # training conversations; sets num_epochs so `steps` steps can run
-    batch_size: int = 1  # per trainer rank
-    learning_rate: float = 1e-4
-    max_length: int = 2048
+    batch_size: int = schema_default("train.batch_size")  # per trainer rank
+    learning_rate: float = schema_default("train.lr")
+    max_length: int = schema_default("train.max_length")
     warmup_ratio: float = 0.015
     max_grad_norm: float = 0.5
-    ttt_length: int = 7
-    seed: int = 0
-    nproc: int = 1  # trainer processes on this host (deployment.trainer.nproc_per_node)
+    ttt_length: int = schema_default("train.ttt_length")
+    seed: int = schema_default("train.seed")
+    nproc: int = schema_default("train.nproc")  # trainer processes on this host (deployment.trainer.nproc_per_node)
     save_interval: int = 0  # train.checkpoint_every; 0 = only the final checkpoint
     embedding_key: str | None = None  # None: read from the target's weight index
     lm_head_key: str | None = None
@@ -98,9 +100,16 @@ def job_from_mapping(data: dict[str, Any], source: str = "job") -> SpecForgeJob:
 def job_from_experiment(cfg: dict[str, Any], *, target_model_path: str, draft_model_config: str,
                         train_data_path: str, output_dir: str, vocab_mapping: str | None,
                         ckpt_dir: str | None = None, num_samples: int | None = None) -> SpecForgeJob:
-    """The job for a merged experiment config (its ``train`` and ``target`` sections) and the pipeline's paths."""
-    train = cfg.get("train", {})
-    sf = train.get("specforge") or {}
+    """The job for a validated experiment config (its ``train`` and ``target`` sections) and the pipeline's paths.
+
+    ``cfg`` is what :func:`draftlab.experiment.config.load_config` returns (the merged config the pipeline wrote,
+    read back): the values are typed through :class:`draftlab.experiment.settings.Settings`, so a bad
+    one was already refused naming its ``train.<key>``.
+    """
+    from draftlab.experiment.settings import Settings
+
+    s = cfg if isinstance(cfg, Settings) else Settings.from_validated(cfg, "experiment config")
+    t = s.train
     job = SpecForgeJob(
         target_model_path=target_model_path,
         draft_model_config=draft_model_config,
@@ -108,22 +117,31 @@ def job_from_experiment(cfg: dict[str, Any], *, target_model_path: str, draft_mo
         output_dir=output_dir,
         vocab_mapping=vocab_mapping,
         draft_checkpoint=ckpt_dir,
-        chat_template=train.get("chat_template", "llama3"),
-        trust_remote_code=bool((cfg.get("target") or {}).get("trust_remote_code", False)),
-        steps=train.get("steps", 1),
+        chat_template=t.chat_template,
+        trust_remote_code=s.target.trust_remote_code,
+        steps=t.steps,
         num_samples=num_samples,
-        batch_size=train.get("batch_size", 1),
-        learning_rate=train.get("lr", 1e-4),
-        max_length=train.get("max_length", 2048),
-        ttt_length=train.get("ttt_length", 7),
-        seed=train.get("seed", 0),
-        nproc=train.get("nproc", 1),
-        save_interval=train.get("checkpoint_every") or 0,
-        deployment=dict(sf.get("deployment") or {}),
-        overrides=dict(sf.get("overrides") or {}),
+        batch_size=t.batch_size,
+        learning_rate=t.lr,
+        max_length=t.max_length,
+        ttt_length=t.ttt_length,
+        seed=t.seed,
+        nproc=t.nproc,
+        save_interval=t.checkpoint_every,
+        deployment=_plain(t.specforge.deployment),
+        overrides=_plain(t.specforge.overrides),
     )
-    validate_job(job, "experiment config")
+    validate_job(job, s.source)
     return job
+
+
+def _plain(value: Any) -> Any:
+    """A settings value (read-only mappings, tuples) as the plain dicts and lists a job file holds."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def validate_job(job: SpecForgeJob, source: str = "job") -> None:
