@@ -139,6 +139,21 @@ def test_sweep_shares_one_launch_per_server_configuration(workdir, tmp_path):
     assert all(f"probe/s2-k1-d3/{c}.json" in job for c in "abc")
 
 
+def test_report_is_handed_exactly_the_configured_arms(workdir, tmp_path):
+    """Issue 14: with train.scratch: false the report listed a scratch arm found by globbing; its rule now
+    declares the doctor reports and train folders of the configured arms and names them on its command line."""
+    path = tmp_path / "noscratch.yaml"
+    path.write_text(yaml.safe_dump({"train": {"scratch": False, "finetune_modes": ["keep"]}}))
+    out = _run(["-n", "-p", "--cores", "1", "all", "--configfile", str(path)], cwd=workdir).stdout
+    report = next(l for l in out.splitlines() if l.startswith("draftlab report ") or " draftlab report " in l)
+    doctor = report.split("--doctor ", 1)[1].split(" --", 1)[0].split()
+    train = report.split("--train ", 1)[1].split(" --", 1)[0].split()
+    exp = "results/demo-k2-to-k25"
+    assert doctor == [f"{exp}/static/doctor-probe.json", f"{exp}/static/doctor-finetune-keep.json"]
+    assert train == [f"{exp}/train/finetune-keep"] and "scratch" not in report
+    assert job_counts(out)["train"] == 1
+
+
 def test_unknown_config_key_stops_the_workflow(workdir, tmp_path):
     path = tmp_path / "typo.yaml"
     path.write_text(yaml.safe_dump({"gate": {"min_accept_lenght": 1.5}}))

@@ -10,7 +10,9 @@ from draftlab.experiment.layout import Layout
 from draftlab.experiment.settings import Settings
 
 # The Snakefile validated the merged config once (load_config); this only types it.
-S = Settings.from_validated(config, source="config (config/config.yaml + --configfile/--config)")
+S = Settings.from_validated(
+    config, source="config (config/config.yaml + --configfile/--config)"
+)
 L = Layout(S.experiment)
 
 SPECS = S.specs
@@ -157,8 +159,9 @@ def get_training_settings(wildcards=None):
     """The settings a training job reads from the merged config (train, target), as one JSON value:
     a params value, so a change of them rewrites the merged config and reruns the arms, and nothing
     else does."""
+    merged = S.as_dict()
     return json.dumps(
-        {"train": config["train"], "target": config["target"]},
+        {"train": merged["train"], "target": merged["target"]},
         sort_keys=True,
         default=str,
     )

@@ -22,7 +22,9 @@ rule records:
         config=config,
         clients=CLIENTS,
         servers=get_server_jobs(),
-        results_dir=L.root,
+        results_dir=lambda wildcards, output: os.path.dirname(
+            os.path.dirname(output.csv)
+        ),
     script:
         "../scripts/records.py"
 
@@ -38,4 +40,5 @@ rule records_merge:
     conda:
         "../../envs/analysis.yaml"
     shell:
-        "draftlab records-merge --merge {input.csv} --global-dir results --out {output.receipt} > {log} 2>&1"
+        # the global tables are in results/ (--global-dir's default), beside every experiment's folder
+        "draftlab records-merge --merge {input.csv} --out {output.receipt} > {log} 2>&1"

@@ -81,8 +81,10 @@ rule report:
     conda:
         "../../envs/analysis.yaml"
     params:
-        exp_dir=L.root,
-        out_dir=L.report_dir,
+        exp_dir=lambda wildcards, output: os.path.dirname(
+            os.path.dirname(output.summary)
+        ),
+        out_dir=lambda wildcards, output: os.path.dirname(output.summary),
         target_tps=" ".join(str(t) for t in S.breakeven.target_tps),
     shell:
         # every file the report reads is an input above and named on this line: nothing is globbed
