@@ -21,7 +21,7 @@ ARMS = S.arms
 DRAFTED = S.drafted
 HAS_REFERENCE = S.has_reference
 DEMO = S.demo.enabled
-DEMO_DIR = f"{S.demo.out}/{S.size}"
+DEMO_DIR = S.demo_dir
 SERVER_GPUS = S.serve.job_gpus
 TRAIN_GPUS = S.train_gpus
 # The train rule's conda env (relative to workflow/rules): SpecForge's exact pins, or the builtin trainer's.

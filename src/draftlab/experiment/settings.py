@@ -295,6 +295,11 @@ class Settings:
         return list(self.train.arms)
 
     @property
+    def demo_dir(self) -> str:
+        """Where the demo pair of this size is built (``demo.out``/``size``; shared by experiments, so not in the Layout)."""
+        return f"{self.demo.out}/{self.size}"
+
+    @property
     def has_reference(self) -> bool:
         return bool(self.reference.source)
 
