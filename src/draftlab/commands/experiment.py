@@ -71,5 +71,8 @@ def _check_config(args: argparse.Namespace) -> int:
     for path in args.configfile:
         raw = deep_merge(raw, read_yaml(path))
     cfg = load_config(raw, source=" + ".join(args.configfile))
+    from draftlab.experiment.settings import Settings
+
+    Settings.from_validated(cfg, " + ".join(args.configfile))  # the cross-key rules the pipeline applies too
     emit(args, cfg, lambda c: f"{' + '.join(args.configfile)}: valid (experiment {c['experiment']})")
     return 0
