@@ -139,9 +139,16 @@ def test_rules_spell_no_result_paths():
 
 
 def _wheel(tmp_path_factory) -> Path:
+    """A wheel built from a copy of the sources (setuptools writes build/ beside what it builds)."""
+    import shutil
+
+    src = tmp_path_factory.mktemp("src")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "src", src / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                    str(ROOT)], check=True, capture_output=True, timeout=300)
+                    str(src)], check=True, capture_output=True, timeout=300)
     return next(out.glob("draftlab-*.whl"))
 
 
