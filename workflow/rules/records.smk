@@ -10,6 +10,8 @@ rule records:
         drafter=L.acquire_record("drafter"),
         reference=[L.acquire_record("reference")] if HAS_REFERENCE else [],
         train=[L.train_dir(arm) for arm in ARMS],
+        # train_data_sha256 hashes the tokens each arm's train_config.json names (these)
+        tokens=[L.tokens] if ARMS else [],
         gate=L.gate,
     output:
         csv=L.records_csv,
