@@ -74,7 +74,7 @@ def test_one_set_of_defaults_from_the_schema():
     was written five times. The pipeline's (the schema's) values are now everybody's."""
     from draftlab.cli import build_parser
     from draftlab.training.specforge import SpecForgeJob
-    from draftlab.train import TrainConfig
+    from draftlab.training.config import TrainConfig
 
     schema_train = load_schema()["properties"]["train"]["properties"]
     assert schema_default("train.batch_size") == schema_train["batch_size"]["default"] == 4
