@@ -1,4 +1,5 @@
-"""The offline demo pair: one real smoke build shared by every test here, plus a tiny determinism build."""
+"""The offline demo pair: the session's one real smoke build (conftest ``smoke_demo``, the build the
+workflow tests use too), plus a tiny determinism build."""
 
 from __future__ import annotations
 
@@ -21,19 +22,17 @@ TINY = dataclasses.replace(
 )
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    out = tmp_path_factory.mktemp("demo") / "smoke"
-    t0 = time.perf_counter()
-    result = demo.build_demo_models(out, size="smoke")
-    return {"out": out, "result": result, "seconds": time.perf_counter() - t0}
+@pytest.fixture
+def smoke(smoke_demo):
+    """The shared smoke build (read-only): its folder, its demo.json and the build's wall time."""
+    return {"out": smoke_demo["dir"], "result": smoke_demo["result"], "seconds": smoke_demo["seconds"]}
 
 
 def _sha(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-@pytest.mark.slow  # shares one smoke build: ~40 s on an idle 2-core machine
+@pytest.mark.slow  # the session's smoke build: ~40 s on an idle 2-core machine, once
 def test_smoke_build_lays_out_three_hub_repos(smoke):
     r = smoke["result"]
     assert r["reused"] is False
@@ -53,7 +52,7 @@ def test_smoke_build_lays_out_three_hub_repos(smoke):
     print(f"smoke build: {smoke['seconds']:.1f} s, timings {manifest['timings']}")
 
 
-@pytest.mark.slow  # shares one smoke build: ~40 s on an idle 2-core machine
+@pytest.mark.slow  # the session's smoke build: ~40 s on an idle 2-core machine, once
 def test_snapshots_load_offline_through_huggingface_hub_and_transformers(smoke, monkeypatch):
     from huggingface_hub import hf_hub_download
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -75,7 +74,7 @@ def test_snapshots_load_offline_through_huggingface_hub_and_transformers(smoke, 
     assert m["v1_heldout_loss"] < 0.8 * torch.log(torch.tensor(float(len(tok)))).item()
 
 
-@pytest.mark.slow  # shares one smoke build: ~40 s on an idle 2-core machine
+@pytest.mark.slow  # the session's smoke build: ~40 s on an idle 2-core machine, once
 def test_chat_template_matches_the_fast_renderer_and_masks_the_answer(smoke):
     from transformers import AutoTokenizer
 
@@ -90,7 +89,7 @@ def test_chat_template_matches_the_fast_renderer_and_masks_the_answer(smoke):
     assert masked.startswith("import sys\nimport stat\n") and "Continue" not in masked
 
 
-@pytest.mark.slow  # shares one smoke build: ~40 s on an idle 2-core machine
+@pytest.mark.slow  # the session's smoke build: ~40 s on an idle 2-core machine, once
 def test_drafter_follows_v1_and_drops_on_v2(smoke):
     from draftlab.static.doctor import run_doctor
     from draftlab.training.model import Eagle3Drafter
@@ -110,19 +109,21 @@ def test_drafter_follows_v1_and_drops_on_v2(smoke):
     assert acc["v2"][0] < acc["v1"][0] - 0.05, acc  # and transfers worse to v2
 
 
-@pytest.mark.slow  # shares one smoke build: ~40 s on an idle 2-core machine
+@pytest.mark.slow  # the session's smoke build: ~40 s on an idle 2-core machine, once
 def test_rebuild_with_same_args_reuses(smoke, capsys):
     manifest = smoke["out"] / "manifest.json"
     before = manifest.stat().st_mtime_ns
     t0 = time.perf_counter()
-    assert main(["demo-models", "--out", str(smoke["out"]), "--size", "smoke", "--json"]) == 0
+    # the arguments the demo_models rule (and so the shared build) uses
+    assert main(["demo-models", "--out", str(smoke["out"]), "--size", "smoke", "--threads", "2", "--json"]) == 0
     assert time.perf_counter() - t0 < 10
     out = json.loads(capsys.readouterr().out)
     assert out["reused"] is True
     assert {k: out[k] for k in demo.REPO_IDS} == {k: smoke["result"][k] for k in demo.REPO_IDS}
     assert manifest.stat().st_mtime_ns == before
     # other arguments do not reuse it
-    assert demo._reuse(smoke["out"], demo.manifest_args(demo.SIZES["smoke"], seed=1, threads=1)) is None
+    assert demo._reuse(smoke["out"], demo.manifest_args(demo.SIZES["smoke"], seed=1, threads=2)) is None
+    assert demo._reuse(smoke["out"], demo.manifest_args(demo.SIZES["smoke"], seed=0, threads=1)) is None
 
 
 def test_two_builds_give_identical_weights(tmp_path):

@@ -1,17 +1,15 @@
 """One real smoke run of the whole workflow, then what a user relies on: caching, invalidation, one
 launch per server configuration, records and report, and a reproducible clean rerun.
 
-The run happens once per module (fixture ``smoke``) in a temporary copy of the workflow; the demo
-models are built once into the repository's ``resources/demo`` (git-ignored) and reused, as the
-embedded default does. Marked slow (a few minutes on 2 cores) but part of the default test run.
+The run happens once per test session (conftest ``smoke_run``) in a temporary copy of the workflow,
+on the session's one smoke demo build (conftest ``smoke_demo``, read-only). Marked slow (a few minutes on
+2 cores) but part of the default test run.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,35 +17,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from smoke_run import EXP, ROOT, RUN_TIMEOUT_S, copy_workflow, imports_dir, snakemake
 
 from draftlab.experiment.records import RUN_COLUMNS, TIMING_COLUMNS
 
 pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parents[1]
-EXP = "demo-k2-to-k25"
-DEMO_OUT = ROOT / "resources" / "demo"
-RUN_TIMEOUT_S = 1500
-
-
-def _copy_workflow(dest: Path) -> Path:
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in ("Snakefile", "workflow", "config", "profiles", "envs"):
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, dest / name)
-    (dest / "smoke.yaml").write_text(yaml.safe_dump({"size": "smoke", "demo": {"out": str(DEMO_OUT)}}))
-    return dest
-
-
-def snakemake(wd: Path, *args: str, extra_config: Path | None = None, timeout: int = 300,
-              check: bool = True) -> subprocess.CompletedProcess:
-    files = ["smoke.yaml"] + ([str(extra_config)] if extra_config else [])
-    cmd = [sys.executable, "-m", "snakemake", "--cores", "2", *args, "--configfile", *files]
-    out = subprocess.run(cmd, cwd=wd, capture_output=True, text=True, timeout=timeout,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    if check:
-        assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
-    return out
 
 
 def dry_run_jobs(wd: Path, extra: dict | None = None) -> list[tuple[str, str]]:
@@ -66,12 +40,10 @@ def dry_run_jobs(wd: Path, extra: dict | None = None) -> list[tuple[str, str]]:
     return [j for j in jobs if j[0] != "all"]
 
 
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory) -> Path:
-    wd = _copy_workflow(tmp_path_factory.mktemp("smoke"))
-    out = snakemake(wd, "all", timeout=RUN_TIMEOUT_S)
-    (wd / "run-output.txt").write_text(out.stdout + out.stderr)
-    return wd
+@pytest.fixture
+def smoke(smoke_run) -> Path:
+    """The session's finished smoke run (conftest ``smoke_run``): its work dir."""
+    return smoke_run
 
 
 def _smoke_config() -> dict:
@@ -192,8 +164,8 @@ def test_snakemake_html_report(smoke):
     assert "tok/s [95% CI]" in text and "1. Decision" in text and "2. Plots" in text
 
 
-def test_clean_rerun_is_reproducible(smoke, tmp_path):
-    again = _copy_workflow(tmp_path / "again")
+def test_clean_rerun_is_reproducible(smoke, smoke_demo, tmp_path):
+    again = copy_workflow(tmp_path / "again", smoke_demo["out"])
     snakemake(again, "all", timeout=RUN_TIMEOUT_S)
     a, b = smoke / "results" / EXP, again / "results" / EXP
     arms = sorted(p.name for p in (a / "train").iterdir())
@@ -205,3 +177,75 @@ def test_clean_rerun_is_reproducible(smoke, tmp_path):
     rb = pd.read_csv(b / "records" / "records.csv")
     volatile = [c for c in (*TIMING_COLUMNS, *RUN_COLUMNS) if c in ra.columns]
     pd.testing.assert_frame_equal(ra.drop(columns=volatile), rb.drop(columns=volatile))
+
+
+def _rules_by_env() -> dict[str, dict[str, object]]:
+    """rule -> {"env": conda env file name or None, "commands": draftlab subcommands its shell runs,
+    "scripts": script file names}, read from workflow/rules/*.smk."""
+    rules = {}
+    for smk in sorted((ROOT / "workflow" / "rules").glob("*.smk")):
+        text = smk.read_text()
+        for m in re.finditer(r"^ *rule (\w+):\n(.*?)(?=^ *rule \w+:|\Z)", text, re.S | re.M):
+            body = m.group(2)
+            env = re.search(r"^\s+conda:\s+\"[./]*envs/([\w-]+\.yaml)\"", body, re.M)
+            # what runs: the shell command and the params it is built from (a gate wrapper is a param)
+            start = min((body.find(k) for k in ("params:", "shell:") if k in body), default=len(body))
+            shell = body[start:]
+            rules[m.group(1)] = {
+                "env": env.group(1) if env else None,
+                "commands": set(re.findall(r"(?:^|[\s\"}])draftlab ([a-z][\w-]*)", shell)),
+                "scripts": set(re.findall(r"script:\s+\"[^\"]*/([\w.-]+\.py)\"", body)),
+            }
+    return rules
+
+
+def _process_matches(argv: list[str], rule: dict) -> bool:
+    prog = Path(argv[0]).name if argv else ""
+    if prog in ("draftlab", "cli.py") and len(argv) > 1:
+        return argv[1] in rule["commands"]
+    return any(prog.endswith("." + s) or prog == s for s in rule["scripts"])
+
+
+def _snakemake_script_preamble_dists() -> set[str]:
+    """Distributions Snakemake's own script preamble imports (from its install, appended to sys.path):
+    not the env's business."""
+    from envfiles import distributions_of
+
+    code = ("import sys, json, pickle, snakemake.logging, snakemake.iocontainers, snakemake.io, snakemake.script;"
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
+    mods = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    return set(distributions_of(set(mods)))
+
+
+# imported only because they happen to be installed (the importer works without them)
+OPTIONAL_IMPORTS = {"idna": "jsonschema's format checker: `try: import idna`"}
+
+
+def test_analysis_env_provides_what_its_rules_import(smoke):
+    """envs/analysis.yaml lists (or pulls in through what it lists) every distribution the commands of
+    its rules imported during the smoke run, lazy imports included (recorded by tests/importlog), and
+    lists nothing they do not use. draftlab itself comes from the env's `-e ../` line."""
+    from envfiles import distributions_of, env_packages, norm, with_requirements
+
+    conda, pip = env_packages(ROOT / "envs" / "analysis.yaml")
+    assert "-e ../" in pip
+    pip_names = {norm(line.split("==")[0]) for line in pip if not line.startswith("-")}
+    provided = with_requirements(conda | pip_names) | set(OPTIONAL_IMPORTS)
+    runs = [json.loads(p.read_text()) for p in sorted(imports_dir(smoke).glob("*.json"))]
+    rules = {name: r for name, r in _rules_by_env().items() if r["env"] == "analysis.yaml"}
+    assert {"records", "report", "breakeven", "doctor", "inspect", "vocab_mapping"} <= set(rules)
+    ignore = _snakemake_script_preamble_dists() | {"draftlab"}
+    missing, used, unmatched = {}, set(), []
+    for name, rule in sorted(rules.items()):
+        procs = [r for r in runs if _process_matches(r["argv"], rule)]
+        if not procs:
+            unmatched.append(name)
+            continue
+        dists = distributions_of({m for r in procs for m in r["modules"]})
+        used |= set(dists) & conda
+        for dist, mods in dists.items():
+            if dist not in provided and dist not in ignore:
+                missing.setdefault(dist, set()).add(f"{name} ({', '.join(sorted(mods))})")
+    assert unmatched == [], f"no recorded process for the analysis rules {unmatched}: the check saw nothing of them"
+    assert missing == {}, f"envs/analysis.yaml lacks what its rules import: {missing}"
+    assert conda - used == set(), f"envs/analysis.yaml lists packages none of its rules import: {conda - used}"

@@ -2,8 +2,9 @@
 
 One smoke slice of the pipeline (acquire -> inspect -> patch config -> doctor -> serve + benchmark)
 runs twice in temporary copies of the workflow: once with Snakemake's local executor, once through
-`--profile profiles/slurm`. Both copies share one demo build, so the only difference is where the
-jobs ran; the SLURM run must make the same files with the same deterministic content.
+`--profile profiles/slurm`. Both copies read the session's one smoke demo build (conftest
+``smoke_demo``), so the only difference is where the jobs ran; the SLURM run must make the same files
+with the same deterministic content.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW_FILES = ["Snakefile", "workflow", "config", "profiles", "envs"]
 # Laid over config/config.yaml: the smoke size, and serve_bench jobs that ask SLURM for one (fake)
-# GPU each, as a GPU config would (the builtin server still runs on the CPU).
+# GPU each, as a GPU config would (the builtin server still runs on the CPU); demo.out is added per run.
 OVERLAY = "size: smoke\nserve:\n  gpus: 1\n"
 # Sized for a laptop or a 2-core CI runner; a user's own settings win.
 SMALL_CLUSTER_ENV = {
@@ -70,8 +71,8 @@ def _default_partition() -> str:
     return next((p.rstrip("*") for p in names if p.endswith("*")), names[0].rstrip("*"))
 
 
-def _slice(workdir: Path) -> tuple[str, list[str], str, str, str]:
-    """(results dir, target files, client name, spec id, demo dir) of the smoke slice, from the config."""
+def _slice(workdir: Path) -> tuple[str, list[str], str, str]:
+    """(results dir, target files, client name, spec id) of the smoke slice, from the config."""
     import yaml
     from draftlab.experiment.config import load_config, spec_id
 
@@ -88,7 +89,7 @@ def _slice(workdir: Path) -> tuple[str, list[str], str, str, str]:
         f"{r}/bench/baseline/plain/{client}.json",
         f"{r}/bench/probe/{spec}/{client}.json",
     ]
-    return r, targets, client, spec, f"{cfg['demo']['out']}/{cfg['size']}"
+    return r, targets, client, spec
 
 
 def _copy_workflow(dest: Path) -> Path:
@@ -102,9 +103,10 @@ def _copy_workflow(dest: Path) -> Path:
     return dest
 
 
-def _snakemake(workdir: Path, args: list[str], env: dict[str, str], log: Path, timeout: int) -> float:
-    """Run snakemake in `workdir`; fail with the tail of its output. Returns the wall time."""
-    (workdir / "overlay.yaml").write_text(OVERLAY)
+def _snakemake(workdir: Path, args: list[str], env: dict[str, str], log: Path, timeout: int, demo_out: Path) -> float:
+    """Run snakemake in `workdir` on the demo build in `demo_out`; fail with the tail of its output.
+    Returns the wall time."""
+    (workdir / "overlay.yaml").write_text(f"{OVERLAY}demo: {{out: {json.dumps(str(demo_out))}}}\n")
     cmd = [sys.executable, "-m", "snakemake", *args, "--configfile", "config/config.yaml", "overlay.yaml"]
     t0 = time.monotonic()
     with open(log, "w") as fh:
@@ -126,35 +128,25 @@ def _snakemake(workdir: Path, args: list[str], env: dict[str, str], log: Path, t
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, smoke_demo):
     """The smoke slice run locally, then through the slurm profile; yields both work dirs and timings."""
     base = tmp_path_factory.mktemp("slurm")
-    build = _copy_workflow(base / "demo")
-    r, targets, client, spec, demo = _slice(build)
     env = dict(os.environ)
     env.pop("SLURM_JOB_ID", None)  # the plugin refuses to nest inside an allocation
-
-    # 0. the demo pair: an input of the slice, built once (locally) and copied into both runs, so
-    #    neither run builds it. $DRAFTLAB_TEST_DEMO_DIR may name a finished smoke build to reuse.
-    prebuilt = os.environ.get("DRAFTLAB_TEST_DEMO_DIR")
-    if prebuilt and (Path(prebuilt) / "demo.json").is_file():
-        shutil.copytree(prebuilt, build / demo, symlinks=True)
-    else:
-        _snakemake(build, [f"{demo}/demo.json", "--cores", "2"], env, base / "demo.log", timeout=1800)
+    demo = smoke_demo["out"]  # the demo pair: an input of the slice, built before either run, by neither
 
     # 1. the local executor
     local = _copy_workflow(base / "local")
-    shutil.copytree(build / demo, local / demo, symlinks=True)
-    local_s = _snakemake(local, [*targets, "--cores", "2"], env, base / "local.log", timeout=900)
+    r, targets, client, spec = _slice(local)
+    local_s = _snakemake(local, [*targets, "--cores", "2"], env, base / "local.log", timeout=900, demo_out=demo)
 
     # 2. the slurm profile
     remote = _copy_workflow(base / "slurm")
-    shutil.copytree(build / demo, remote / demo, symlinks=True)
     partition = _default_partition()
     slurm_env = {**env, **{k: v for k, v in SMALL_CLUSTER_ENV.items() if k not in os.environ}}
     slurm_env["DRAFTLAB_SLURM_PARTITION"] = partition
     slurm_s = _snakemake(remote, [*targets, "--profile", "profiles/slurm", "--latency-wait", "5"],
-                         slurm_env, base / "slurm.log", timeout=SLURM_BUDGET_S + 120)
+                         slurm_env, base / "slurm.log", timeout=SLURM_BUDGET_S + 120, demo_out=demo)
     print(f"\nsmoke slice: local {local_s:.1f} s, slurm {slurm_s:.1f} s")
     yield {
         "local": local, "slurm": remote, "r": r, "client": client, "spec": spec, "targets": targets,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 
 import pytest
 import torch
@@ -50,10 +51,16 @@ def test_loss_decreases_and_outputs(setup, tmp_path):
     assert list(rows[0]) == metric_columns(3)
     assert list(rows[0])[:5] == ["step", "epoch", "loss", "loss_0", "loss_1"]
     assert len(rows) == s["steps"] == 42  # 21 training samples x 2 epochs
-    first = sum(float(r["loss"]) for r in rows[:5]) / 5
-    last = sum(float(r["loss"]) for r in rows[-5:]) / 5
-    assert last < 0.85 * first, (first, last)  # relative: the loss is SpecForge's (sum over B*T positions)
+    # Learning, not sample order: `loss` is SpecForge's (summed over positions), so it swings with
+    # sample length and fell by ~16% between the first and last 5 steps with lr 0 too. The per-token
+    # loss of TTT step 0 and the held-out loss are comparable across samples: with lr 0 they stay at
+    # ln(64) = 4.16, uniform guessing (first/last 4.166/4.155, validation 4.159); trained,
+    # 4.135/4.049 and 4.079 (fixed seed, CPU).
+    first = sum(float(r["loss_0"]) for r in rows[:5]) / 5
+    last = sum(float(r["loss_0"]) for r in rows[-5:]) / 5
+    assert last < first - 0.04, (first, last)
     val = json.loads((tmp_path / "run" / "validation.json").read_text())
+    assert val["loss"][0] < math.log(64) - 0.04, val
     assert val["ttt_length"] == 3 and len(val["acc"]) == 3 and val["samples"] == 3
     drafter = Eagle3Drafter.from_pretrained(tmp_path / "run" / "drafter")
     assert drafter.config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 3, 4]

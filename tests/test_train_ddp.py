@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import signal
@@ -38,6 +39,12 @@ def test_torchrun_two_gloo_ranks(tmp_path):
     assert len(summary["param_checksums"]) == 2 and summary["ranks_in_sync"] is True
     rows = (tmp_path / "run" / "metrics.csv").read_text().splitlines()
     assert len(rows) == 1 + 18
-    losses = [float(r.split(",")[2]) for r in rows[1:]]
-    assert sum(losses[-4:]) / 4 < sum(losses[:4]) / 4
+    # Learning, not sample order: the summed `loss` column fell from the first to the last 4 steps
+    # with lr 0 as well (0.958 -> 0.749). Per-token loss of TTT step 0 and the held-out loss: with
+    # lr 0 they stay at ln(64) = 4.16 (first/last 4 steps 4.157/4.160, validation 4.168); trained,
+    # 4.118/4.068 and 4.006 (fixed seed, CPU).
+    header = rows[0].split(",")
+    losses = [float(r.split(",")[header.index("loss_0")]) for r in rows[1:]]
+    assert sum(losses[-4:]) / 4 < sum(losses[:4]) / 4 - 0.025, losses
+    assert summary["validation"]["loss"][0] < math.log(64) - 0.08, summary["validation"]
     assert (tmp_path / "run" / "drafter" / "model.safetensors").is_file()

@@ -157,19 +157,9 @@ def test_plain_and_strict_resume_refuse_foreign_state(setup, tmp_path):
 # ------------------------------------------------------------------------------------------------
 # workflow level: the real Snakefile, killed during training, rerun with --rerun-incomplete
 # ------------------------------------------------------------------------------------------------
-ROOT = Path(__file__).resolve().parents[1]
 EXP = "demo-k2-to-k25"
 ARM = "finetune-keep"
 WF_STEPS, WF_EVERY = 40, 4
-
-
-def _demo_out() -> Path:
-    """The demo models folder to reuse: $DRAFTLAB_TEST_DEMO_DIR (a finished smoke build) or the one
-    test_e2e builds into resources/demo (built there by the first run if missing)."""
-    pre = os.environ.get("DRAFTLAB_TEST_DEMO_DIR")
-    if pre and (Path(pre) / "demo.json").is_file() and Path(pre).name == "smoke":
-        return Path(pre).parent
-    return ROOT / "resources" / "demo"
 
 
 def _alive_in_group(pgid: int) -> list[str]:
@@ -190,20 +180,20 @@ def _snakemake_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "snakemake", "--cores", "2", *args, "--configfile", "smoke.yaml", "resume.yaml"]
 
 
-@pytest.mark.slow  # the smoke chain up to one train job, twice through training, plus a reference run
-def test_workflow_train_job_killed_after_a_checkpoint_resumes_to_the_uninterrupted_drafter(tmp_path):
-    from test_e2e import _copy_workflow
+@pytest.mark.slow  # one train job, twice through training, plus a reference run
+def test_workflow_train_job_killed_after_a_checkpoint_resumes_to_the_uninterrupted_drafter(tmp_path, smoke_run):
+    from smoke_run import copy_finished_run
 
-    wd = _copy_workflow(tmp_path / "wf")
-    (wd / "smoke.yaml").write_text(json.dumps({"size": "smoke", "demo": {"out": str(_demo_out())}}))
+    # a copy of the session's finished smoke run: only the train job (new settings) is left to run
+    wd = copy_finished_run(smoke_run, tmp_path / "wf")
     (wd / "resume.yaml").write_text(json.dumps({
-        "sizes": {"smoke": {"data": {"limit": 6, "max_new_tokens": 24},
-                            "train": {"steps": WF_STEPS, "checkpoint_every": WF_EVERY}}},
+        "sizes": {"smoke": {"train": {"steps": WF_STEPS, "checkpoint_every": WF_EVERY}}},
         "train": {"finetune_modes": ["keep"], "scratch": False},
     }))
     r = wd / "results" / EXP
     goal, state, log = f"results/{EXP}/train/{ARM}", r / "train-state" / ARM, r / "logs" / "train" / f"{ARM}.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    shutil.rmtree(state)  # the smoke run's own checkpoints of the arm: the kill below must wait for new ones
 
     # 1. Run up to the train job; SIGKILL snakemake's whole process group once a checkpoint exists.
     with open(tmp_path / "first.log", "w") as fh:
