@@ -16,6 +16,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,9 @@ V, M, LAYERS, H = 163840, 32000, 61, 7168
 
 
 def specforge_python() -> Path:
-    return tool_python("specforge", ["pydantic", "pyyaml", "tqdm", "torch==2.13.0"], no_deps=["specforge==0.2.0"])
+    # SpecForge's pin is torch 2.13.0, draftlab's own: linked from this venv, not a second 700 MB install
+    assert metadata.version("torch").split("+")[0] == "2.13.0", metadata.version("torch")
+    return tool_python("specforge", ["pydantic", "pyyaml", "tqdm"], no_deps=["specforge==0.2.0"], link=["torch"])
 
 
 def _env() -> dict:

@@ -65,11 +65,14 @@ def test_full_run_produces_records_and_report(smoke):
     assert (probe.status == "ok").all() and (probe.accept_length >= 1.0).all()
     assert records[records.variant == "baseline"].accept_length.isna().all()
     trained = records[records.variant.isin(["finetune-keep", "finetune-remap", "finetune-regenerate", "scratch"])]
-    if gate["pass"]:
-        assert (trained.status == "ok").all() and trained.val_acc_per_step.notna().all()
-        assert "TTT per-step" in md and "| finetune-remap |" in md
-    else:
-        assert (trained.status == "skipped").all() and "skipped" in md
+    # the embedded default's probe clears the gate: a run that skipped fine-tuning is a regression
+    assert gate["pass"] is True and gate["decision"] == "fine-tune", gate
+    assert len(trained) == n_arms * n_specs * len(cfg["bench"]["clients"])
+    assert (trained.status == "ok").all() and trained.val_acc_per_step.notna().all()
+    assert "TTT per-step" in md and "| finetune-remap |" in md and "skipped" not in md
+    for arm in ("finetune-keep", "finetune-remap", "finetune-regenerate", "scratch"):
+        summary = json.loads((res / "train" / arm / "summary.json").read_text())
+        assert summary["steps"] == cfg["train"]["steps"], (arm, summary["steps"])  # trained to the end
     glob = pd.read_csv(smoke / "results" / "records.csv")
     assert set(records.row_id) <= set(glob.row_id)
     assert len(pd.read_parquet(smoke / "results" / "records.parquet")) == len(glob)
@@ -78,6 +81,36 @@ def test_full_run_produces_records_and_report(smoke):
     # every rule logged under results/<experiment>/logs/
     assert (res / "logs" / "serve_bench" / "probe-s2-k1-d3.log").exists()
     assert (res / "logs" / "server" / "probe-s2-k1-d3.log").exists()
+
+
+def test_the_loop_shows_the_embedded_defaults_headline(smoke):
+    """What the demo is for, on its fixed seed (CPU, deterministic counts): the warm starts that keep
+    rows with their tokens (keep, remap) draft at least as well as the transferred drafter did and
+    learnt (validation accuracy); regenerate, rows kept by index, shows the trap: it learnt nothing
+    and drafts worse than keep, remap and the probe, so the report never makes it a candidate.
+
+    Measured at this commit (smoke, s2-k1-d3, 4 prompts x 16 tokens x 2 repeats): accept length probe,
+    keep and remap 1.164 (128 tokens / 110 verify cycles), regenerate and scratch 1.085 (128 / 118);
+    validation accuracy keep 0.367, remap 0.333, regenerate 0.000, scratch 0.044. keep/remap beat the
+    probe strictly only at the default size (1.62 vs 1.45, benchmarks/RESULTS.md): at smoke the
+    answers are too short to separate them, so here they must not fall below it.
+    """
+    res = smoke / "results" / EXP
+    records = pd.read_csv(res / "records" / "records.csv")
+    md = (res / "report" / "summary.md").read_text()
+    drafted = records[records.variant != "baseline"]
+    assert len(drafted) == 5 * len(_smoke_config()["speculative"]) * len(_smoke_config()["bench"]["clients"])
+    for (spec, client), rows in drafted.groupby(["spec_id", "client"]):
+        acc = dict(zip(rows.variant, rows.accept_length))
+        val = dict(zip(rows.variant, rows.val_acc_mean))
+        where = (spec, client, acc, val)
+        for warm in ("finetune-keep", "finetune-remap"):
+            assert acc[warm] >= acc["probe"] - 1e-9, where
+            assert val[warm] > 0.25, where  # it learnt: a quarter and more of the draft tokens right
+            assert acc[warm] > acc["finetune-regenerate"] + 0.03, where  # the trap, by a clear margin
+            assert val[warm] > val["finetune-regenerate"] + 0.2, where
+        assert acc["finetune-regenerate"] < acc["probe"] - 0.03, where  # worse than not fine-tuning at all
+        assert f"`finetune-regenerate` at {spec} is not a candidate" in md
 
 
 def test_launches_equal_distinct_server_configurations(smoke):
