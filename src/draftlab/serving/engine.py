@@ -12,7 +12,8 @@ One cycle, with ``L`` tokens in the target's KV cache and the next token ``x`` a
            the features at t), which also yields the first draft logits of the next cycle.
 
 Plain decoding (no drafter) runs through the same prefill and cache code, so the two are a fair
-comparison. The server serialises requests, so every forward here has batch size 1.
+comparison. ``generate`` decodes one request (batch size 1); the server decodes the requests in
+flight together through ``batch_decode``, which reuses this prefill and acceptance code.
 """
 
 from __future__ import annotations
@@ -233,12 +234,27 @@ class Engine:
 
         return DynamicCache(config=self.target.config)
 
-    def _plain(self, prompt: list[int], max_new: int, stops: set[int], should_stop) -> GenerationResult:
-        t_start = self._tick()
+    def prefill_target(self, prompt: list[int], hidden: bool):
+        """Prefill one prompt: (its cache, the forward's output, the first token [1, 1])."""
         cache = self._new_cache()
         ids = torch.tensor([prompt], device=self.device)
-        out = self._target(ids, cache, hidden=False, last_only=True)
-        nxt = out.logits[:, -1].argmax(-1, keepdim=True)  # [1, 1]
+        out = self._target(ids, cache, hidden=hidden, last_only=True)
+        return cache, out, out.logits[:, -1].argmax(-1, keepdim=True)
+
+    def prefill_drafter(self, prompt: list[int], out, pending: Tensor):
+        """The drafter's prefill extend (features at t with token t+1): (cache, first logits, hidden)."""
+        from draftlab.training.model import DrafterCache
+
+        dcache = DrafterCache()
+        ids = torch.tensor([prompt], device=self.device)
+        d_in = torch.cat([ids[:, 1:], pending], dim=1)
+        pos = torch.arange(len(prompt), device=self.device).unsqueeze(0)
+        d_logits, d_hidden = self.drafter(d_in, self._aux(out), pos, dcache)
+        return dcache, d_logits[:, -1], d_hidden[:, -1:]
+
+    def _plain(self, prompt: list[int], max_new: int, stops: set[int], should_stop) -> GenerationResult:
+        t_start = self._tick()
+        cache, _, nxt = self.prefill_target(prompt, hidden=False)  # nxt: [1, 1]
         tok = int(nxt.item())
         res = GenerationResult(output_ids=[tok], prompt_tokens=len(prompt), finish_reason="length")
         t = self._tick()
@@ -263,24 +279,15 @@ class Engine:
         drafter, k, dev = self.drafter, self.num_steps, self.device
         t_start = self._tick()
         n = len(prompt)
-        cache = self._new_cache()
-        ids = torch.tensor([prompt], device=dev)
-        out = self._target(ids, cache, hidden=True, last_only=True)
-        pending = out.logits[:, -1].argmax(-1, keepdim=True)  # [1, 1], the next token, not yet in the cache
+        # pending: [1, 1], the next token, not yet in the cache
+        cache, out, pending = self.prefill_target(prompt, hidden=True)
         tok = int(pending.item())
         res = GenerationResult(output_ids=[tok], prompt_tokens=n, finish_reason="length", num_steps=k,
                                accept_histogram=[0] * (k + 1), accept_by_position=[0] * k)
         finished = tok in stops
         dcache = None
         if not finished and max_new > 1:
-            from draftlab.training.model import DrafterCache
-
-            dcache = DrafterCache()
-            # drafter prefill: features at t with token t+1, for t = 0..n-1
-            d_in = torch.cat([ids[:, 1:], pending], dim=1)
-            pos = torch.arange(n, device=dev).unsqueeze(0)
-            d_logits, d_hidden = drafter(d_in, self._aux(out), pos, dcache)
-            d_logits, d_hidden = d_logits[:, -1], d_hidden[:, -1:]
+            dcache, d_logits, d_hidden = self.prefill_drafter(prompt, out, pending)
         del out
         L = n  # positions in both caches
         t = self._tick()
@@ -305,26 +312,10 @@ class Engine:
             verify_in = torch.cat([pending, *drafts], dim=1)  # [1, k_eff+1]
             out = self._target(verify_in, cache, hidden=True)
             greedy = out.logits[0].argmax(-1)  # [k_eff+1]
-            g = greedy.tolist()
             v = verify_in[0, 1:].tolist()
-            m = 0
-            while m < k_eff and v[m] == g[m]:
-                m += 1
+            m, finished = accept_cycle(res, v, greedy.tolist(), k_eff, stops, max_new)
             if self.trace is not None:
                 self.trace.append({"length": L, "drafts": v, "accepted": m})
-            res.spec_verify_ct += 1
-            res.verify_calls += 1
-            res.draft_tokens += k_eff
-            res.accept_histogram[m] += 1
-            for i in range(m):
-                res.accept_by_position[i] += 1
-            for tok in g[: m + 1]:
-                res.output_ids.append(tok)
-                if tok in stops:
-                    finished = True
-                    break
-                if len(res.output_ids) >= max_new:
-                    break
             crop_cache(cache, L + m + 1)
             t2 = self._tick()
             res.verify_time += t2 - t1
@@ -344,6 +335,31 @@ class Engine:
         res.finish_reason = "stop" if finished else "length"
         res.e2e_time = self._tick() - t_start
         return res
+
+
+def accept_cycle(res: GenerationResult, drafts: list[int], greedy: list[int], k_eff: int, stops: set[int],
+                 max_new: int) -> tuple[int, bool]:
+    """Count one verify in ``res`` and append its tokens; return (drafts accepted, stopped at a stop id).
+
+    Only the first ``k_eff`` drafts count (a batched verify may carry more for other rows); the
+    tokens appended are the target's greedy choices, cut at a stop id or at ``max_new``.
+    """
+    m = 0
+    while m < k_eff and drafts[m] == greedy[m]:
+        m += 1
+    res.spec_verify_ct += 1
+    res.verify_calls += 1
+    res.draft_tokens += k_eff
+    res.accept_histogram[m] += 1
+    for i in range(m):
+        res.accept_by_position[i] += 1
+    for tok in greedy[: m + 1]:
+        res.output_ids.append(tok)
+        if tok in stops:
+            return m, True
+        if len(res.output_ids) >= max_new:
+            break
+    return m, False
 
 
 def meta_info(res: GenerationResult, e2e_latency: float | None = None) -> dict[str, Any]:

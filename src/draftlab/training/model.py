@@ -255,13 +255,16 @@ class Eagle3Drafter(nn.Module):
 
     # -- one draft step -------------------------------------------------------------------------
     def forward(
-        self, input_ids: Tensor, hidden: Tensor, position_ids: Tensor, cache: DrafterCache | None = None
+        self, input_ids: Tensor, hidden: Tensor, position_ids: Tensor, cache: DrafterCache | None = None,
+        key_mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """One step of the draft layer over T new positions; returns (logits [B,T,M], hidden_out [B,T,H]).
 
         ``hidden`` is either the fused hidden [B,T,H] or the raw aux states [B,T,3*Ht] (fused here,
         as SGLang does when the width differs). With ``cache``, the new positions attend to every
         cached position plus causally to each other, and their keys/values are appended.
+        ``key_mask`` [B, cached+T] (bool) hides cache slots per row: the batched server's padding
+        and rejected drafts (``batch_decode``).
         """
         if hidden.shape[-1] != self.hidden_size:
             hidden = self.fuse(hidden)
@@ -275,10 +278,12 @@ class Eagle3Drafter(nn.Module):
             past = cache.length
             k, v = cache.append(k, v)
         t = q.shape[2]
-        if past == 0:
+        if past == 0 and key_mask is None:
             out = attn.attend(q, k, v, None, causal=True)
         else:
             mask = torch.ones(t, past + t, dtype=torch.bool, device=q.device).tril(diagonal=past)
+            if key_mask is not None:
+                mask = mask & key_mask[:, None, None, :]  # [B, 1, T, cached+T]
             out = attn.attend(q, k, v, mask)
         return self.head(self.midlayer.finish(out, hidden))
 

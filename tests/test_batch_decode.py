@@ -1,0 +1,104 @@
+"""Batched decoding (issue 17): every row's greedy output and counters equal serving it alone.
+
+Float64 tiny Llama targets and EAGLE-3 drafters (the trained-ish and random ones of test_engine),
+prompts of different lengths, per-request ``max_new_tokens`` and stop ids, requests joining the
+batch while others decode, and rows leaving as they finish.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from draftlab.batch_decode import BatchDecoder
+from draftlab.engine import Engine
+from test_engine import VOCAB, world  # noqa: F401 (the module fixture)
+
+FIELDS = ("output_ids", "finish_reason", "spec_verify_ct", "accept_histogram", "accept_by_position",
+          "draft_tokens", "prompt_tokens", "draft_calls", "verify_calls")
+
+
+def _requests(n: int, seed: int, stop_every: int = 0):
+    """``n`` requests: prompts of 2..16 tokens, max_new 1..24, a stop id for every ``stop_every``-th."""
+    g = torch.Generator().manual_seed(seed)
+    reqs = []
+    for i in range(n):
+        prompt = torch.randint(1, VOCAB, (2 + (i * 5) % 15,), generator=g).tolist()
+        max_new = [24, 1, 7, 19, 2, 13, 24, 5][i % 8]
+        reqs.append((prompt, max_new, i))
+    return reqs
+
+
+def _alone(eng: Engine, reqs, stops_of) -> list:
+    return [eng.generate(p, n, stop_token_ids=stops_of(i)) for p, n, i in reqs]
+
+
+def _batched(eng: Engine, reqs, stops_of, join_every: int = 0, compact: bool = False) -> list:
+    """Decode ``reqs`` together; with ``join_every`` = j, one request joins every j steps."""
+    dec = BatchDecoder(eng)
+    results: dict[int, object] = {}
+    waiting = list(reqs)
+    while waiting or len(dec):
+        for _ in range(len(waiting) if not join_every else 1):
+            if waiting:
+                p, n, i = waiting.pop(0)
+                row = dec.add(p, eng.check_request(p, n), set(stops_of(i)) | eng.eos_token_ids, tag=i)
+                if row.done:
+                    results[i] = row.res
+        for _ in range(max(1, join_every)):
+            for row in dec.step():
+                results[row.tag] = row.res
+            if compact and len(dec):
+                dec.compact(force=True)
+    return [results[i] for _, _, i in reqs]
+
+
+def _same(alone, batched):
+    for a, b in zip(alone, batched):
+        for f in FIELDS:
+            assert getattr(a, f) == getattr(b, f), (f, getattr(a, f), getattr(b, f))
+    return True
+
+
+@pytest.mark.parametrize("drafter, k", [(None, 0), ("trained", 1), ("trained", 3), ("trained", 5), ("random", 3)])
+@pytest.mark.parametrize("mode", ["together", "joining", "compacting"])
+def test_batched_rows_equal_each_request_alone(world, drafter, k, mode):  # noqa: F811
+    eng = Engine(world["v1"], world[drafter] if drafter else None, num_steps=max(k, 1), eos_token_ids=())
+    reqs = _requests(8, seed=11) + [(p, 20, 8 + j) for j, p in enumerate(world["train_prompts"][:3])]
+    # a stop id some rows meet early: one of the target's own greedy tokens for that prompt
+    first = {i: eng.generate(p, 6).output_ids for p, _, i in reqs}
+    stops_of = lambda i: [first[i][3]] if i % 3 == 0 else []  # noqa: E731
+    alone = _alone(eng, reqs, stops_of)
+    assert any(r.finish_reason == "stop" for r in alone) and any(r.finish_reason == "length" for r in alone)
+    batched = _batched(eng, reqs, stops_of, join_every=2 if mode != "together" else 0, compact=mode == "compacting")
+    assert _same(alone, batched)
+    if drafter == "trained" and k > 1:
+        assert sum(sum(r.accept_histogram[1:]) for r in batched) > 0  # acceptance really happened in the batch
+
+
+def test_eos_of_the_engine_applies_per_row(world):  # noqa: F811
+    p = world["train_prompts"][0]
+    ref = Engine(world["v1"], None, eos_token_ids=()).generate(p, 12).output_ids
+    eng = Engine(world["v1"], world["trained"], num_steps=3, eos_token_ids=[ref[4]])
+    reqs = [(p, 12, 0), (world["train_prompts"][1], 12, 1)]
+    alone = _alone(eng, reqs, lambda i: [])
+    assert alone[0].output_ids == ref[: ref.index(ref[4]) + 1] and alone[0].finish_reason == "stop"
+    assert _same(alone, _batched(eng, reqs, lambda i: []))
+
+
+def test_rows_leave_and_the_cache_shrinks(world):  # noqa: F811
+    eng = Engine(world["v1"], world["random"], num_steps=3, eos_token_ids=())
+    dec = BatchDecoder(eng)
+    dec.add([1, 2, 3], 3, set())
+    dec.add(list(range(1, 30)), 40, set())
+    steps = 0
+    while len(dec) == 2:
+        dec.step()
+        steps += 1
+    assert len(dec) == 1 and dec.mask.shape[0] == 1 and dec.pending.shape == (1, 1)
+    for _ in range(6):
+        dec.step()
+    # rejected drafts are masked, then squeezed out: the cache stays near the row's real length
+    slots = dec.cache.get_seq_length()
+    assert slots - dec.rows[0].length < max(16, slots // 3) and dec.dcache.length < dec.rows[0].length + 16
+    assert int(dec.mask.sum()) == dec.rows[0].length
