@@ -48,13 +48,13 @@ def folders(tmp_path_factory):
 class Served:
     """One ``draftlab serve`` process (own session), its URL and its log."""
 
-    def __init__(self, folders, log: Path):
+    def __init__(self, folders, log: Path, *extra: str):
         target, drafter = folders
         self.log = log
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "draftlab.cli", "serve", "--target", str(target), "--drafter", str(drafter),
              "--num-steps", "3", "--threads", "1", "--read-timeout", str(READ_TIMEOUT),
-             "--health-timeout", str(HEALTH_TIMEOUT)],
+             "--health-timeout", str(HEALTH_TIMEOUT), *extra],
             stdout=subprocess.PIPE, stderr=log.open("w"), text=True, start_new_session=True)
         line = self.proc.stdout.readline()
         assert line.startswith("draftlab-serve listening on http://127.0.0.1:"), (line, log.read_text())
@@ -136,17 +136,33 @@ def test_a_disconnected_clients_generation_stops(server):
         time.sleep(0.1)
 
 
-def test_health_generate_fails_while_the_engine_stays_busy(server):
+def test_health_generate_joins_the_batch_beside_a_long_generation(server):
     sock = open_request(server.port, LONG)
     try:
         time.sleep(0.5)
         start = time.monotonic()
-        status, _ = call(server.url + "/health_generate", timeout=10)
-        assert status == 503 and time.monotonic() - start < HEALTH_TIMEOUT + 2
-        assert call(server.url + "/health")[0] == 200  # liveness alone says nothing about the engine
+        assert call(server.url + "/health_generate", timeout=10)[0] == 200
+        assert time.monotonic() - start < HEALTH_TIMEOUT  # decoded beside the long request, not after it
     finally:
         sock.close()
-    assert call(server.url + "/health_generate", timeout=10)[0] == 200  # free again once the client left
+
+
+def test_health_generate_fails_while_the_engine_stays_busy(folders, tmp_path):
+    srv = Served(folders, tmp_path / "serve.log", "--max-batch-size", "1")  # one row: the long request fills it
+    try:
+        assert call(srv.url + "/get_server_info")[1]["max_batch_size"] == 1
+        sock = open_request(srv.port, LONG)
+        try:
+            time.sleep(0.5)
+            start = time.monotonic()
+            status, _ = call(srv.url + "/health_generate", timeout=10)
+            assert status == 503 and time.monotonic() - start < HEALTH_TIMEOUT + 2
+            assert call(srv.url + "/health")[0] == 200  # liveness alone says nothing about the engine
+        finally:
+            sock.close()
+        assert call(srv.url + "/health_generate", timeout=10)[0] == 200  # free again once the client left
+    finally:
+        srv.stop()
 
 
 DEEP = b'{"text": "hi", "sampling_params": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"

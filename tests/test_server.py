@@ -35,14 +35,19 @@ def _start(state):
 
 
 @pytest.fixture(scope="module")
-def servers(folders):
+def started(folders):
     target, drafter = folders
     plain = _start(load_state(target, None))
     spec = _start(load_state(target, drafter, num_steps=3))
-    yield {"plain": plain[1], "spec": spec[1]}
+    yield {"plain": plain, "spec": spec}
     for httpd, _ in (plain, spec):
         httpd.shutdown()
         httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def servers(started):
+    return {name: url for name, (_, url) in started.items()}
 
 
 def test_health_and_models(servers):
@@ -92,6 +97,39 @@ def test_input_ids_batch_and_stop_token(servers):
                          "sampling_params": {"max_new_tokens": 8, "ignore_eos": True, "stop_token_ids": [stop]}})[1]
     assert stopped["output_ids"] == ids[: ids.index(stop) + 1]
     assert stopped["meta_info"]["finish_reason"]["type"] == "stop"
+
+
+META = ("prompt_tokens", "completion_tokens", "finish_reason", "spec_verify_ct", "spec_accept_length",
+        "spec_accept_token_num", "spec_draft_token_num", "spec_accept_histogram", "spec_accept_by_position")
+
+
+@pytest.mark.parametrize("name", ["plain", "spec"])
+def test_concurrent_requests_are_batched_and_each_equals_its_answer_alone(started, name):
+    httpd, url = started[name]
+    reqs = [{"input_ids": list(range(3, 3 + 2 + 3 * i)),
+             "sampling_params": {"max_new_tokens": [24, 3, 17, 1, 24, 9, 20, 12][i], "ignore_eos": True}}
+            for i in range(8)]
+    alone = [call(url + "/generate", r)[1] for r in reqs]
+    stop = alone[6]["output_ids"][4]
+    reqs[6]["sampling_params"]["stop_token_ids"] = [stop]
+    alone[6] = call(url + "/generate", reqs[6])[1]
+    assert alone[6]["meta_info"]["finish_reason"]["type"] == "stop"
+    together: list = [None] * len(reqs)
+
+    def send(i):
+        together[i] = call(url + "/generate", reqs[i])
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(reqs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for a, (status, b) in zip(alone, together):
+        assert status == 200 and b["output_ids"] == a["output_ids"] and b["text"] == a["text"]
+        assert {k: b["meta_info"].get(k) for k in META} == {k: a["meta_info"].get(k) for k in META}
+    assert httpd.state.scheduler.peak_rows >= 2  # some of them really shared decode steps
+    info = call(url + "/get_server_info")[1]
+    assert info["max_batch_size"] == 8 and info["internal_states"][0]["num_requests"] >= 17
 
 
 def test_openai_completions_with_usage(servers):
@@ -153,3 +191,9 @@ def test_cli_reports_a_missing_target_as_user_error(tmp_path):
     out = subprocess.run([sys.executable, "-m", "draftlab.cli", "serve", "--target", str(tmp_path / "nope")],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "config.json" in out.stderr
+
+
+def test_cli_refuses_a_batch_size_below_one(folders):
+    out = subprocess.run([sys.executable, "-m", "draftlab.cli", "serve", "--target", str(folders[0]),
+                          "--max-batch-size", "0"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--max-batch-size: expected an integer >= 1, got 0" in out.stderr

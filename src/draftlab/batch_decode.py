@@ -87,6 +87,7 @@ class BatchDecoder:
         return len(self.rows)
 
     # -- joining ----------------------------------------------------------------------------------
+    @torch.inference_mode()
     def add(self, prompt: list[int], max_new: int, stops: set[int], tag: Any = None) -> Row:
         """Prefill one request alone; it joins the batch unless its first token already finished it."""
         eng = self.engine

@@ -197,6 +197,12 @@ class Engine:
             raise DraftlabError(f"request: input_ids {bad[:5]} are outside the target vocabulary 0..{vocab - 1}")
         return max_new_tokens if ctx is None else min(max_new_tokens, ctx - len(input_ids))
 
+    def limits(self, input_ids: Sequence[int], max_new_tokens: int, ignore_eos: bool = False,
+               stop_token_ids: Iterable[int] = ()) -> tuple[int, set[int]]:
+        """A request's token budget (``check_request``) and stop ids (EOS unless ``ignore_eos``)."""
+        budget = self.check_request(input_ids, max_new_tokens)
+        return budget, set(stop_token_ids) | (set() if ignore_eos else self.eos_token_ids)
+
     # -- forwards ---------------------------------------------------------------------------------
     def _target(self, ids: Tensor, cache, hidden: bool, last_only: bool = False):
         kw = {self._cache_kw: cache, "use_cache": True, "output_hidden_states": hidden}
@@ -224,8 +230,7 @@ class Engine:
         Stops at EOS unless ``ignore_eos``. ``should_stop`` is polled before every decode step or
         speculative cycle; when it returns True, :class:`GenerationStopped` is raised.
         """
-        budget = self.check_request(input_ids, max_new_tokens)
-        stops = set(stop_token_ids) | (set() if ignore_eos else self.eos_token_ids)
+        budget, stops = self.limits(input_ids, max_new_tokens, ignore_eos, stop_token_ids)
         run = self._plain if self.drafter is None else self._speculative
         return run(list(map(int, input_ids)), budget, stops, should_stop or _never)
 

@@ -4,8 +4,9 @@ Why it exists: the embedded default (CPU, CI) must run the same benchmark client
 SGLang, so this server answers ``/health``, ``/health_generate``, ``/generate`` (``meta_info`` with
 ``completion_tokens``, ``spec_verify_ct``, ...), ``/get_server_info`` (``internal_states[0].
 avg_spec_accept_length``), ``/v1/models`` and ``/v1/completions`` in the same shapes. Standard
-library only (``http.server``). Requests are served one at a time (a lock around the engine), so
-every forward has batch size 1; greedy decoding only (temperature 0).
+library only (``http.server``). The requests in flight are decoded together, up to
+``max_batch_size`` rows per forward (``scheduler``, continuous batching), each one's output the
+same as if it ran alone; greedy decoding only (temperature 0).
 
 No request can wedge it: prompts beyond the context are refused and ``max_new_tokens`` is capped by
 the context; a generation stops between two decode steps when its client disconnects or the server
@@ -31,8 +32,9 @@ from typing import Any, Callable
 
 from draftlab import __version__
 from draftlab.deadline_io import DeadlineReader, peer_closed
-from draftlab.serving.engine import Engine, GenerationResult, GenerationStopped, meta_info
+from draftlab.serving.engine import Engine, GenerationResult, meta_info
 from draftlab.errors import DraftlabError
+from draftlab.scheduler import DEFAULT_MAX_BATCH_SIZE, Scheduler, Ticket
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 LISTEN_LINE = "draftlab-serve listening on http://{host}:{port}"
@@ -76,7 +78,8 @@ class ServerState:
 
     def __init__(self, engine: Engine, *, model_path: str, drafter_path: str | None = None, tokenizer=None,
                  device: str = "cpu", dtype: str | None = None, health_timeout_s: float = HEALTH_TIMEOUT_S,
-                 read_timeout_s: float = READ_TIMEOUT_S, max_body_bytes: int | None = None):
+                 read_timeout_s: float = READ_TIMEOUT_S, max_body_bytes: int | None = None,
+                 max_batch_size: int = DEFAULT_MAX_BATCH_SIZE):
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_path = model_path
@@ -90,7 +93,9 @@ class ServerState:
         self.stopping = threading.Event()  # set on SIGTERM: every wait and generation ends
         self._active = 0  # requests being handled, so a shutdown can let their answers go out
         self._idle = threading.Condition()
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # held by the scheduler around every engine step
+        self.scheduler = Scheduler(engine, max_batch_size, lock=self.lock)
+        self._stats = threading.Lock()
         self.started = time.time()
         self.verify_total = 0  # verify forwards over all requests
         self.accepted_total = 0  # accepted draft tokens over all requests
@@ -101,53 +106,57 @@ class ServerState:
     def run(self, ids: list[int], max_new_tokens: int, ignore_eos: bool, stop_ids: list[int],
             record: bool = True, client_gone: Callable[[], bool] | None = None,
             wait_s: float | None = None) -> GenerationResult:
-        """Generate for one request once the engine is free.
+        """Generate for one request (see ``run_many``)."""
+        return self.run_many([ids], max_new_tokens, ignore_eos, stop_ids, record, client_gone, wait_s)[0]
 
-        Checked before waiting (context, vocabulary); while waiting and between decode steps, a
-        disconnected client (``client_gone``) or a shutdown ends the request. ``wait_s`` bounds the
-        wait for the engine (``Unavailable`` after it).
+    def run_many(self, prompts: list[list[int]], max_new_tokens: int, ignore_eos: bool, stop_ids: list[int],
+                 record: bool = True, client_gone: Callable[[], bool] | None = None,
+                 wait_s: float | None = None) -> list[GenerationResult]:
+        """Generate for each prompt, all of them decoded in the batch with the other requests in flight.
+
+        Checked before anything is queued (context, vocabulary); while waiting and between decode
+        steps, a disconnected client (``client_gone``) or a shutdown ends the request. ``wait_s``
+        bounds the whole wait for the results (``Unavailable`` after it).
         """
+        tickets: list[Ticket] = []
         try:
-            self.engine.check_request(ids, max_new_tokens)
-        except DraftlabError as exc:
-            raise BadRequest(str(exc)) from None
-        gone = client_gone or (lambda: False)
-
-        def should_stop() -> bool:
-            return self.stopping.is_set() or gone()
-
-        self._acquire(should_stop, gone, wait_s)
-        try:
-            try:
-                res = self.engine.generate(ids, max_new_tokens, ignore_eos=ignore_eos, stop_token_ids=stop_ids,
-                                           should_stop=should_stop)
-            except GenerationStopped as exc:
-                if self.stopping.is_set():
-                    raise Unavailable(f"the server is shutting down (generation stopped after {exc.tokens} "
-                                      f"tokens)") from None
-                raise ClientGone(f"client disconnected; generation stopped after {exc.tokens} tokens") from None
-            except DraftlabError as exc:
-                raise BadRequest(str(exc)) from None
-            if record:
-                self.requests += 1
-                self.verify_total += res.spec_verify_ct
-                self.accepted_total += sum(res.accept_by_position)
-                decode = res.e2e_time - res.prefill_time
-                if decode > 0 and res.completion_tokens > 1:
-                    self.last_gen_throughput = (res.completion_tokens - 1) / decode
+            for ids in prompts:
+                try:
+                    tickets.append(self.scheduler.submit(ids, max_new_tokens, ignore_eos=ignore_eos,
+                                                         stop_token_ids=stop_ids))
+                except DraftlabError as exc:
+                    raise BadRequest(str(exc)) from None
+            results = [self._wait(t, client_gone or (lambda: False), wait_s, time.monotonic()) for t in tickets]
         finally:
-            self.lock.release()
-        return res
+            for t in tickets:
+                if not t.done.is_set():
+                    self.scheduler.cancel(t)
+        if record:
+            with self._stats:
+                for res in results:
+                    self.requests += 1
+                    self.verify_total += res.spec_verify_ct
+                    self.accepted_total += sum(res.accept_by_position)
+                    decode = res.e2e_time - res.prefill_time
+                    if decode > 0 and res.completion_tokens > 1:
+                        self.last_gen_throughput = (res.completion_tokens - 1) / decode
+        return results
 
-    def _acquire(self, should_stop: Callable[[], bool], gone: Callable[[], bool], wait_s: float | None) -> None:
-        start = time.monotonic()
-        while not self.lock.acquire(timeout=_POLL_S):
+    def _wait(self, t: Ticket, gone: Callable[[], bool], wait_s: float | None, start: float) -> GenerationResult:
+        while not t.done.wait(_POLL_S):
             if self.stopping.is_set():
-                raise Unavailable("the server is shutting down")
+                raise Unavailable("the server is shutting down" + (
+                    f" (generation stopped after {t.tokens} tokens)" if t.started else ""))
             if gone():
-                raise ClientGone("client disconnected while waiting for the engine")
+                raise ClientGone(f"client disconnected; generation stopped after {t.tokens} tokens" if t.started
+                                 else "client disconnected while waiting for the engine")
             if wait_s is not None and time.monotonic() - start >= wait_s:
                 raise Unavailable(f"the engine has been busy for more than {wait_s:g}s")
+        if isinstance(t.error, DraftlabError):
+            raise BadRequest(str(t.error))
+        if t.error is not None:
+            raise t.error
+        return t.result
 
     def begin_request(self) -> None:
         with self._idle:
@@ -192,7 +201,7 @@ class ServerState:
             "device": self.device,
             "dtype": self.dtype,
             "tp_size": 1,
-            "max_batch_size": 1,
+            "max_batch_size": self.scheduler.max_batch_size,
             "backend": "draftlab-builtin",
             "version": f"draftlab {__version__}",
             "internal_states": [state],
@@ -307,8 +316,7 @@ def handle_generate(state: ServerState, body: dict[str, Any], t_arrival: float,
     prompts, batched = _prompts(state, body.get("text"), body.get("input_ids"), "/generate")
     _check_all(state, prompts, max_new)
     outs = []
-    for ids in prompts:
-        res = state.run(ids, max_new, ignore_eos, stop_ids, client_gone=client_gone)
+    for res in state.run_many(prompts, max_new, ignore_eos, stop_ids, client_gone=client_gone):
         meta = meta_info(res, e2e_latency=time.perf_counter() - t_arrival)
         meta["id"] = uuid.uuid4().hex
         outs.append({"text": state.decode(res.output_ids), "output_ids": res.output_ids, "meta_info": meta})
@@ -330,8 +338,7 @@ def handle_completions(state: ServerState, body: dict[str, Any],
     stop_ids = _stop_ids(body, "")
     _check_all(state, prompts, max_new)
     choices, prompt_tokens, completion_tokens = [], 0, 0
-    for i, ids in enumerate(prompts):
-        res = state.run(ids, max_new, ignore_eos, stop_ids, client_gone=client_gone)
+    for i, res in enumerate(state.run_many(prompts, max_new, ignore_eos, stop_ids, client_gone=client_gone)):
         prompt_tokens += res.prompt_tokens
         completion_tokens += res.completion_tokens
         choices.append({"index": i, "text": state.decode(res.output_ids), "logprobs": None,
@@ -506,7 +513,8 @@ def load_state(target: str | Path, drafter: str | Path | None = None, *, num_ste
                dtype: str | None = None, trust_remote_code: bool = False, **limits: Any) -> ServerState:
     """Load models and tokenizer (if the target folder has one) into a ready ``ServerState``.
 
-    ``limits``: ``health_timeout_s``, ``read_timeout_s``, ``max_body_bytes`` (see ``ServerState``).
+    ``limits``: ``health_timeout_s``, ``read_timeout_s``, ``max_body_bytes``, ``max_batch_size``
+    (see ``ServerState``).
     """
     from draftlab.models.target import load_tokenizer
 
