@@ -1,0 +1,171 @@
+#!/usr/bin/env python
+"""Builtin server throughput at concurrency 1 vs 8 (issue 17): batching must pay, and change nothing.
+
+Starts ``draftlab serve`` on the demo target v1 (plain, then with the demo drafter v1), sends the
+same chat prompts (the shipped prompt set, rendered with the demo's chat format) at each
+concurrency, and measures output tokens/s over the whole run (wall clock, all requests). Checks
+that every prompt's output tokens and speculative counters (verify count, accept histogram) at
+concurrency 8 equal those at concurrency 1, and prints / writes one JSON document.
+
+    python benchmarks/server_batching.py                                  # CPU, smoke demo (~3-6 min)
+    python benchmarks/server_batching.py --device cuda --size gpu          # one GPU (builds the gpu demo
+                                                                          #  first if missing: minutes)
+    python benchmarks/server_batching.py --demo resources/demo/smoke       # an already built demo folder
+
+The demo pair is built with ``draftlab demo-models --out DIR --size SIZE`` when ``DIR/demo.json``
+is missing (DIR defaults to resources/demo/SIZE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+COUNTERS = ("completion_tokens", "spec_verify_ct", "spec_accept_histogram", "spec_accept_by_position",
+            "finish_reason")
+
+
+def demo_pair(args) -> dict:
+    folder = Path(args.demo or ROOT / "resources" / "demo" / args.size)
+    meta = folder / "demo.json"
+    if not meta.is_file():
+        cmd = [sys.executable, "-m", "draftlab.cli", "demo-models", "--out", str(folder), "--size", args.size,
+               "--device", "cuda" if args.device.startswith("cuda") else "cpu", "--json"]
+        print("building the demo pair:", " ".join(cmd), file=sys.stderr, flush=True)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return json.loads(meta.read_text())
+
+
+def prompts(n: int) -> list[str]:
+    from draftlab.bench import default_prompts_path, load_prompts
+    from draftlab.demo import render_chat
+
+    texts = [render_chat([{"role": "user", "content": p.text}], add_generation_prompt=True)
+             for p in load_prompts(default_prompts_path())]
+    return [texts[i % len(texts)] for i in range(n)]
+
+
+class Server:
+    """One ``draftlab serve`` process in its own session, killed as a group on exit."""
+
+    def __init__(self, target: str, drafter: str | None, args, log: Path):
+        cmd = [sys.executable, "-m", "draftlab.cli", "serve", "--target", target, "--device", args.device,
+               "--max-batch-size", str(args.max_batch_size), "--num-steps", str(args.num_steps)]
+        if drafter:
+            cmd += ["--drafter", drafter]
+        if args.dtype:
+            cmd += ["--dtype", args.dtype]
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
+                                     start_new_session=True)
+        line = self.proc.stdout.readline()
+        if not line.startswith("draftlab-serve listening on "):
+            self.stop()
+            raise SystemExit(f"server did not start; see {log}")
+        self.url = line.split(" on ", 1)[1].strip()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def post(url: str, payload: dict | None = None, timeout: float = 600) -> dict:
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read() or b"{}")
+
+
+def run_at(url: str, texts: list[str], concurrency: int, max_new: int) -> dict:
+    """All prompts with ``concurrency`` requests in flight; throughput over the whole run."""
+    def one(text):
+        return post(url + "/generate", {"text": text, "sampling_params": {
+            "max_new_tokens": max_new, "temperature": 0, "ignore_eos": True}})
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        outs = list(pool.map(one, texts))
+    wall = time.perf_counter() - t0
+    tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    verifies = sum(o["meta_info"].get("spec_verify_ct", 0) for o in outs)
+    return {"concurrency": concurrency, "requests": len(outs), "output_tokens": tokens, "wall_s": round(wall, 3),
+            "output_tok_per_s": round(tokens / wall, 2),
+            "accept_length": round(tokens / verifies, 4) if verifies else None, "_outs": outs}
+
+
+def compare(a: list[dict], b: list[dict]) -> dict:
+    diff_out = [i for i, (x, y) in enumerate(zip(a, b)) if x["output_ids"] != y["output_ids"]]
+    diff_meta = [i for i, (x, y) in enumerate(zip(a, b))
+                 if any(x["meta_info"].get(k) != y["meta_info"].get(k) for k in COUNTERS)]
+    return {"outputs_identical": not diff_out, "counters_identical": not diff_meta,
+            "prompts_differing": diff_out, "prompts_with_other_counters": diff_meta}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="smoke", choices=["smoke", "default", "gpu"])
+    ap.add_argument("--demo", default=None, help="a built demo folder (with demo.json); default resources/demo/SIZE")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads of the server")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--max-new", type=int, default=64)
+    ap.add_argument("--num-steps", type=int, default=3)
+    ap.add_argument("--max-batch-size", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--modes", nargs="+", default=["plain", "speculative"], choices=["plain", "speculative"])
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "server_batching.json"))
+    args = ap.parse_args()
+
+    pair = demo_pair(args)
+    texts = prompts(args.prompts)
+    out_path = Path(args.out)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    report = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "device": args.device},
+              "args": {k: v for k, v in vars(args).items()}, "target": pair["target_v1"],
+              "drafter": pair["drafter_v1"], "modes": {}}
+    for mode in args.modes:
+        drafter = pair["drafter_v1"] if mode == "speculative" else None
+        server = Server(pair["target_v1"], drafter, args, out_path.with_suffix(f".{mode}.log"))
+        try:
+            post(server.url + "/generate", {"text": texts[0], "sampling_params": {"max_new_tokens": 8}})  # warm-up
+            runs = [run_at(server.url, texts, c, args.max_new) for c in args.concurrency]
+            info = post(server.url + "/get_server_info")
+        finally:
+            server.stop()
+        base = runs[0]
+        entry = {"max_batch_size": info["max_batch_size"], "runs": []}
+        for r in runs:
+            r.update(compare(base["_outs"], r["_outs"]))
+            r["speedup_vs_first"] = round(r["output_tok_per_s"] / base["output_tok_per_s"], 3)
+            entry["runs"].append({k: v for k, v in r.items() if k != "_outs"})
+        report["modes"][mode] = entry
+        print(f"{mode}: " + ", ".join(f"c={r['concurrency']} {r['output_tok_per_s']} tok/s "
+                                      f"(x{r['speedup_vs_first']}, identical={r['outputs_identical']})"
+                                      for r in entry["runs"]), file=sys.stderr, flush=True)
+    tmp = out_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.replace(out_path)
+    print(json.dumps(report, indent=2))
+    ok = all(r["outputs_identical"] and r["counters_identical"] for m in report["modes"].values() for r in m["runs"])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
