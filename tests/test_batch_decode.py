@@ -7,6 +7,8 @@ batch while others decode, and rows leaving as they finish.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -102,3 +104,28 @@ def test_rows_leave_and_the_cache_shrinks(world):  # noqa: F811
     slots = dec.cache.get_seq_length()
     assert slots - dec.rows[0].length < max(16, slots // 3) and dec.dcache.length < dec.rows[0].length + 16
     assert int(dec.mask.sum()) == dec.rows[0].length
+
+
+def test_scheduler_queues_beyond_max_batch_size_and_drops_cancelled(world):  # noqa: F811
+    from draftlab.engine import GenerationStopped
+    from draftlab.scheduler import Scheduler
+
+    eng = Engine(world["v1"], world["trained"], num_steps=3, eos_token_ids=())
+    reqs = _requests(5, seed=3)
+    alone = _alone(eng, reqs, lambda i: [])
+    sched = Scheduler(eng, max_batch_size=2)
+    with sched.lock:  # hold the engine so that all five are queued before the first step
+        tickets = [sched.submit(p, n) for p, n, _ in reqs]
+        endless = sched.submit([7, 8, 9], 10**6)  # capped by the 256-token context: 60+ cycles
+        never = sched.submit([7, 8], 5)
+        sched.cancel(never)  # cancelled while queued: never admitted
+    while not endless.started:
+        assert not endless.done.is_set()
+        time.sleep(0.001)
+    sched.cancel(endless)  # cancelled while decoding: leaves the batch at the next step
+    for t in tickets:
+        assert t.done.wait(60) and t.error is None
+    assert _same(alone, [t.result for t in tickets])
+    assert sched.peak_rows == 2  # never more rows than allowed, and really two at a time
+    assert endless.done.wait(30) and isinstance(endless.error, GenerationStopped) and endless.error.tokens < 250
+    assert never.done.wait(30) and isinstance(never.error, GenerationStopped) and not never.started
