@@ -47,8 +47,8 @@ def demo_pair(args) -> dict:
 
 
 def prompts(n: int) -> list[str]:
-    from draftlab.bench import default_prompts_path, load_prompts
-    from draftlab.demo import render_chat
+    from draftlab.benchmark.bench import default_prompts_path, load_prompts
+    from draftlab.models.demo_models import render_chat
 
     texts = [render_chat([{"role": "user", "content": p.text}], add_generation_prompt=True)
              for p in load_prompts(default_prompts_path())]

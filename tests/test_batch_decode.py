@@ -12,8 +12,8 @@ import time
 import pytest
 import torch
 
-from draftlab.batch_decode import BatchDecoder
-from draftlab.engine import Engine
+from draftlab.serving.batch_decode import BatchDecoder
+from draftlab.serving.engine import Engine
 from test_engine import VOCAB, world  # noqa: F401 (the module fixture)
 
 FIELDS = ("output_ids", "finish_reason", "spec_verify_ct", "accept_histogram", "accept_by_position",
@@ -107,8 +107,8 @@ def test_rows_leave_and_the_cache_shrinks(world):  # noqa: F811
 
 
 def test_scheduler_queues_beyond_max_batch_size_and_drops_cancelled(world):  # noqa: F811
-    from draftlab.engine import GenerationStopped
-    from draftlab.scheduler import Scheduler
+    from draftlab.serving.engine import GenerationStopped
+    from draftlab.serving.scheduler import Scheduler
 
     eng = Engine(world["v1"], world["trained"], num_steps=3, eos_token_ids=())
     reqs = _requests(5, seed=3)

@@ -34,7 +34,7 @@ from draftlab import __version__
 from draftlab.deadline_io import DeadlineReader, peer_closed
 from draftlab.serving.engine import Engine, GenerationResult, meta_info
 from draftlab.errors import DraftlabError
-from draftlab.scheduler import DEFAULT_MAX_BATCH_SIZE, Scheduler, Ticket
+from draftlab.serving.scheduler import DEFAULT_MAX_BATCH_SIZE, Scheduler, Ticket
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 LISTEN_LINE = "draftlab-serve listening on http://{host}:{port}"

@@ -18,8 +18,8 @@ from typing import Iterable, Sequence
 
 import torch
 
-from draftlab.batch_decode import BatchDecoder
-from draftlab.engine import Engine, GenerationResult, GenerationStopped
+from draftlab.serving.batch_decode import BatchDecoder
+from draftlab.serving.engine import Engine, GenerationResult, GenerationStopped
 
 DEFAULT_MAX_BATCH_SIZE = 8
 

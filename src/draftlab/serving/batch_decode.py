@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from draftlab.engine import Engine, GenerationResult, accept_cycle
+from draftlab.serving.engine import Engine, GenerationResult, accept_cycle
 
 
 @dataclass(eq=False)
