@@ -22,7 +22,7 @@ def test_torchrun_two_gloo_ranks(tmp_path):
     tokenize_file(target, tiny_chat_data(tmp_path / "d.jsonl", n=20), tmp_path / "tok.jsonl", max_length=40)
     cmd = ["torchrun", "--standalone", "--nproc-per-node", "2", "-m", "draftlab.cli", "train",
            "--target", str(target), "--tokens", str(tmp_path / "tok.jsonl"), "--out", str(tmp_path / "run"),
-           "--draft-vocab-size", "64", "--ttt-length", "2", "--epochs", "2", "--lr", "5e-3", "--val-samples", "2",
+           "--draft-vocab-size", "64", "--batch-size", "1", "--ttt-length", "2", "--epochs", "2", "--lr", "5e-3", "--val-samples", "2",
            "--device", "cpu", "--json"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,

@@ -31,9 +31,13 @@ def load_target(folder: str | Path, *, dtype: torch.dtype | None = None, device:
     from transformers import AutoModelForCausalLM
 
     read_config(folder)  # clear error for a missing/broken config before transformers' own
-    model = AutoModelForCausalLM.from_pretrained(
-        str(folder), dtype=dtype or torch.float32, trust_remote_code=trust_remote_code, local_files_only=True
-    )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            str(folder), dtype=dtype or torch.float32, trust_remote_code=trust_remote_code, local_files_only=True
+        )
+    except OSError as exc:  # no weights, a truncated shard: transformers says which file it wanted
+        raise DraftlabError(f"{folder}: cannot load the target's weights (expected model.safetensors or an "
+                            f"index with its shards): {str(exc).splitlines()[0]}") from exc
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)

@@ -82,33 +82,50 @@ def collate(samples: list[dict[str, list[int]]], device) -> tuple[Tensor, Tensor
 
 
 class Features:
-    """Aux hidden states and target logits for a batch, online (target forward) or from shards."""
+    """Aux hidden states and target logits for a batch, online (target forward) or from shards.
+
+    The target is loaded on first use, so that everything cheap (the mapping, the source checkpoint)
+    is checked before the most expensive step of a run."""
 
     def __init__(self, cfg: TrainConfig, samples: Samples, aux_ids: list[int], device, dtype):
-        self.samples, self.aux_ids, self.device = samples, aux_ids, device
-        self.model = None
-        if samples.shards is None:
+        self.samples, self.aux_ids, self.device, self.dtype = samples, aux_ids, device, dtype
+        self.target, self.trust_remote_code = cfg.target, cfg.trust_remote_code
+        self.online = samples.shards is None
+        self._model = None
+        self._head = None
+        if not self.online and samples.shards.aux_layer_ids != aux_ids:
+            raise DraftlabError(f"{cfg.hidden_states}/index.json: aux_layer_ids {samples.shards.aux_layer_ids} "
+                                f"differ from the drafter's {aux_ids}")
+
+    @property
+    def model(self):
+        """The frozen target (online features only), loaded once."""
+        if self._model is None and self.online:
             from draftlab.models.target import load_target
 
-            self.model = load_target(cfg.target, dtype=dtype, device=device, trust_remote_code=cfg.trust_remote_code)
-        else:
+            self._model = load_target(self.target, dtype=self.dtype, device=self.device,
+                                      trust_remote_code=self.trust_remote_code)
+        return self._model
+
+    @property
+    def head(self) -> Tensor:
+        """The target's lm_head (offline features: read from its weights, not from a model)."""
+        if self._head is None:
             from draftlab.training.hidden_states import target_head_and_embeddings
 
-            if samples.shards.aux_layer_ids != aux_ids:
-                raise DraftlabError(f"{cfg.hidden_states}/index.json: aux_layer_ids {samples.shards.aux_layer_ids} "
-                                    f"differ from the drafter's {aux_ids}")
-            head, _ = target_head_and_embeddings(cfg.target)
-            self.head = head.to(device=device, dtype=torch.float32)
+            head, _ = target_head_and_embeddings(self.target)
+            self._head = head.to(device=self.device, dtype=torch.float32)
+        return self._head
 
     def embeddings(self, target: str) -> Tensor:
-        if self.model is not None:
+        if self.online:
             return self.model.get_input_embeddings().weight.detach()
         from draftlab.training.hidden_states import target_head_and_embeddings
 
         return target_head_and_embeddings(target)[1]
 
     def output_embeddings(self, target: str) -> Tensor:
-        if self.model is not None:
+        if self.online:
             return self.model.get_output_embeddings().weight.detach()
         return self.head
 
@@ -117,7 +134,7 @@ class Features:
         """(input_ids, loss_mask, aux [B,T,3H], target logits [B,T,V])."""
         toks = [self.samples.tokens_at(i) for i in idx]
         ids, mask, att = collate(toks, self.device)
-        if self.model is not None:
+        if self.online:
             from draftlab.models.target import aux_hidden
 
             out = self.model(input_ids=ids, attention_mask=att, output_hidden_states=True, use_cache=False)
