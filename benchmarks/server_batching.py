@@ -42,7 +42,10 @@ def demo_pair(args) -> dict:
         cmd = [sys.executable, "-m", "draftlab.cli", "demo-models", "--out", str(folder), "--size", args.size,
                "--device", "cuda" if args.device.startswith("cuda") else "cpu", "--json"]
         print("building the demo pair:", " ".join(cmd), file=sys.stderr, flush=True)
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        done = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True)
+        tmp = meta.with_name(meta.name + ".tmp")   # the demo_models rule's output, written as it does
+        tmp.write_text(done.stdout)
+        tmp.replace(meta)
     return json.loads(meta.read_text())
 
 
