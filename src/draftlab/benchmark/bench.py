@@ -181,15 +181,6 @@ def _request(url: str, payload: dict | None, timeout: float):
     return http_client.request(url, payload, timeout)
 
 
-def _json_call(url: str, payload: dict | None, timeout: float) -> Any:
-    with _request(url, payload, timeout) as resp:
-        body = resp.read()
-    try:
-        return json.loads(body)
-    except json.JSONDecodeError:
-        raise DraftlabError(f"{url}: expected a JSON response, got {body[:200]!r}") from None
-
-
 def _sse_events(resp) -> Any:
     """Yield decoded JSON payloads of ``data:`` lines of a server-sent-events response."""
     for raw in resp:
@@ -572,11 +563,11 @@ def summarize(
     }
 
 
-def _server_info(url: str, timeout: float) -> dict[str, Any]:
+def server_info(url: str, timeout: float) -> dict[str, Any]:
     """Speculative settings and SGLang's own cumulative accept length, when the server tells."""
     for path in ("/get_server_info", "/server_info"):
         try:
-            info = _json_call(f"{url}{path}", None, timeout)
+            info = http_client.json_call(f"{url}{path}", None, timeout)
         except http_client.RequestTimeout:
             raise  # a server too slow to describe itself will not be benchmarked either
         except DraftlabError:
@@ -604,8 +595,8 @@ def _server_info(url: str, timeout: float) -> dict[str, Any]:
     return {}
 
 
-def _vllm_model(url: str, timeout: float) -> str:
-    models = _json_call(f"{url}/v1/models", None, timeout)
+def served_model(url: str, timeout: float) -> str:
+    models = http_client.json_call(f"{url}/v1/models", None, timeout)
     data = models.get("data") if isinstance(models, dict) else None
     if not data:
         raise DraftlabError(f"{url}/v1/models: key 'data': expected at least one served model (or pass --model)")
@@ -672,9 +663,9 @@ def run_benchmark(
     prompt_set["count"] = len(prompt_list)
 
     if api == "vllm" and model is None:
-        model = _vllm_model(url, request_timeout_s)
+        model = served_model(url, request_timeout_s)
     # the server's speculative settings bound what its answers can say (bench_checks)
-    settings = _server_info(url, min(request_timeout_s, 30.0)) if api == "sglang" else {}
+    settings = server_info(url, min(request_timeout_s, 30.0)) if api == "sglang" else {}
     checks = Plausibility.from_server_info(max_new_tokens, settings)
     client = _Client(url, api, max_new_tokens, ignore_eos, request_timeout_s, model, checks)
 
@@ -770,7 +761,7 @@ def run_benchmark(
         "measure_ttft": measure_ttft,
         "limit": limit,
     }
-    server = _server_info(url, min(request_timeout_s, 30.0)) if api == "sglang" else {}
+    server = server_info(url, min(request_timeout_s, 30.0)) if api == "sglang" else {}
     checks.check_server_info(server, f"{url}{server.get('endpoint', '')}")
     summary["warnings"] = _warnings(summary, server)
     return BenchResult(summary=summary, rows=rows, config=config, prompt_set=prompt_set, server=server)

@@ -50,6 +50,21 @@ def server_argv(server: Mapping[str, Any]) -> list[str]:
     return ServerSpec.from_dict({**server, "python": "python"}).argv()
 
 
+def check_launch_argv(server: Mapping[str, Any], argv: list[str] | None, command: str) -> None:
+    """The command a rule prints after ``--`` must be the one its server config launches, so that what
+    Snakemake shows (``-n -p``) is exactly what runs; ``argv`` None or empty skips the check."""
+    if not argv:
+        return
+    from draftlab.errors import DraftlabError
+
+    expected = server_argv(server)
+    if list(argv) != expected:
+        raise DraftlabError(
+            f"{command}: the command after -- differs from the server config;\n"
+            f"  given:    {' '.join(argv)}\n  expected: {' '.join(expected)}"
+        )
+
+
 def fingerprint(server: Mapping[str, Any]) -> str:
     from draftlab.serving.launch import ServerSpec, server_fingerprint
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from draftlab.benchmark.bench_plan import server_argv
+from draftlab.benchmark.bench_plan import check_launch_argv, server_argv
 from draftlab.benchmark.probe_gate import SKIP_MARKER
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import read_json, write_json, write_text
@@ -54,13 +54,7 @@ def run_plan(plan: Mapping[str, Any], argv: Sequence[str] | None = None, progres
     from draftlab.serving.launch import ServerSpec, running_server
 
     server = dict(plan["server"])
-    if argv:
-        expected = server_argv(server)
-        if list(argv) != expected:
-            raise DraftlabError(
-                "serve-bench: the command after -- differs from the plan's server config;\n"
-                f"  given:    {' '.join(argv)}\n  expected: {' '.join(expected)}"
-            )
+    check_launch_argv(server, list(argv) if argv else None, "serve-bench")
     started = time.time()
     summary: dict[str, Any] = {"variant": plan["variant"], "spec_id": plan["spec_id"], "fingerprint": plan["fingerprint"],
                                "argv": server_argv(server), "launches": 0, "clients": [], "started_at": started}

@@ -104,6 +104,18 @@ def render_simple(messages: list[dict[str, str]]) -> str:
     return "".join(f"{m['role']}: {m['content']}\n" for m in messages)
 
 
+def chat_prompt_ids(tokenizer, messages: list[dict[str, str]], template_kwargs: dict[str, Any] | None = None,
+                    ) -> list[int]:
+    """Token ids of a prompt that asks for the assistant's turn: the chat template with the generation
+    prompt, else the simple format ending in ``assistant: ``. One function for ``draftlab generate-data``
+    and the builtin server's ``/v1/chat/completions``, so both send the target the same ids."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False,
+                                            **(template_kwargs or {}))
+        return list(ids)
+    return list(tokenizer(render_simple(messages) + "assistant: ")["input_ids"])
+
+
 def write_tokens(path: str | os.PathLike, samples) -> int:
     """Write samples to a tokens JSONL atomically; returns the number written."""
     n = 0

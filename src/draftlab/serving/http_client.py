@@ -25,6 +25,14 @@ class RequestTimeout(DraftlabError):
     """The whole request did not finish within its timeout (the server is stuck or dribbling)."""
 
 
+class HTTPStatusError(DraftlabError):
+    """The server answered with an error status (``status``): a client can tell 4xx from 5xx."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
 class _DeadlineSocket:
     """What ``http.client`` uses of a socket (``sendall``, ``makefile``, ``close``), all under one deadline."""
 
@@ -128,9 +136,19 @@ def request(url: str, payload: dict | None, timeout: float) -> Iterator[Response
         resp = Response(url, timeout, raw)
         if resp.status >= 400:
             text = resp.read(300).decode("utf-8", "replace")
-            raise DraftlabError(f"{url}: HTTP {resp.status} {resp.reason}: {text}")
+            raise HTTPStatusError(f"{url}: HTTP {resp.status} {resp.reason}: {text}", resp.status)
         yield resp
     finally:
         conn.close()
         if conn.real_sock is not None:
             conn.real_sock.close()
+
+
+def json_call(url: str, payload: dict | None, timeout: float) -> Any:
+    """GET (``payload`` None) or POST JSON and parse the JSON answer; a non-JSON body is one error line."""
+    with request(url, payload, timeout) as resp:
+        body = resp.read()
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise DraftlabError(f"{url}: expected a JSON response, got {body[:200]!r}") from None

@@ -49,6 +49,7 @@ class ServerSpec:
     tp: int = 1
     mem_fraction_static: float | None = None
     cuda_graph_max_bs: int | None = None
+    max_batch_size: int | None = None  # builtin: requests decoded together (its default, 8, when None)
     trust_remote_code: bool = False
     host: str = "127.0.0.1"
     port: int = 0
@@ -119,6 +120,8 @@ class ServerSpec:
                 if self.num_steps is not None:
                     cmd += ["--num-steps", str(self.num_steps)]
             cmd += ["--device", self.device]
+            if self.max_batch_size is not None:
+                cmd += ["--max-batch-size", str(self.max_batch_size)]
             if self.dtype:
                 cmd += ["--dtype", self.dtype]
             if self.trust_remote_code:
@@ -169,7 +172,8 @@ def _num(x: float) -> str:
     return repr(float(x)) if not float(x).is_integer() else str(float(x))
 
 
-_INT_KEYS = ("num_steps", "topk", "num_draft_tokens", "tp", "port", "cuda_graph_max_bs", "health_tries")
+_INT_KEYS = ("num_steps", "topk", "num_draft_tokens", "tp", "port", "cuda_graph_max_bs", "max_batch_size",
+             "health_tries")
 _FLOAT_KEYS = ("mem_fraction_static", "health_interval_s", "health_deadline_s", "grace_s")
 _BOOL_KEYS = ("trust_remote_code", "check_gpus_free")
 
@@ -207,7 +211,7 @@ def _validate(s: ServerSpec, source: str) -> None:
         raise DraftlabError(f"{source}: key 'backend': expected one of {', '.join(BACKENDS)}, got {s.backend!r}")
     if not s.target:
         raise DraftlabError(f"{source}: key 'target': a model folder or name is required")
-    for key in ("num_steps", "topk", "num_draft_tokens", "tp", "cuda_graph_max_bs", "health_tries"):
+    for key in ("num_steps", "topk", "num_draft_tokens", "tp", "cuda_graph_max_bs", "max_batch_size", "health_tries"):
         v = getattr(s, key)
         if v is not None and v < 1:
             raise DraftlabError(f"{source}: key {key!r}: expected an integer >= 1, got {v}")
@@ -241,6 +245,9 @@ def _validate(s: ServerSpec, source: str) -> None:
     if s.cuda_graph_max_bs is not None and s.backend != "sglang":
         raise DraftlabError(f"{source}: key 'cuda_graph_max_bs': only the sglang backend takes it "
                             f"(--cuda-graph-max-bs-decode); {s.backend} would ignore it")
+    if s.max_batch_size is not None and s.backend != "builtin":
+        raise DraftlabError(f"{source}: key 'max_batch_size': only the builtin backend takes it ({s.backend} "
+                            "batches the requests in flight by itself)")
     if s.backend == "vllm" and topk != 1:
         raise DraftlabError(f"{source}: key 'topk': vllm drafts a chain (topk 1), got {s.topk}")
     if s.algorithm.upper() not in ("EAGLE3", "EAGLE"):
@@ -267,6 +274,8 @@ def server_fingerprint(spec: ServerSpec) -> str:
         "extra_args": list(spec.extra_args),
         "env": dict(sorted(spec.env.items())),
     }
+    if spec.max_batch_size is not None:  # only when set: the fingerprints of earlier records stay valid
+        key["max_batch_size"] = spec.max_batch_size
     blob = json.dumps(key, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

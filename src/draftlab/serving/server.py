@@ -354,6 +354,63 @@ def handle_completions(state: ServerState, body: dict[str, Any],
     }
 
 
+def _chat_messages(body: dict[str, Any]) -> list[dict[str, str]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages: expected a non-empty list of {role, content} objects")
+    out = []
+    for i, m in enumerate(messages):
+        role = m.get("role") if isinstance(m, dict) else None
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):  # OpenAI content parts: text only
+            if not all(isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+                       for part in content):
+                raise BadRequest(f"messages[{i}].content: the builtin server takes text parts only")
+            content = "".join(part["text"] for part in content)
+        if not isinstance(role, str) or not isinstance(content, str):
+            raise BadRequest(f"messages[{i}]: expected 'role' and 'content' strings")
+        out.append({"role": role, "content": content})
+    return out
+
+
+def handle_chat_completions(state: ServerState, body: dict[str, Any],
+                            client_gone: Callable[[], bool] | None = None) -> dict[str, Any]:
+    """``POST /v1/chat/completions`` (OpenAI shape, as SGLang answers it): the target's chat template
+    (``chat_template_kwargs`` passed to it) renders the messages, the reply is the assistant's turn."""
+    from draftlab.formats.data import chat_prompt_ids
+
+    _greedy_params(body, "")
+    if body.get("stream"):
+        raise BadRequest("stream: the builtin server answers whole responses only; send stream false")
+    if state.tokenizer is None:
+        raise BadRequest(f"the target {state.model_path} has no tokenizer to apply a chat template with")
+    max_new = body.get("max_completion_tokens", body.get("max_tokens"))
+    # OpenAI's default is "up to the context"; the engine caps any budget at the context.
+    max_new = _int(state.engine.context_length or 128 if max_new is None else max_new, "max_completion_tokens", 1)
+    ignore_eos = _bool(body.get("ignore_eos", False), "ignore_eos")
+    kwargs = body.get("chat_template_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise BadRequest("chat_template_kwargs: expected an object")
+    messages = _chat_messages(body)
+    try:
+        ids = chat_prompt_ids(state.tokenizer, messages, kwargs)
+    except Exception as exc:  # a template that refuses the conversation (roles, kwargs) is the client's input
+        raise BadRequest(f"messages: the chat template cannot render them ({type(exc).__name__}: {exc})") from None
+    stop_ids = _stop_ids(body, "")
+    _check_all(state, [ids], 1)  # the prompt itself must fit; the answer budget is capped by the engine
+    res = state.run(ids, max_new, ignore_eos, stop_ids, client_gone=client_gone)
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": state.model_path,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": state.decode(res.output_ids)},
+                     "logprobs": None, "finish_reason": res.finish_reason, "matched_stop": None}],
+        "usage": {"prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
+                  "total_tokens": res.prompt_tokens + res.completion_tokens},
+    }
+
+
 # -- HTTP -------------------------------------------------------------------------------------------
 
 
@@ -468,7 +525,9 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(200, handle_generate(self.state, self._body(), t0, self.client_gone))
             elif path == "/v1/completions" and method == "POST":
                 self._send(200, handle_completions(self.state, self._body(), self.client_gone))
-            elif path in ("/generate", "/v1/completions"):
+            elif path == "/v1/chat/completions" and method == "POST":
+                self._send(200, handle_chat_completions(self.state, self._body(), self.client_gone))
+            elif path in ("/generate", "/v1/completions", "/v1/chat/completions"):
                 self._error(405, f"{path}: use POST")
             else:
                 self._error(404, f"{path}: no such endpoint")
