@@ -101,21 +101,50 @@ def register(sub) -> None:
     add_json_flag(p)
     p.set_defaults(func=_eval)
 
-    g = sub.add_parser("generate-data", aliases=["generate"], help="run the target over prompts and write JSONL conversations")
-    g.add_argument("--target", required=True, help="target model folder (transformers)")
-    g.add_argument("--prompts", required=True, help="JSONL ({'prompt'|'text'|'messages'}) or text, one per line")
+    g = sub.add_parser(
+        "generate-data", aliases=["generate"], help="the target answers prompts: JSONL conversations for fine-tuning",
+        description="Answer every prompt with the target and write the conversations (sorted by prompt id). "
+                    "Engines: a server (--server SPEC: launched and torn down; the command after -- must be the "
+                    "one SPEC launches; or --url of a running one), N requests in flight through "
+                    "/v1/chat/completions; else transformers in this process. Resumable: answers are stored in "
+                    "--state-dir as they arrive, and a rerun answers only what is missing.")
+    g.add_argument("--target", required=True, help="target model folder")
+    g.add_argument("--prompts", required=True,
+                   help="JSONL (ShareGPT 'conversations', OpenAI 'messages', 'prompt' or 'text') or text, one per line")
     g.add_argument("--out", required=True, help="output JSONL of {'messages': [...]} conversations")
-    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--max-new-tokens", type=int, default=schema_default("data.max_new_tokens"),
+                   help="the longest answer, in tokens")
     mode = g.add_mutually_exclusive_group()
     mode.add_argument("--greedy", action="store_true", help="greedy decoding (the default)")
     mode.add_argument("--temperature", type=float, default=None, help="sample at this temperature")
     g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0, help="prompt i is sampled under seed+i")
+    g.add_argument("--seed", type=int, default=schema_default("train.seed"), help="prompt i is sampled under seed+i")
     g.add_argument("--limit", type=int, default=None, help="only the first N prompts")
-    g.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default: cpu)")
-    g.add_argument("--batch-size", type=int, default=1,
-                   help="greedy prompts decoded together, left-padded (default 1; a GPU wants 32-64)")
+    g.add_argument("--max-prompt-chars", type=int, default=schema_default("data.max_prompt_chars"),
+                   help="skip prompts longer than this (counted in the stats)")
+    g.add_argument("--chat-template-kwargs", default=None,
+                   help='JSON object passed to the chat template, e.g. \'{"thinking": false}\'')
+    srv = g.add_argument_group("server engine")
+    where = srv.add_mutually_exclusive_group()
+    where.add_argument("--server", default=None,
+                       help="server spec (JSON/YAML mapping of draftlab.serving.launch.ServerSpec) to launch")
+    where.add_argument("--url", default=None, help="a server already running, e.g. http://127.0.0.1:30000")
+    srv.add_argument("--server-log", default=None, help="log of the launched server (default generate-data-server.log)")
+    srv.add_argument("--concurrency", type=int, default=schema_default("data.concurrency"), help="requests in flight")
+    srv.add_argument("--retries", type=int, default=schema_default("data.retries"),
+                     help="retries of a failed request before its prompt is listed as failed")
+    srv.add_argument("--request-timeout", type=float, default=1800.0, help="seconds one request may take")
+    g.add_argument("--max-failed-fraction", type=float, default=schema_default("data.max_failed_fraction"),
+                   help="fail (keeping the answers) when more prompts than this fraction failed")
+    loc = g.add_argument_group("transformers engine (no --server/--url)")
+    loc.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default: cpu)")
+    loc.add_argument("--batch-size", type=int, default=schema_default("data.batch_size"),
+                     help="greedy prompts decoded together, left-padded (a GPU wants 32-64)")
     g.add_argument("--trust-remote-code", action="store_true")
+    g.add_argument("--state-dir", default=None, help="where answers are stored until the end (default: OUT.parts)")
+    g.add_argument("--stats", default=None, help="write the run's stats JSON here")
+    g.add_argument("--no-progress", action="store_true")
+    g.add_argument("argv", nargs=argparse.REMAINDER, help="-- the launch command of --server (checked against it)")
     add_json_flag(g)
     g.set_defaults(func=_generate_data)
 
@@ -215,16 +244,54 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _generate_data(args: argparse.Namespace) -> int:
+    from draftlab.benchmark.bench_plan import check_launch_argv
+    from draftlab.fsutil import parse_json_text
     from draftlab.training.generate_data import generate
 
+    argv = list(args.argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    server = None
+    if args.server:
+        server = _read_mapping(args.server, "generate-data server spec")
+        check_launch_argv(server, argv, "generate-data")
+    elif argv:
+        raise DraftlabError("generate-data: a command after -- needs --server (the spec it is checked against)")
+    kwargs = None
+    if args.chat_template_kwargs:
+        kwargs = parse_json_text(args.chat_template_kwargs, "--chat-template-kwargs")
+        if not isinstance(kwargs, dict):
+            raise DraftlabError("--chat-template-kwargs: expected a JSON object")
     result = generate(
         args.target, args.prompts, args.out, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
         top_p=args.top_p, seed=args.seed, limit=args.limit, device=args.device,
-        trust_remote_code=args.trust_remote_code, batch_size=args.batch_size,
+        trust_remote_code=args.trust_remote_code, batch_size=args.batch_size, server=server,
+        server_log=args.server_log, url=args.url, concurrency=args.concurrency, retries=args.retries,
+        request_timeout_s=args.request_timeout, max_prompt_chars=args.max_prompt_chars,
+        max_failed_fraction=args.max_failed_fraction, template_kwargs=kwargs, state_dir=args.state_dir,
+        stats=args.stats, progress=not args.no_progress,
     )
-    emit(args, result, lambda r: (f"wrote {r['prompts']} conversations ({r['generated_tokens']} tokens, "
-                                  f"{r['mode']}) to {r['out']} in {r['seconds']} s"))
+    emit(args, result, lambda r: (f"wrote {r['answers']} of {r['prompts']} conversations ({r['generated_tokens']} "
+                                  f"tokens, {r['mode']}, {r['failed']} failed) to {r['out']} in {r['seconds']} s"))
     return 0
+
+
+def _read_mapping(path: str, what: str) -> dict:
+    """A JSON or YAML file holding one mapping (a server spec)."""
+    from draftlab.fsutil import read_text_file
+
+    text = read_text_file(path, what)
+    if path.endswith((".yaml", ".yml")):
+        from draftlab.experiment.config import load_yaml_text
+
+        data = load_yaml_text(text, path)
+    else:
+        from draftlab.fsutil import parse_json_text
+
+        data = parse_json_text(text, path, what)
+    if not isinstance(data, dict):
+        raise DraftlabError(f"{path}: expected a mapping of server settings, got {type(data).__name__}")
+    return data
 
 
 def _specforge_command(args: argparse.Namespace) -> int:

@@ -1,70 +1,39 @@
-"""Regenerate training data with the target itself: run it over a prompt set, write conversations.
+"""``draftlab generate-data``: the target answers a prompt set and the conversations become fine-tune data.
 
-Why: a drafter learns to predict *its target's* next token, so the best fine-tune data is the
-target's own output on prompts like the ones it will serve (the usual recipe before SpecForge
-training). Output is JSONL, one conversation per prompt::
+Why: a drafter learns to predict *its target's* next token, so the best fine-tune data is the target's
+own output on prompts like the ones it will serve (SpecForge's data regeneration does the same through
+SGLang servers). Output is JSONL, one conversation per prompt, sorted by prompt id::
 
-    {"messages": [{"role": "user", "content": ...}, {"role": "assistant", "content": <generated>}]}
+    {"messages": [..the prompt.., {"role": "assistant", "content": <generated>}], "id": <the record's own id>}
 
-Prompt files: JSONL with ``{"prompt": str}``, ``{"text": str}`` or ``{"messages"|"conversations":
-[...]}`` (trailing assistant turns are dropped, the rest is the prompt), or plain text with one
-prompt per non-blank line. Greedy by default; with a temperature each prompt ``i`` is sampled under
-the seed ``seed + i`` so the output does not depend on order or on where a run stopped.
+Two engines (:mod:`draftlab.training.answerers`): a server (``server=`` a launch spec, started and
+always torn down like a benchmark server, or ``url=`` one already running) with ``concurrency``
+requests in flight and the chat template applied by the server; or transformers in this process.
+
+At production scale a run takes days, so it is resumable and exact (:mod:`draftlab.training.answer_shards`):
+answers go to shards keyed by prompt id as they arrive; a killed run (SIGKILL, a lost node) started
+again answers only what is missing; a prompt that keeps failing is retried, then listed in the stats
+instead of stopping the run. The final file is written atomically once every prompt is answered (or
+failed), and its content depends neither on the order answers arrived in nor on where a run stopped:
+greedy answers, or sampling seeded per prompt (``seed + prompt id``).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
-
-import torch
-from tqdm import tqdm
+from typing import Any, Iterator, Mapping
 
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import atomic_path
+from draftlab.fsutil import write_json
+from draftlab.training.answer_shards import AnswerShards
+from draftlab.training.answerers import Answer, Failure, Sampling, ServerAnswerer, TransformersAnswerer
+from draftlab.training.prompt_file import Prompt, iter_prompts, read_prompts  # noqa: F401 - read_prompts re-exported
 
-
-def read_prompts(path: str | os.PathLike) -> list[list[dict[str, str]]]:
-    """Every prompt of ``path`` as a message list ending in a non-assistant turn."""
-    from draftlab.formats.data import iter_lines, parse_turns
-
-    path = Path(path)
-    prompts: list[list[dict[str, str]]] = []
-    as_json = path.suffix in (".jsonl", ".json")
-    for lineno, obj in iter_lines(path, "prompt file"):
-        if not as_json:
-            prompts.append([{"role": "user", "content": obj}])
-            continue
-        where = f"{path}:{lineno}"
-        if isinstance(obj, dict) and isinstance(obj.get("prompt", obj.get("text")), str):
-            prompts.append([{"role": "user", "content": obj.get("prompt", obj.get("text"))}])
-            continue
-        turns = obj.get("messages", obj.get("conversations")) if isinstance(obj, dict) else None
-        if not isinstance(turns, list):
-            raise DraftlabError(f"{where}: expected a key 'prompt' or 'text' (a string) or 'messages' (a list of turns)")
-        messages = parse_turns(turns, where)
-        while messages and messages[-1]["role"] == "assistant":
-            messages.pop()
-        if not messages:
-            raise DraftlabError(f"{where}: 'messages' has no user turn to answer")
-        prompts.append(messages)
-    if not prompts:
-        raise DraftlabError(f"{path}: no prompts")
-    return prompts
-
-
-def prompt_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of the prompt with the assistant header appended (chat template, else ``role: text``)."""
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-        return list(ids)
-    from draftlab.formats.data import render_simple
-
-    return list(tokenizer(render_simple(messages) + "assistant: ")["input_ids"])
+LIST_LIMIT = 1000  # failures/skips listed by id in the stats (all are counted)
 
 
 def generate(
@@ -80,107 +49,330 @@ def generate(
     device: str | None = None,
     trust_remote_code: bool = False,
     batch_size: int = 1,
+    server: Mapping[str, Any] | None = None,
+    server_log: str | os.PathLike | None = None,
+    url: str | None = None,
+    concurrency: int = 8,
+    retries: int = 3,
+    request_timeout_s: float = 1800.0,
+    max_prompt_chars: int | None = None,
+    max_failed_fraction: float = 0.05,
+    template_kwargs: Mapping[str, Any] | None = None,
+    state_dir: str | os.PathLike | None = None,
+    stats: str | os.PathLike | None = None,
+    progress: bool = True,
 ) -> dict[str, Any]:
-    """Answer every prompt with the target and write the conversations to ``out`` (atomically).
+    """Answer every prompt of ``prompts`` (the first ``limit``) and write the conversations to ``out``.
 
-    ``temperature=None`` (or 0) is greedy decoding. ``device``: None = the CPU, else auto | cpu | cuda[:N].
-    ``batch_size`` > 1 decodes greedy prompts in left-padded batches. Returns counts and timing.
+    Engine: ``server`` (a ``ServerSpec`` mapping: launched, used, torn down) or ``url`` (a running
+    server), else transformers in this process (``device``, ``batch_size``). ``temperature`` None or 0
+    is greedy. State lives in ``state_dir`` (default ``<out>.parts``) until the final file is written;
+    ``stats`` (a JSON file) records counts, throughput, failures and the server. Returns the stats.
     """
-    from draftlab.models.target import load_target, load_tokenizer, read_config
-    from draftlab.formats.target_config import text_config
-
     if max_new_tokens < 1:
         raise DraftlabError(f"--max-new-tokens: expected a positive integer, got {max_new_tokens}")
     if temperature is not None and temperature < 0:
         raise DraftlabError(f"--temperature: expected a value >= 0, got {temperature}")
-    sampled = bool(temperature)
-    items = read_prompts(prompts)[: limit or None]
-    cfg = text_config(read_config(target))
-    context = int(cfg.get("max_position_embeddings") or 0) or None
-    tokenizer = load_tokenizer(target, trust_remote_code=trust_remote_code)
-    from draftlab.serving.devices import resolve_device
-
-    if batch_size < 1:
-        raise DraftlabError(f"--batch-size: expected a positive integer, got {batch_size}")
-    where = resolve_device(device, what="generate: --device") if device is not None else None
-    model = load_target(target, device=where, trust_remote_code=trust_remote_code)
-    dev = next(model.parameters()).device
-    eos = _eos_ids(model, tokenizer)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    if not 0 <= max_failed_fraction <= 1:
+        raise DraftlabError(f"--max-failed-fraction: expected a fraction in [0, 1], got {max_failed_fraction}")
+    if server is not None and url is not None:
+        raise DraftlabError("generate-data: give a server to launch or the --url of a running one, not both")
+    sampling = Sampling(max_new_tokens, float(temperature or 0.0), float(top_p), int(seed),
+                        tuple(sorted((template_kwargs or {}).items())))
+    spec = _server_spec(server, sampling) if server is not None else None
+    out = Path(out)
+    state = Path(state_dir) if state_dir else out.with_name(out.name + ".parts")
 
     t0 = time.perf_counter()
-    n_new = n_truncated = n_empty = 0
-    jobs = []  # (messages, prompt ids, token budget), in prompt order
-    for messages in items:
-        ids = prompt_ids(tokenizer, messages)
-        budget = max_new_tokens
-        if context is not None and len(ids) + budget > context:
-            keep = max(1, context - budget)
-            if keep < len(ids):
-                ids = ids[-keep:]  # keep the end of the prompt: it holds the assistant header
-                n_truncated += 1
-            budget = min(budget, context - len(ids))
-        jobs.append((messages, ids, budget))
-    # Greedy prompts go through in left-padded batches of batch_size (a GPU decodes 64 at the cost of
-    # one); sampled ones one at a time, so that prompt i is always sampled under seed + i.
-    per_batch = 1 if sampled else max(1, int(batch_size))
-    out = Path(out)
-    bar = tqdm(total=len(jobs), desc="generate", unit="prompt", file=sys.stderr, disable=None)
-    with atomic_path(out) as tmp, tmp.open("w", encoding="utf-8") as fh:
-        for start in range(0, len(jobs), per_batch):
-            chunk = jobs[start:start + per_batch]
-            width = max(len(ids) for _, ids, _ in chunk)
-            x = torch.tensor([[pad] * (width - len(ids)) + ids for _, ids, _ in chunk], device=dev)
-            att = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for _, ids, _ in chunk], device=dev)
-            kwargs: dict[str, Any] = dict(max_new_tokens=min(b for _, _, b in chunk), eos_token_id=eos or None,
-                                          pad_token_id=pad, attention_mask=att)
-            if sampled:
-                torch.manual_seed(seed + start)
-                kwargs.update(do_sample=True, temperature=float(temperature), top_p=top_p, top_k=0)
-            else:
-                kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-            with torch.no_grad():
-                seqs = model.generate(x, **kwargs)[:, width:].tolist()
-            for (messages, _, _), seq in zip(chunk, seqs):
-                seq = _until_eos(seq, eos)
-                n_new += len(seq)
-                text = tokenizer.decode(seq, skip_special_tokens=True)
-                n_empty += not text.strip()
-                row = {"messages": messages + [{"role": "assistant", "content": text}]}
-                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-            bar.update(len(chunk))
-    bar.close()
-    seconds = time.perf_counter() - t0
+    plan = _Plan.read(prompts, limit, max_prompt_chars)
+    identity = _identity(target, spec, _what_url_serves(url) if url else None, sampling, trust_remote_code)
+    with AnswerShards(state, identity, say=_say) as shards, ExitStack() as stack:
+        todo = sum(1 for pid, digest in plan.wanted if not shards.answered(pid, digest))
+        resumed = len(plan.wanted) - todo
+        if resumed:
+            _say(f"generate-data: resuming: {resumed} of {len(plan.wanted)} answers are already stored in {state}")
+        engine: dict[str, Any] = {}
+        server_record: dict[str, Any] | None = None
+        failures: list[Failure] = []
+        run = _RunCounts()
+        if todo:
+            answerer, engine, server_record = _answerer(stack, target, sampling, spec, server_log, url, device,
+                                                        batch_size, trust_remote_code, concurrency, retries,
+                                                        request_timeout_s)
+            meter = _Meter(todo, progress)
+            try:
+                for res in answerer.answer(plan.pending(shards)):
+                    if isinstance(res, Failure):
+                        failures.append(res)
+                    else:
+                        shards.append(res.prompt.id, res.prompt.digest, _row(res), res.prompt_tokens,
+                                      res.completion_tokens, res.finish_reason)
+                        run.add(res)
+                    meter.update(run.tokens, len(failures))
+            finally:
+                meter.close()
+                stack.close()  # the server goes down before the merge: it is not needed any more
+        seconds = time.perf_counter() - t0
+        failed = len(failures)
+        result = _stats(out, plan, sampling, engine, server_record, state, resumed, run, failures, seconds, shards)
+        allowed = max_failed_fraction * len(plan.wanted)
+        if failed > allowed:
+            if stats:
+                write_json(stats, result)
+            first = min(failures, key=lambda f: f.prompt.id)
+            raise DraftlabError(
+                f"generate-data: {failed} of {len(plan.wanted)} prompts failed (retried up to {retries} times), "
+                f"more than --max-failed-fraction {max_failed_fraction:g} allows (first: prompt {first.prompt.id}: "
+                f"{first.error[:200]}); {len(shards.index)} answers are kept in {state} and a rerun "
+                "asks only for the rest" + (f"; see {stats}" if stats else ""))
+        counts = shards.merge(out, plan.wanted)
+        result.update(answers=counts["rows"], prompt_tokens=counts["prompt_tokens"],
+                      generated_tokens=counts["completion_tokens"], empty=counts["empty"])
+    _remove_state(state)
+    result["state_dir"] = None
+    if stats:
+        write_json(stats, result)
+    return result
+
+
+# --- the prompt plan ---------------------------------------------------------------------------------
+
+
+class _Plan:
+    """Which prompts this run answers: the first ``limit`` of the file, minus those too long to send."""
+
+    def __init__(self, path: str | os.PathLike, limit: int | None, max_chars: int | None):
+        self.path, self.limit, self.max_chars = path, limit, max_chars
+        self.wanted: list[tuple[int, str]] = []
+        self.skipped: list[dict[str, int]] = []
+        self.skipped_count = 0
+        self.total = 0
+
+    @classmethod
+    def read(cls, path: str | os.PathLike, limit: int | None, max_chars: int | None) -> "_Plan":
+        if limit is not None and limit < 1:
+            raise DraftlabError(f"--limit: expected a positive integer, got {limit}")
+        if max_chars is not None and max_chars < 1:
+            raise DraftlabError(f"--max-prompt-chars: expected a positive integer, got {max_chars}")
+        plan = cls(path, limit, max_chars)
+        for p in plan._prompts():
+            plan.total += 1
+            if max_chars is not None and p.chars > max_chars:
+                plan.skipped_count += 1
+                if len(plan.skipped) < LIST_LIMIT:
+                    plan.skipped.append({"id": p.id, "chars": p.chars})
+                continue
+            plan.wanted.append((p.id, p.digest))
+        return plan
+
+    def _prompts(self) -> Iterator[Prompt]:
+        for p in iter_prompts(self.path):
+            if self.limit is not None and p.id >= self.limit:
+                return
+            yield p
+
+    def pending(self, shards: AnswerShards) -> Iterator[Prompt]:
+        """The prompts still to answer, read again from the file (a million prompts are never held)."""
+        want = {pid for pid, _ in self.wanted}
+        for p in self._prompts():
+            if p.id in want and not shards.answered(p.id, p.digest):
+                yield p
+
+
+# --- the engine ---------------------------------------------------------------------------------------
+
+
+def _server_spec(server: Mapping[str, Any], sampling: Sampling):
+    from draftlab.serving.launch import ServerSpec
+
+    spec = ServerSpec.from_dict(dict(server), source="generate-data server")
+    if spec.drafter is not None:
+        raise DraftlabError("generate-data server: key 'drafter': data is generated by the target alone; "
+                            "serve it without a drafter")
+    if spec.backend == "builtin" and sampling.sampled:
+        raise DraftlabError("generate-data: --temperature > 0 with the builtin server, which decodes greedily "
+                            "only; use temperature 0, the transformers engine or an SGLang server")
+    return spec
+
+
+def _answerer(stack: ExitStack, target, sampling, spec, server_log, url, device, batch_size, trust_remote_code,
+              concurrency, retries, request_timeout_s):
+    """The engine (and, for a launched server, the server itself, torn down by ``stack``)."""
+    if spec is None and url is None:
+        a = TransformersAnswerer(str(target), sampling, device=device, batch_size=batch_size,
+                                 trust_remote_code=trust_remote_code)
+        return a, a.describe(), None
+    alive = None
+    record: dict[str, Any]
+    if spec is not None:
+        from draftlab.serving.launch import running_server, server_fingerprint
+
+        log = server_log or "generate-data-server.log"
+        _say(f"generate-data: launching {' '.join(spec.argv())}")
+        srv = stack.enter_context(running_server(spec, log))
+        url = srv.url
+        alive = _pid_alive(srv.pid)
+        record = {"backend": spec.backend, "fingerprint": server_fingerprint(spec), "argv": spec.argv(),
+                  "url": url, "pid": srv.pid, "log": str(log)}
+    else:
+        record = {"backend": "external", "url": url}
+    from draftlab.benchmark.bench import server_info
+
+    info = server_info(url, 30.0)
+    if info:
+        record["info"] = info
+    a = ServerAnswerer(url, sampling, concurrency=concurrency, retries=retries,
+                       request_timeout_s=request_timeout_s, alive=alive)
+    return a, a.describe(), record
+
+
+def _pid_alive(pid: int):
+    def alive() -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        try:  # a zombie (exited, not yet reaped) is gone too
+            with open(f"/proc/{pid}/stat") as fh:
+                return fh.read().split(")")[-1].split()[0] != "Z"
+        except OSError:
+            return True
+    return alive
+
+
+def _what_url_serves(url: str) -> str:
+    """A running server's model, as it names it: the same model at another address is the same engine."""
+    from draftlab.benchmark.bench import server_info, served_model
+
+    info = server_info(url, 30.0)
+    return str(info.get("model_path") or served_model(url, 30.0))
+
+
+def _identity(target, spec, served: str | None, sampling: Sampling, trust_remote_code: bool) -> dict[str, Any]:
+    """What makes two runs' answers interchangeable: the target and engine, and the sampling settings."""
+    from draftlab.serving.launch import server_fingerprint
+
+    if spec is not None:
+        engine = f"server {server_fingerprint(spec)}"
+    elif served is not None:
+        engine = f"running server of {served}"
+    else:
+        engine = "transformers"
+    return {"target": os.path.normpath(str(target)), "engine": engine, "max_new_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature, "top_p": sampling.top_p if sampling.sampled else None,
+            "seed": sampling.seed if sampling.sampled else None, "template_kwargs": dict(sampling.template_kwargs),
+            "trust_remote_code": bool(trust_remote_code)}
+
+
+# --- rows, counts, stats ------------------------------------------------------------------------------
+
+
+def _row(res: Answer) -> dict[str, Any]:
+    turn: dict[str, Any] = {"role": "assistant", "content": res.text}
+    if res.reasoning:
+        turn["reasoning_content"] = res.reasoning
+    row: dict[str, Any] = {"messages": res.prompt.as_messages() + [turn]}
+    if res.prompt.source_id is not None:
+        row["id"] = res.prompt.source_id
+    return row
+
+
+class _RunCounts:
+    """What this attempt answered (the resumed answers were counted by the attempt that wrote them)."""
+
+    def __init__(self) -> None:
+        self.answers = self.tokens = self.prompt_tokens = self.truncated = 0
+
+    def add(self, res: Answer) -> None:
+        self.answers += 1
+        self.tokens += res.completion_tokens
+        self.prompt_tokens += res.prompt_tokens
+        self.truncated += res.truncated_prompt
+
+
+def _stats(out: Path, plan: _Plan, sampling: Sampling, engine: dict, server: dict | None, state: Path,
+           resumed: int, run: _RunCounts, failures: list[Failure], seconds: float,
+           shards: AnswerShards) -> dict[str, Any]:
     return {
         "out": str(out),
-        "prompts": len(items),
-        "generated_tokens": n_new,
-        "empty": n_empty,
-        "truncated_prompts": n_truncated,
-        "mode": f"sampled (temperature {temperature}, top_p {top_p}, seed {seed})" if sampled else "greedy",
+        "prompts": len(plan.wanted),
+        "prompts_in_file": plan.total if plan.limit is None else None,
+        "limit": plan.limit,
+        "answers": None,  # filled once the final file is written
+        "resumed_answers": resumed,
+        "answered_now": run.answers,
+        "failed": len(failures),
+        "failures": [{"id": f.prompt.id, "source_id": f.prompt.source_id, "attempts": f.attempts, "error": f.error}
+                     for f in sorted(failures, key=lambda f: f.prompt.id)[:LIST_LIMIT]],
+        "skipped_long": plan.skipped_count,
+        "skipped": plan.skipped,
+        "max_prompt_chars": plan.max_chars,
+        "truncated_prompts": run.truncated,
+        "generated_tokens": None,
+        "prompt_tokens": None,
+        "empty": None,
+        "mode": sampling.describe(),
+        "max_new_tokens": sampling.max_new_tokens,
         "seconds": round(seconds, 3),
-        "device": str(dev),
-        "batch_size": per_batch,
-        "tokens_per_s": round(n_new / seconds, 1) if seconds > 0 else None,
+        "prompts_per_s": round(run.answers / seconds, 3) if seconds > 0 else None,
+        "tokens_per_s": round(run.tokens / seconds, 1) if seconds > 0 else None,
+        "engine": engine.get("engine", "none (every answer was stored)"),
+        "device": engine.get("device"),
+        "batch_size": engine.get("batch_size"),
+        "concurrency": engine.get("concurrency"),
+        "server": server,
+        "state_dir": str(state),
+        "torn_lines": shards.torn_lines,
     }
 
 
-def _until_eos(seq: list[int], eos: list[int]) -> list[int]:
-    """The tokens before the first end-of-turn id (a batched row carries padding after it)."""
-    for j, tok in enumerate(seq):
-        if tok in eos:
-            return seq[:j]
-    return seq
+def _remove_state(state: Path) -> None:
+    """Remove the state folder's own files once the final file is written (nothing else in it)."""
+    for p in list(state.glob("shard-*.jsonl")) + [state / "run.json", state / ".lock"]:
+        p.unlink(missing_ok=True)
+    try:
+        state.rmdir()
+    except OSError:
+        _say(f"generate-data: {state} holds files draftlab did not write; left in place")
 
 
-def _eos_ids(model, tokenizer) -> list[int]:
-    """End-of-turn ids: the generation config's, the model config's and the tokenizer's."""
-    ids: list[int] = []
-    for source in (getattr(model, "generation_config", None), model.config):
-        value = getattr(source, "eos_token_id", None)
-        for v in value if isinstance(value, (list, tuple)) else [value]:
-            if v is not None and v not in ids:
-                ids.append(int(v))
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-        ids.append(int(tokenizer.eos_token_id))
-    return ids
+# --- progress -----------------------------------------------------------------------------------------
+
+
+class _Meter:
+    """A progress bar with prompts/s and tokens/s on a terminal; a line every 30 s in a log file."""
+
+    LINE_EVERY_S = 30.0
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.done, self.t0 = total, 0, time.perf_counter()
+        self.tty = enabled and sys.stderr.isatty()
+        self.enabled = enabled
+        self.bar = None
+        self.last_line = self.t0
+        if self.tty:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc="generate", unit="prompt", file=sys.stderr, dynamic_ncols=True)
+
+    def update(self, tokens: int, failed: int) -> None:
+        self.done += 1
+        now = time.perf_counter()
+        rate = tokens / max(now - self.t0, 1e-9)
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix_str(f"{rate:,.0f} tok/s, {failed} failed", refresh=False)
+        elif self.enabled and (now - self.last_line >= self.LINE_EVERY_S or self.done == self.total):
+            self.last_line = now
+            _say(f"generate-data: {self.done}/{self.total} prompts, {self.done / (now - self.t0):.2f} prompts/s, "
+                 f"{rate:,.0f} tok/s, {failed} failed")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)

@@ -1,0 +1,276 @@
+"""Two ways to have the target answer prompts: in this process (transformers) or through a server.
+
+- :class:`TransformersAnswerer` loads the target with transformers and decodes greedy prompts in
+  left-padded batches (sampled ones one at a time, each under ``seed + prompt id``). It cannot load a
+  1T-parameter model; it is the fallback for small targets and machines without a server.
+- :class:`ServerAnswerer` sends each prompt to ``/v1/chat/completions`` of a running server (SGLang,
+  vLLM or draftlab's builtin one: the server applies the chat template), with ``concurrency``
+  requests in flight. A request that fails is retried with backoff (client errors other than 408/429
+  are not: they fail the same way again), then reported as a :class:`Failure`; the run goes on. When
+  the server itself is gone (``alive()`` false, or every request in a row cannot reach it) the run
+  stops with an error: answering nothing is not a result.
+
+Both yield :class:`Answer` or :class:`Failure` per prompt; the server yields them in completion order.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+from draftlab.errors import DraftlabError
+from draftlab.training.prompt_file import Prompt
+
+
+@dataclass
+class Answer:
+    prompt: Prompt
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str | None
+    reasoning: str | None = None   # a reasoning parser's separate reasoning_content (SGLang), if any
+    truncated_prompt: bool = False  # the transformers path cut the prompt to fit the context
+
+
+@dataclass
+class Failure:
+    prompt: Prompt
+    error: str
+    attempts: int
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What decides an answer besides the prompt: greedy when ``temperature`` is 0."""
+
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    template_kwargs: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def sampled(self) -> bool:
+        return self.temperature > 0
+
+    def describe(self) -> str:
+        if not self.sampled:
+            return "greedy"
+        return f"sampled (temperature {self.temperature}, top_p {self.top_p}, seed {self.seed} + prompt id)"
+
+
+# --- in process ------------------------------------------------------------------------------------
+
+
+class TransformersAnswerer:
+    """The target loaded here; greedy prompts in left-padded batches of ``batch_size``."""
+
+    def __init__(self, target: str, sampling: Sampling, *, device: str | None = None, batch_size: int = 1,
+                 trust_remote_code: bool = False):
+        from draftlab.formats.target_config import text_config
+        from draftlab.models.target import load_target, load_tokenizer, read_config
+        from draftlab.serving.devices import resolve_device
+
+        if batch_size < 1:
+            raise DraftlabError(f"--batch-size: expected a positive integer, got {batch_size}")
+        self.sampling = sampling
+        self.context = int(text_config(read_config(target)).get("max_position_embeddings") or 0) or None
+        self.tokenizer = load_tokenizer(target, trust_remote_code=trust_remote_code)
+        where = resolve_device(device, what="generate: --device") if device is not None else None
+        self.model = load_target(target, device=where, trust_remote_code=trust_remote_code)
+        self.device = next(self.model.parameters()).device
+        self.eos = _eos_ids(self.model, self.tokenizer)
+        tok = self.tokenizer
+        self.pad = tok.pad_token_id if tok.pad_token_id is not None else (self.eos[0] if self.eos else 0)
+        # Sampled prompts one at a time, so that prompt i is always sampled under seed + i.
+        self.batch_size = 1 if sampling.sampled else int(batch_size)
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "transformers", "device": str(self.device), "batch_size": self.batch_size}
+
+    def _job(self, prompt: Prompt) -> tuple[list[int], int, bool]:
+        """Prompt ids and token budget; a prompt too long for the context keeps its end (the header)."""
+        from draftlab.formats.data import chat_prompt_ids
+
+        ids = chat_prompt_ids(self.tokenizer, prompt.as_messages(), dict(self.sampling.template_kwargs))
+        budget, cut = self.sampling.max_new_tokens, False
+        if self.context is not None and len(ids) + budget > self.context:
+            keep = max(1, self.context - budget)
+            if keep < len(ids):
+                ids, cut = ids[-keep:], True
+            budget = min(budget, self.context - len(ids))
+        return ids, budget, cut
+
+    def answer(self, prompts: Iterable[Prompt]) -> Iterator[Answer | Failure]:
+        import torch
+
+        batch: list[Prompt] = []
+        for prompt in prompts:
+            batch.append(prompt)
+            if len(batch) == self.batch_size:
+                yield from self._batch(batch, torch)
+                batch = []
+        if batch:
+            yield from self._batch(batch, torch)
+
+    def _batch(self, prompts: list[Prompt], torch) -> Iterator[Answer]:
+        jobs = [self._job(p) for p in prompts]
+        width = max(len(ids) for ids, _, _ in jobs)
+        x = torch.tensor([[self.pad] * (width - len(ids)) + ids for ids, _, _ in jobs], device=self.device)
+        att = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids, _, _ in jobs], device=self.device)
+        s = self.sampling
+        kwargs: dict[str, Any] = dict(max_new_tokens=min(b for _, b, _ in jobs), eos_token_id=self.eos or None,
+                                      pad_token_id=self.pad, attention_mask=att)
+        if s.sampled:
+            torch.manual_seed(s.seed + prompts[0].id)
+            kwargs.update(do_sample=True, temperature=float(s.temperature), top_p=s.top_p, top_k=0)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        with torch.no_grad():
+            seqs = self.model.generate(x, **kwargs)[:, width:].tolist()
+        for prompt, (ids, budget, cut), seq in zip(prompts, jobs, seqs):
+            new, stopped = _until_eos(seq, self.eos)
+            yield Answer(prompt, self.tokenizer.decode(new, skip_special_tokens=True), len(ids), len(new),
+                         "stop" if stopped else "length", truncated_prompt=cut)
+
+
+def _until_eos(seq: list[int], eos: list[int]) -> tuple[list[int], bool]:
+    """The tokens before the first end-of-turn id (a batched row carries padding after it)."""
+    for j, tok in enumerate(seq):
+        if tok in eos:
+            return seq[:j], True
+    return seq, False
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    """End-of-turn ids: the generation config's, the model config's and the tokenizer's."""
+    ids: list[int] = []
+    for source in (getattr(model, "generation_config", None), model.config):
+        value = getattr(source, "eos_token_id", None)
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if v is not None and v not in ids:
+                ids.append(int(v))
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(int(tokenizer.eos_token_id))
+    return ids
+
+
+# --- through a server --------------------------------------------------------------------------------
+
+
+RETRY_STATUSES = (408, 429)
+BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+
+
+class ServerGone(DraftlabError):
+    """The server stopped answering altogether: the run stops (resumable) instead of failing every prompt."""
+
+
+class ServerAnswerer:
+    """Prompts to ``{url}/v1/chat/completions``, ``concurrency`` in flight, each retried ``retries`` times."""
+
+    def __init__(self, url: str, sampling: Sampling, *, concurrency: int = 8, retries: int = 3,
+                 request_timeout_s: float = 1800.0, alive: Callable[[], bool] | None = None,
+                 backoff_s: tuple[float, ...] | None = None):
+        from draftlab.benchmark.bench import served_model
+
+        if concurrency < 1:
+            raise DraftlabError(f"--concurrency: expected a positive integer, got {concurrency}")
+        if retries < 0:
+            raise DraftlabError(f"--retries: expected an integer >= 0, got {retries}")
+        self.url = url.rstrip("/")
+        self.sampling = sampling
+        self.concurrency, self.retries = int(concurrency), int(retries)
+        self.timeout = float(request_timeout_s)
+        self.alive = alive or (lambda: True)
+        self.backoff_s = backoff_s or BACKOFF_S
+        self.model = served_model(self.url, min(self.timeout, 60.0))
+        self._unreachable_in_a_row = 0
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": "server", "url": self.url, "model": self.model, "concurrency": self.concurrency,
+                "retries": self.retries}
+
+    def _one(self, prompt: Prompt) -> Answer | Failure:
+        from draftlab.serving.http_client import HTTPStatusError, json_call
+
+        body = chat_request(self.model, prompt, self.sampling)
+        attempts, last = 0, ""
+        while attempts <= self.retries:
+            attempts += 1
+            try:
+                reply = json_call(f"{self.url}/v1/chat/completions", body, self.timeout)
+                return _answer(prompt, reply, f"{self.url}/v1/chat/completions")
+            except HTTPStatusError as exc:
+                last = str(exc)
+                if 400 <= exc.status < 500 and exc.status not in RETRY_STATUSES:
+                    break  # the same request fails the same way: no point retrying
+            except DraftlabError as exc:
+                last = str(exc)
+            if not self.alive():
+                break
+            if attempts <= self.retries:
+                time.sleep(self.backoff_s[min(attempts - 1, len(self.backoff_s) - 1)])
+        return Failure(prompt, " ".join(last.split())[:500], attempts)
+
+    def answer(self, prompts: Iterable[Prompt]) -> Iterator[Answer | Failure]:
+        """Answers in completion order; at most ``concurrency`` prompts are held at once (streamed input)."""
+        it = iter(prompts)
+        pending: set[Future] = set()
+        with ThreadPoolExecutor(self.concurrency, thread_name_prefix="generate") as pool:
+            try:
+                for prompt in it:
+                    pending.add(pool.submit(self._one, prompt))
+                    if len(pending) >= self.concurrency:
+                        done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                        yield from self._results(done)
+                while pending:
+                    done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    yield from self._results(done)
+            finally:
+                for f in pending:
+                    f.cancel()
+
+    def _results(self, done: set[Future]) -> Iterator[Answer | Failure]:
+        for f in done:
+            res = f.result()
+            if isinstance(res, Failure) and "cannot reach the server" in res.error:
+                self._unreachable_in_a_row += 1
+            else:
+                self._unreachable_in_a_row = 0
+            if not self.alive() or self._unreachable_in_a_row >= max(3, self.concurrency):
+                raise ServerGone(f"{self.url}: the server stopped answering ({res.error if isinstance(res, Failure) else 'it exited'}); "
+                                 "the answers so far are kept and a rerun resumes after them")
+            yield res
+
+
+def chat_request(model: str, prompt: Prompt, sampling: Sampling) -> dict[str, Any]:
+    """The OpenAI chat request for one prompt (the contract tests check it with SGLang's own
+    ``ChatCompletionRequest``): greedy is temperature 0; sampled prompts carry ``seed + prompt id``."""
+    body: dict[str, Any] = {"model": model, "messages": prompt.as_messages(),
+                            "max_completion_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
+                            "stream": False}
+    if sampling.sampled:
+        body.update(top_p=sampling.top_p, seed=sampling.seed + prompt.id)
+    if sampling.template_kwargs:
+        body["chat_template_kwargs"] = dict(sampling.template_kwargs)
+    return body
+
+
+def _answer(prompt: Prompt, reply: Any, where: str) -> Answer:
+    """An OpenAI chat completion as an Answer; a malformed one is a failure of this prompt."""
+    try:
+        choice = reply["choices"][0]
+        message = choice["message"]
+        text = message.get("content") or ""
+        usage = reply.get("usage") or {}
+        if not isinstance(text, str):
+            raise TypeError("content is not a string")
+        return Answer(prompt, text, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
+                      choice.get("finish_reason"), message.get("reasoning_content"))
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+        raise DraftlabError(f"{where}: not an OpenAI chat completion ({type(exc).__name__}: {exc}): "
+                            f"{str(reply)[:200]}") from None
