@@ -79,8 +79,15 @@ def test_kimi_dag_on_gpu8_prints_real_sglang_and_training_commands():
     out = _run(["--profile", "gpu8", "--configfile", "config/kimi-k25.yaml", "-n", "-p", "all"])
     text = out.stdout
     assert "Using profile gpu8" in out.stdout + out.stderr
-    launches = [l for l in text.splitlines() if "python -m sglang.launch_server" in l]
+    launches = [l for l in text.splitlines() if "python -m sglang.launch_server" in l and "serve-bench" in l]
     assert len(launches) == 5  # baseline, probe, finetune-keep, finetune-regenerate, scratch
+    # the fine-tune data: K2.5 answers the prompts through its own SGLang server (tp 8, no drafter)
+    gen = [l for l in text.splitlines() if "draftlab generate-data " in l]
+    assert len(gen) == 1 and "--prompts data/kimi-k25-prompts.jsonl" in gen[0] and "--concurrency 128" in gen[0]
+    assert gen[0].split(" -- ")[1].startswith("python -m sglang.launch_server --model-path "
+                                             "results/kimi-k25/models/target/model --tp-size 8 ")
+    assert "--speculative" not in gen[0]
+    assert re.search(r"rule generate_data:.*?resources: [^\n]*\bgpu=8\b", text, re.S)
     probe = next(l for l in launches if "bench/probe/" in l)
     for flag in ("--model-path results/kimi-k25/models/target/model", "--speculative-algorithm EAGLE3",
                  "--speculative-draft-model-path results/kimi-k25/drafter/patched", "--speculative-num-steps 2",
@@ -236,8 +243,11 @@ def test_demo_gpu_dag_on_gpu1_runs_every_stage_on_the_one_gpu():
     lines = text.splitlines()
     assert any("draftlab demo-models --out resources/demo/gpu --size gpu" in l and "--device cuda" in l
                for l in lines)
+    # the fine-tune data: the builtin server on the GPU answers 64 prompts at a time
     gen = next(l for l in lines if "draftlab generate-data " in l)
-    assert "--device cuda --batch-size 64" in gen
+    assert "--concurrency 64" in gen
+    assert gen.split(" -- ")[1].startswith("python -m draftlab.cli serve --target results/demo-gpu/models/target/model "
+                                          "--device cuda --max-batch-size 64 ")
     trains = [l for l in lines if "draftlab gated" in l and " train " in l]
     assert len(trains) == 4 and all("--device cuda" in l for l in trains)
     serves = [l for l in lines if "draftlab serve-bench" in l]

@@ -31,6 +31,7 @@ TRAIN_ENV = (
     else "../../envs/training.yaml"
 )
 DEMO_GPUS = 1 if S.demo.device.startswith("cuda") else 0
+GENERATE_SERVER_LOG = L.log("server", "generate_data.log")
 
 # Every shell job sees the same Hugging Face cache and offline switch (the demo pair has its own cache).
 _hub_cache = S.hub.cache_dir or (f"{DEMO_DIR}/hf_cache" if DEMO else None)
@@ -145,10 +146,29 @@ def get_train_data_input():
     return [path]
 
 
-def get_generate_prompts():
-    if S.data.prompts:
-        return S.data.prompts
-    return f"{DEMO_DIR}/work/data/v2.jsonl"
+def get_generate_inputs(wildcards):
+    """The target, the prompt file (a user file not here yet is left out with a warning, as data.path
+    is), the demo build and, with the server engine, the server spec."""
+    inputs = {"target": L.target_record, "demo": get_demo()}
+    prompts = jobs.generate_prompts(S)
+    if S.data.prompts and not os.path.exists(prompts):
+        logger.warning(
+            f"data.prompts {prompts} does not exist here; generate_data will fail until it does"
+        )
+    elif S.data.prompts:
+        inputs["prompts"] = prompts
+    if S.data.engine == "server":
+        inputs["server"] = L.generate_server
+    return inputs
+
+
+def get_generate_server(wildcards):
+    return jobs.generate_server(S, L)
+
+
+def get_generate_args(wildcards):
+    """generate-data's arguments; with the server engine they end in `-- <the launch command>`."""
+    return shlex.join(jobs.generate_command(S, L, GENERATE_SERVER_LOG)[2:])
 
 
 def get_trust_remote_code():

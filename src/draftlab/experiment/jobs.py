@@ -34,6 +34,44 @@ def plan(settings: Settings, layout: Layout, variant: str, spec: str) -> dict[st
                       gate=layout.gate if trained else None, train_dir=layout.train_dir(variant) if trained else None)
 
 
+# --- data ---------------------------------------------------------------------------------------
+
+
+def generate_server(settings: Settings, layout: Layout) -> dict[str, Any]:
+    """The server generate_data launches: the experiment's serving backend with the target alone (the
+    builtin one batching as many requests as the client keeps in flight; SGLang batches by itself)."""
+    server = server_dict(settings.config, layout.target_model, None, None)
+    if server["backend"] == "builtin":
+        server["max_batch_size"] = settings.data.concurrency
+    return server
+
+
+def generate_prompts(settings: Settings) -> str:
+    """The prompts the target answers: ``data.prompts``, else the demo's v2 training slice."""
+    return settings.data.prompts or f"{settings.demo_dir}/work/data/v2.jsonl"
+
+
+def generate_command(settings: Settings, layout: Layout, server_log: str) -> list[str]:
+    """``draftlab generate-data`` as the rule runs it, every setting explicit; with the server engine it
+    ends in ``-- <launch command>`` (checked against the spec file, so ``-n -p`` shows what runs)."""
+    d, t = settings.data, settings.train
+    cmd = ["draftlab", "generate-data", "--target", layout.target_model, "--prompts", generate_prompts(settings),
+           "--out", layout.generated_data, "--stats", layout.generate_stats, "--state-dir", layout.generate_state,
+           "--max-new-tokens", str(d.max_new_tokens), "--seed", str(t.seed),
+           "--max-failed-fraction", repr(float(d.max_failed_fraction))]
+    if d.limit:
+        cmd += ["--limit", str(d.limit)]
+    if d.max_prompt_chars:
+        cmd += ["--max-prompt-chars", str(d.max_prompt_chars)]
+    if settings.target.trust_remote_code:
+        cmd += ["--trust-remote-code"]
+    if d.engine == "transformers":
+        return cmd + ["--device", t.device, "--batch-size", str(d.batch_size)]
+    cmd += ["--server", layout.generate_server, "--server-log", server_log, "--concurrency", str(d.concurrency),
+            "--retries", str(d.retries)]
+    return cmd + ["--"] + server_argv(generate_server(settings, layout))
+
+
 # --- training -----------------------------------------------------------------------------------
 
 

@@ -89,6 +89,21 @@ class Layout:
         return self._p("data", "generated.jsonl")
 
     @property
+    def generate_stats(self) -> str:
+        """What generate_data did: counts, throughput, failures, the server it used."""
+        return self._p("data", "generate-stats.json")
+
+    @property
+    def generate_server(self) -> str:
+        """The server spec generate_data launches (rule generate_server)."""
+        return self._p("data", "generate-server.json")
+
+    @property
+    def generate_state(self) -> str:
+        """Answers stored as they arrive: outside the rule's output, which Snakemake deletes after a failure."""
+        return self._p("generate-state")
+
+    @property
     def tokens(self) -> str:
         return self._p("data", "tokens.jsonl")
 

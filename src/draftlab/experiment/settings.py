@@ -177,8 +177,18 @@ class Data:
     prompts: str | None
     limit: int | None
     max_new_tokens: int
+    engine: str
+    concurrency: int
+    retries: int
+    max_failed_fraction: float
+    max_prompt_chars: int | None
     batch_size: int
     draft_vocab_size: int | None
+
+    @property
+    def generated(self) -> bool:
+        """Whether the pipeline generates the fine-tune data (no ``data.path``)."""
+        return not self.path
 
 
 @dataclasses.dataclass(frozen=True)
