@@ -36,7 +36,8 @@ SGLANG = "sglang==0.5.23"  # envs/serving.yaml pins the same version (checked be
 # imported at module level by srt/utils/common.py and installed without requirements.
 LINKED = ["torch"]
 PARSER_DEPS = ["numpy", "orjson", "psutil", "pybase64", "requests", "packaging", "pillow",
-               "starlette", "msgspec", "pydantic", "pyzmq", "tqdm", "ipython", "aiohttp"]
+               "starlette", "msgspec", "pydantic", "pyzmq", "tqdm", "ipython", "aiohttp",
+               "openai==2.8.0"]  # sglang's pin; srt/entrypoints/openai/protocol.py imports it (chat contract)
 NO_DEPS = [SGLANG, "triton==3.9.0"]
 
 # Runs in the SGLang venv: parse each argv exactly as `python -m sglang.launch_server` would
@@ -115,16 +116,20 @@ def judge(python: Path, argvs: list[list[str]]) -> list[dict]:
 
 
 def planned_launches(*configfiles: str) -> list[tuple[str, str, list[str]]]:
-    """(variant, spec id, SGLang argv) of every serve_bench job of a real gpu8 dry run."""
+    """(variant, spec id, SGLang argv) of every SGLang launch of a real gpu8 dry run: each serve_bench
+    job's, and generate_data's (variant ``generate-data``: the target alone answering the prompts)."""
     out = _run(["--profile", "gpu8", "--configfile", *configfiles, "-n", "-p", "all"])
     launches = []
     for line in out.stdout.splitlines():
         if "sglang.launch_server" not in line:
             continue
         words = shlex.split(line.split("Shell command:", 1)[-1])
-        plan = re.search(r"/bench/([^/]+)/([^/]+)/plan\.json$", words[words.index("--plan") + 1])
         cmd = words[words.index("--") + 1: words.index(">")]
         assert cmd[:3] == ["python", "-m", "sglang.launch_server"], cmd
+        if words[:2] == ["draftlab", "generate-data"]:
+            launches.append(("generate-data", "plain", cmd[3:]))
+            continue
+        plan = re.search(r"/bench/([^/]+)/([^/]+)/plan\.json$", words[words.index("--plan") + 1])
         launches.append((plan.group(1), plan.group(2), cmd[3:]))
     assert launches, out.stdout[-2000:]
     return launches
@@ -132,7 +137,7 @@ def planned_launches(*configfiles: str) -> list[tuple[str, str, list[str]]]:
 
 def expected_drafter(experiment: str, variant: str) -> str | None:
     """Where the Kimi layout keeps each variant's drafter (docs/pipeline.md)."""
-    if variant == "baseline":
+    if variant in ("baseline", "generate-data"):
         return None
     if variant == "probe":
         return f"results/{experiment}/drafter/patched"
@@ -154,7 +159,7 @@ def check_meant(launches, verdicts, cfg: dict) -> None:
         assert got["cuda_graph_max_bs_prefill"] is None, where
         assert got["trust_remote_code"] is True, where
         assert got["speculative_draft_model_path"] == expected_drafter(cfg["experiment"], variant), where
-        if variant == "baseline":
+        if variant in ("baseline", "generate-data"):
             assert got["speculative_algorithm"] is None, where
             continue
         s = specs[sid]
@@ -174,7 +179,7 @@ def test_kimi_dry_run_launches_parse_in_sglang(sglang_python):
     cfg = yaml.safe_load((ROOT / "config" / "kimi-k25.yaml").read_text())
     launches = planned_launches("config/kimi-k25.yaml")
     assert sorted(v for v, _, _ in launches) == sorted(
-        ["baseline", "probe", "finetune-keep", "finetune-regenerate", "scratch"])
+        ["generate-data", "baseline", "probe", "finetune-keep", "finetune-regenerate", "scratch"])
     verdicts = judge(sglang_python, [argv for _, _, argv in launches])
     check_meant(launches, verdicts, cfg)
 
