@@ -31,7 +31,7 @@ TRAIN_ENV = (
     else "../../envs/training.yaml"
 )
 DEMO_GPUS = 1 if S.demo.device.startswith("cuda") else 0
-GENERATE_SERVER_LOG = L.log("server", "generate_data.log")
+GENERATE_SERVER_LOG = L.log("generate_data.server.log")
 
 # Every shell job sees the same Hugging Face cache and offline switch (the demo pair has its own cache).
 _hub_cache = S.hub.cache_dir or (f"{DEMO_DIR}/hf_cache" if DEMO else None)

@@ -100,6 +100,7 @@ def generate(
                                                         batch_size, trust_remote_code, concurrency, retries,
                                                         request_timeout_s)
             meter = _Meter(todo, progress)
+            run.started = time.perf_counter()
             try:
                 for res in answerer.answer(plan.pending(shards)):
                     if isinstance(res, Failure):
@@ -110,6 +111,7 @@ def generate(
                         run.add(res)
                     meter.update(run.tokens, len(failures))
             finally:
+                run.seconds = time.perf_counter() - run.started
                 meter.close()
                 stack.close()  # the server goes down before the merge: it is not needed any more
         seconds = time.perf_counter() - t0
@@ -284,6 +286,7 @@ class _RunCounts:
 
     def __init__(self) -> None:
         self.answers = self.tokens = self.prompt_tokens = self.truncated = 0
+        self.started, self.seconds = 0.0, 0.0  # the answering itself: after the model or server is up
 
     def add(self, res: Answer) -> None:
         self.answers += 1
@@ -316,8 +319,9 @@ def _stats(out: Path, plan: _Plan, sampling: Sampling, engine: dict, server: dic
         "mode": sampling.describe(),
         "max_new_tokens": sampling.max_new_tokens,
         "seconds": round(seconds, 3),
-        "prompts_per_s": round(run.answers / seconds, 3) if seconds > 0 else None,
-        "tokens_per_s": round(run.tokens / seconds, 1) if seconds > 0 else None,
+        "answering_seconds": round(run.seconds, 3),
+        "prompts_per_s": round(run.answers / run.seconds, 3) if run.seconds > 0 else None,
+        "tokens_per_s": round(run.tokens / run.seconds, 1) if run.seconds > 0 else None,
         "engine": engine.get("engine", "none (every answer was stored)"),
         "device": engine.get("device"),
         "batch_size": engine.get("batch_size"),

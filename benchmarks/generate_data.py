@@ -1,0 +1,174 @@
+#!/usr/bin/env python
+"""Data generation through the builtin server (issue 17): as fast as the engine's own batched loop, and exact
+when killed.
+
+1. The engine's own batched loop: the demo target in this process, the prompts tokenized with its chat
+   template and submitted to its continuous batcher (``serving.scheduler``, ``--concurrency`` rows).
+2. ``draftlab generate-data`` through the builtin server it launches (same batch size, the same number of
+   requests in flight), on the same prompts: its answering tokens/s (the server's load time excluded, as
+   the model load is in 1) against 1; goal >= 0.9. The answers must be the loop's, token for token.
+3. The same generation through a running server, SIGKILLed at random moments ``--kills`` times and
+   resumed: prompts lost and prompts answered twice (over every complete stored line), and whether the
+   final file is byte-identical to 2's.
+
+    python benchmarks/generate_data.py                               # CPU, smoke demo (~2 min)
+    python benchmarks/generate_data.py --device cuda --size gpu --prompts 256 --concurrency 64 --max-new 128
+
+The demo pair is built with ``draftlab demo-models`` when ``resources/demo/SIZE/demo.json`` is missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from server_batching import ROOT, demo_pair  # noqa: E402
+
+
+def engine_loop(target: str, prompts: Path, args) -> dict:
+    """The in-process baseline: Engine + Scheduler, every prompt submitted at once, wall clock to the last."""
+    import torch
+
+    from draftlab.formats.data import chat_prompt_ids
+    from draftlab.models.target import load_tokenizer
+    from draftlab.serving.engine import Engine
+    from draftlab.serving.scheduler import Scheduler
+    from draftlab.training.prompt_file import iter_prompts
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    tok = load_tokenizer(target)
+    engine = Engine.from_folders(target, None, device=args.device)
+    sched = Scheduler(engine, args.concurrency)
+    items = [p.as_messages() for p in iter_prompts(prompts)][: args.prompts]
+    warm = sched.submit(chat_prompt_ids(tok, items[0]), 4)
+    warm.done.wait()
+    t0 = time.perf_counter()  # rendering the chat template is part of the work, as it is in the server
+    tickets = [sched.submit(chat_prompt_ids(tok, m), args.max_new) for m in items]
+    for t in tickets:
+        t.done.wait()
+    wall = time.perf_counter() - t0
+    if any(t.error for t in tickets):
+        raise SystemExit(f"engine loop failed: {next(t.error for t in tickets if t.error)}")
+    tokens = sum(t.result.completion_tokens for t in tickets)
+    texts = [tok.decode(t.result.output_ids, skip_special_tokens=True) for t in tickets]
+    return {"prompts": len(items), "output_tokens": tokens, "wall_s": round(wall, 3),
+            "output_tok_per_s": round(tokens / wall, 2), "peak_rows": sched.peak_rows, "_texts": texts}
+
+
+def through_server(target: str, prompts: Path, out: Path, args) -> dict:
+    from draftlab.training.generate_data import generate
+
+    spec = {"backend": "builtin", "target": target, "device": args.device, "port": 0,
+            "max_batch_size": args.concurrency, "health_interval_s": 0.2, "health_deadline_s": 1200.0}
+    if args.threads:
+        spec["env"] = {"OMP_NUM_THREADS": str(args.threads)}
+    r = generate(target, prompts, out, server=spec, server_log=out.with_suffix(".server.log"),
+                 concurrency=args.concurrency, max_new_tokens=args.max_new, limit=args.prompts, progress=False)
+    return {k: r[k] for k in ("answers", "generated_tokens", "seconds", "answering_seconds", "tokens_per_s",
+                              "prompts_per_s", "failed")}
+
+
+def stored_ids(state: Path) -> list[int]:
+    ids = []
+    for shard in sorted(state.glob("shard-*.jsonl")):
+        for raw in shard.read_bytes().splitlines(keepends=True):
+            if raw.endswith(b"\n"):
+                ids.append(json.loads(raw)["id"])
+    return ids
+
+
+def kill_and_resume(target: str, prompts: Path, work: Path, reference: Path, args) -> dict:
+    """SIGKILL ``generate-data --url`` at random moments, then let it finish; count lost and duplicated."""
+    from draftlab.serving.launch import ServerSpec, running_server
+
+    rng = random.Random(args.seed)
+    out, state = work / "killed.jsonl", work / "killed.state"
+    spec = ServerSpec(backend="builtin", target=target, device=args.device, max_batch_size=args.concurrency,
+                      health_interval_s=0.2, health_deadline_s=1200.0)
+    kills, duplicates, moments = 0, 0, []
+    with running_server(spec, work / "kill-server.log", progress=lambda m: None) as srv:
+        cmd = [sys.executable, "-m", "draftlab.cli", "generate-data", "--target", target, "--prompts", str(prompts),
+               "--out", str(out), "--url", srv.url, "--concurrency", str(args.concurrency), "--max-new-tokens",
+               str(args.max_new), "--limit", str(args.prompts), "--state-dir", str(state), "--no-progress"]
+        while kills < args.kills:
+            before = len(stored_ids(state)) if state.exists() else 0
+            left = args.prompts - before
+            if left < 2:
+                break
+            want = before + rng.randint(1, max(1, left // 3))
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            while proc.poll() is None and not (state.exists() and len(stored_ids(state)) >= want):
+                time.sleep(0.002)
+            if proc.poll() is not None:
+                break
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            kills += 1
+            ids = stored_ids(state)
+            duplicates = max(duplicates, len(ids) - len(set(ids)))
+            moments.append(len(set(ids)))
+        last = subprocess.run(cmd + ["--json"], capture_output=True, text=True)
+    if last.returncode != 0:
+        raise SystemExit(f"the resumed run failed: {last.stderr[-2000:]}")
+    r = json.loads(last.stdout)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    return {"kills": kills, "stored_after_each_kill": moments, "answers": len(rows),
+            "lost": args.prompts - len(rows), "duplicated": duplicates, "resumed_answers": r["resumed_answers"],
+            "identical_to_uninterrupted": out.read_bytes() == reference.read_bytes()}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="smoke", choices=["smoke", "default", "gpu"])
+    ap.add_argument("--demo", default=None, help="a built demo folder (with demo.json); default resources/demo/SIZE")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (engine loop and server)")
+    ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--max-new", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--kills", type=int, default=6)
+    ap.add_argument("--seed", type=int, default=5)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "generate_data.json"))
+    args = ap.parse_args()
+
+    pair = demo_pair(args)
+    target, prompts = pair["target_v2"], Path(pair["data"]) / "v2.jsonl"
+    work = Path(tempfile.mkdtemp(prefix="draftlab-gen-bench-"))
+    report = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "device": args.device},
+              "args": vars(args), "target": target, "prompts_file": str(prompts)}
+    loop = engine_loop(target, prompts, args)
+    print(f"engine loop: {loop['output_tok_per_s']} tok/s", file=sys.stderr, flush=True)
+    ref = work / "server.jsonl"
+    srv = through_server(target, prompts, ref, args)
+    print(f"through the server: {srv['tokens_per_s']} tok/s", file=sys.stderr, flush=True)
+    texts = [json.loads(line)["messages"][-1]["content"] for line in ref.read_text().splitlines()]
+    report["engine_loop"] = {k: v for k, v in loop.items() if k != "_texts"}
+    report["server"] = srv
+    report["server_over_engine_loop"] = round(srv["tokens_per_s"] / loop["output_tok_per_s"], 3)
+    report["answers_identical_to_engine_loop"] = texts == loop["_texts"]
+    report["kill_and_resume"] = kill_and_resume(target, prompts, work, ref, args)
+    print(json.dumps(report, indent=2))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    tmp.replace(out)
+    k = report["kill_and_resume"]
+    ok = report["answers_identical_to_engine_loop"] and k["lost"] == 0 and k["duplicated"] == 0 \
+        and k["identical_to_uninterrupted"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
