@@ -28,24 +28,24 @@ log "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,nohe
 python3 -c 'import torch, transformers, draftlab; print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())' 2>&1 | tee -a "$OUT/steps.log"
 
 t0=$(date +%s)
-mkdir -p resources/demo/gpu
-if [ ! -f resources/demo/gpu/demo.json ]; then
+mkdir -p resources/demo
+if [ ! -f resources/demo/gpu/demo.json ]; then  # demo-models writes only into a folder of its own: JSON beside it
   timeout 300 draftlab demo-models --out resources/demo/gpu --size gpu --device cuda --threads 2 --json \
-    > resources/demo/gpu/demo.json.tmp 2> "$OUT/demo_gpu.log" && mv resources/demo/gpu/demo.json.tmp resources/demo/gpu/demo.json
+    > resources/demo/gpu-demo.json.tmp 2> "$OUT/demo_gpu.log" && mv resources/demo/gpu-demo.json.tmp resources/demo/gpu/demo.json
   log "demo-models --size gpu --device cuda: rc $? in $(( $(date +%s) - t0 )) s"
 fi
 
 t0=$(date +%s)
-timeout 120 python3 benchmarks/server_batching.py --device cuda --size gpu --prompts 16 --max-new 128 \
+timeout 100 python3 benchmarks/server_batching.py --device cuda --size gpu --prompts 16 --max-new 128 \
   --out "$OUT/server_batching_gpu.json" > /dev/null 2> "$OUT/server_batching_gpu.log"
 log "server_batching.py: rc $? in $(( $(date +%s) - t0 )) s: $(grep -E '^(plain|speculative):' "$OUT/server_batching_gpu.log" | tr '\n' ' ')"
 
 t0=$(date +%s)
-timeout 180 python3 benchmarks/generate_data.py --device cuda --size gpu --prompts 256 --concurrency 64 --max-new 128 \
+timeout 120 python3 benchmarks/generate_data.py --device cuda --size gpu --prompts ${GEN_PROMPTS:-256} --concurrency 64 --max-new 128 \
   --kills 5 --out "$OUT/generate_data_gpu.json" > /dev/null 2> "$OUT/generate_data_gpu.log"
 log "generate_data.py: rc $? in $(( $(date +%s) - t0 )) s"
 
-if [ "$(left)" -gt 90 ]; then
+if [ "${SMOKE_LOOP:-1}" = 1 ] && [ "$(left)" -gt 90 ]; then
   t0=$(date +%s)
   rm -rf results/demo-gpu resources/demo/smoke .snakemake
   timeout $(( $(left) - 20 )) python3 -m snakemake all --profile gpu1 --configfile config/demo-gpu.yaml \
