@@ -69,7 +69,8 @@ def engine_loop(target: str, prompts: Path, args) -> dict:
 def through_server(target: str, prompts: Path, out: Path, args) -> dict:
     from draftlab.training.generate_data import generate
 
-    spec = {"backend": "builtin", "target": target, "device": args.device, "port": 0,
+    # check_gpus_free off: this process holds the GPU on purpose (the engine loop ran in it)
+    spec = {"backend": "builtin", "target": target, "device": args.device, "port": 0, "check_gpus_free": False,
             "max_batch_size": args.concurrency, "health_interval_s": 0.2, "health_deadline_s": 1200.0}
     if args.threads:
         spec["env"] = {"OMP_NUM_THREADS": str(args.threads)}
@@ -95,7 +96,7 @@ def kill_and_resume(target: str, prompts: Path, work: Path, reference: Path, arg
     rng = random.Random(args.seed)
     out, state = work / "killed.jsonl", work / "killed.state"
     spec = ServerSpec(backend="builtin", target=target, device=args.device, max_batch_size=args.concurrency,
-                      health_interval_s=0.2, health_deadline_s=1200.0)
+                      health_interval_s=0.2, health_deadline_s=1200.0, check_gpus_free=False)
     kills, duplicates, moments = 0, 0, []
     with running_server(spec, work / "kill-server.log", progress=lambda m: None) as srv:
         cmd = [sys.executable, "-m", "draftlab.cli", "generate-data", "--target", target, "--prompts", str(prompts),
@@ -148,6 +149,13 @@ def main() -> int:
     report = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "device": args.device},
               "args": vars(args), "target": target, "prompts_file": str(prompts)}
     loop = engine_loop(target, prompts, args)
+    if args.device.startswith("cuda"):  # the server gets the GPU to itself
+        import gc
+
+        import torch
+
+        gc.collect()
+        torch.cuda.empty_cache()
     print(f"engine loop: {loop['output_tok_per_s']} tok/s", file=sys.stderr, flush=True)
     ref = work / "server.jsonl"
     srv = through_server(target, prompts, ref, args)

@@ -43,7 +43,7 @@ BODY_BYTES_PER_TOKEN = 64  # generous: a token is at most a few UTF-8 characters
 HEALTH_TIMEOUT_S = 20.0  # SGLang's /health_generate waits as long for its probe request
 READ_TIMEOUT_S = 30.0
 STOP_GRACE_S = 3.0
-_POLL_S = 0.05
+_POLL_S = 0.25
 
 
 class HTTPFailure(Exception):
@@ -550,6 +550,10 @@ class Handler(BaseHTTPRequestHandler):
 class DraftlabHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's default listen backlog is 5: a client opening 64 connections at once (generate-data,
+    # a benchmark at high concurrency) had the rest of its SYNs dropped and retried a second later, and
+    # the batch ran a fifth full. The kernel caps this at net.core.somaxconn.
+    request_queue_size = 1024
 
     def __init__(self, address: tuple[str, int], state: ServerState):
         import socket
