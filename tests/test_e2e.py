@@ -70,6 +70,13 @@ def test_full_run_produces_records_and_report(smoke):
     assert len(trained) == n_arms * n_specs * len(cfg["bench"]["clients"])
     assert (trained.status == "ok").all() and trained.val_acc_per_step.notna().all()
     assert "TTT per-step" in md and "| finetune-remap |" in md and "skipped" not in md
+    # the fine-tune data: the target's own answers through its builtin server, every prompt answered
+    stats = json.loads((res / "data" / "generate-stats.json").read_text())
+    rows = (res / "data" / "generated.jsonl").read_text().splitlines()
+    assert stats["answers"] == stats["prompts"] == len(rows) == cfg["data"]["limit"] and stats["failed"] == 0
+    assert stats["server"]["backend"] == "builtin" and stats["engine"] == "server"
+    assert f"{len(rows)} of {len(rows)} prompts answered by the target through its builtin server" in md
+    assert not (res / "generate-state").exists()  # the state folder goes once the data is written
     for arm in ("finetune-keep", "finetune-remap", "finetune-regenerate", "scratch"):
         summary = json.loads((res / "train" / arm / "summary.json").read_text())
         assert summary["steps"] == cfg["train"]["steps"], (arm, summary["steps"])  # trained to the end

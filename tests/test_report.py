@@ -72,6 +72,24 @@ def test_summary_has_every_section_and_the_decision(tmp_path):
         assert f"]({Path(out[key]).name})" in md
 
 
+def test_fine_tune_data_section_says_where_the_data_came_from(tmp_path):
+    from draftlab.experiment.report import data_section
+
+    assert "nothing was generated" in data_section(None)[0]
+    stats = tmp_path / "generate-stats.json"
+    write_json(stats, {"prompts": 1000, "answers": 997, "mode": "greedy", "max_new_tokens": 2048,
+                       "generated_tokens": 812345, "empty": 2, "tokens_per_s": 4321.5, "prompts_per_s": 5.3,
+                       "answering_seconds": 188.0, "seconds": 800.2, "resumed_answers": 400, "failed": 3,
+                       "failures": [{"id": 17}, {"id": 512}, {"id": 900}], "skipped_long": 0, "concurrency": 128,
+                       "engine": "server", "server": {"backend": "sglang", "fingerprint": "abcd1234abcd1234"}})
+    text = "\n".join(data_section(stats))
+    assert ("997 of 1000 prompts answered by the target through its sglang server (128 requests in flight), "
+            "greedy, at most 2048 new tokens: 812345 answer tokens (2 blank answers)") in text
+    assert "4,322 tok/s" in text and "400 answers were kept from earlier, interrupted runs" in text
+    assert "3 prompts failed after retries and are not in the data (ids 17, 512, 900)" in text
+    assert "`abcd1234abcd1234`" in text
+
+
 def test_cycle_from_end_to_end_latency_is_never_shown_as_the_verify_cycle(tmp_path):
     # SGLang 0.5.23 without --enable-metrics: the only timing is e2e_latency (prefill, queueing)
     exp, _, md = _report(tmp_path, cycle_source="e2e_latency")

@@ -41,6 +41,7 @@ rule report:
         train=[L.train_dir(arm) for arm in ARMS],
         standing=get_standing_files(),
         static_md=get_static_summaries(),
+        data_stats=[L.generate_stats] if S.data.generated else [],
     output:
         # snakemake --report shows PNG and HTML inline, Markdown/CSV/JSON only as dead data: links,
         # so what a person reads there is HTML (rendered from the Markdown) with captions
@@ -86,10 +87,13 @@ rule report:
         ),
         out_dir=lambda wildcards, output: os.path.dirname(output.summary),
         target_tps=" ".join(str(t) for t in S.breakeven.target_tps),
+        data_stats=lambda wildcards, input: (
+            f"--data-stats {input.data_stats}" if input.data_stats else ""
+        ),
     shell:
         # every file the report reads is an input above and named on this line: nothing is globbed
         "draftlab report --exp-dir {params.exp_dir} --out-dir {params.out_dir} --records {input.records}"
         " --target-tps {params.target_tps} --standing {input.standing}"
         " --gate {input.gate} --doctor {input.doctor} --train {input.train}"
         " --d2t-diff {input.d2t} --d2t-coverage {input.coverage}"
-        " --static-md {input.static_md} > {log} 2>&1"
+        " --static-md {input.static_md} {params.data_stats} > {log} 2>&1"

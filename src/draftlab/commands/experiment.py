@@ -36,6 +36,8 @@ def register(sub) -> None:
                    help="train folders of the arms (default: train/<arm> of the records' trained variants)")
     p.add_argument("--d2t-diff", metavar="JSON", help="d2t diff (default <exp-dir>/static/d2t-diff.json)")
     p.add_argument("--d2t-coverage", metavar="JSON", help="d2t coverage (default <exp-dir>/static/d2t-coverage.json)")
+    p.add_argument("--data-stats", metavar="JSON",
+                   help="generate_data's stats (the fine-tune data section); left out: the data was a given file")
     add_json_flag(p)
     p.set_defaults(func=_report)
 
@@ -59,7 +61,7 @@ def _report(args: argparse.Namespace) -> int:
 
     out = write_report(args.exp_dir, args.out_dir, args.records, target_tps=args.target_tps, standing=args.standing,
                        static_md=args.static_md, gate=args.gate, doctor=args.doctor, train=args.train,
-                       d2t_diff=args.d2t_diff, d2t_coverage=args.d2t_coverage)
+                       d2t_diff=args.d2t_diff, d2t_coverage=args.d2t_coverage, data_stats=args.data_stats)
     emit(args, out, lambda o: f"report: {o['summary']}")
     return 0
 

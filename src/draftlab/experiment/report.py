@@ -331,6 +331,36 @@ def doctor_section(paths: Sequence[str | os.PathLike]) -> list[str]:
     return _table(["drafter", "severity", "code", "message"], body) if body else ["(no doctor reports)"]
 
 
+def data_section(stats_path: str | os.PathLike | None) -> list[str]:
+    """Where the fine-tune data came from: the target's own answers (generate_data's stats) or a file."""
+    if not stats_path:
+        return ["The fine-tune data is a file the experiment names (`data.path`); nothing was generated."]
+    st = _read_json(Path(stats_path))
+    if not st:
+        return [f"(no generation stats at {stats_path})"]
+    server = st.get("server") or {}
+    via = (f"through its {server.get('backend')} server ({st.get('concurrency')} requests in flight)"
+           if server else f"with {st.get('engine')} in the job's process")
+    lines = [f"- {_count(st.get('answers'))} of {_count(st.get('prompts'))} prompts answered by the target {via}, "
+             f"{st.get('mode')}, at most {st.get('max_new_tokens')} new tokens: {_count(st.get('generated_tokens'))} "
+             f"answer tokens ({_count(st.get('empty'))} blank answers)"]
+    if st.get("tokens_per_s"):
+        lines.append(f"- {st['tokens_per_s']:,.0f} tok/s and {st.get('prompts_per_s')} prompts/s over "
+                     f"{st.get('answering_seconds')} s of answering ({st.get('seconds')} s for the job)")
+    if st.get("resumed_answers"):
+        lines.append(f"- {_count(st['resumed_answers'])} answers were kept from earlier, interrupted runs")
+    if st.get("failed"):
+        ids = ", ".join(str(f["id"]) for f in st.get("failures", [])[:10])
+        lines.append(f"- {_count(st['failed'])} prompts failed after retries and are not in the data (ids {ids}"
+                     f"{', ...' if st['failed'] > 10 else ''})")
+    if st.get("skipped_long"):
+        lines.append(f"- {_count(st['skipped_long'])} prompts longer than {st.get('max_prompt_chars')} characters "
+                     "were skipped")
+    if server.get("fingerprint"):
+        lines.append(f"- server fingerprint `{server['fingerprint']}`")
+    return lines
+
+
 def report_inputs(exp_dir: str | os.PathLike, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The files the report reads when not handed them (a hand-typed ``draftlab report --exp-dir``):
     those of the variants records.csv holds, named by the experiment's Layout, never globbed."""
@@ -349,7 +379,8 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
                  static_md: Sequence[str | os.PathLike] = (), *, gate: str | os.PathLike | None = None,
                  doctor: Sequence[str | os.PathLike] | None = None, train: Sequence[str | os.PathLike] | None = None,
                  d2t_diff: str | os.PathLike | None = None,
-                 d2t_coverage: str | os.PathLike | None = None) -> dict[str, str]:
+                 d2t_coverage: str | os.PathLike | None = None,
+                 data_stats: str | os.PathLike | None = None) -> dict[str, str]:
     """Write ``summary.md``, the three plots and the HTML views under ``out_dir``; return their paths.
 
     HTML views (for ``snakemake --report``, see draftlab.experiment.report_html): ``summary.html`` (plots
@@ -360,7 +391,8 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
     line's sake (the goals shown are the ones the standing files were computed for). ``gate``,
     ``doctor`` (one JSON per drafter), ``train`` (one folder per arm), ``d2t_diff`` and
     ``d2t_coverage`` are the files the rule declares; left out, they are those of the variants in
-    ``records_csv`` (:func:`report_inputs`).
+    ``records_csv`` (:func:`report_inputs`). ``data_stats`` is generate_data's stats JSON (None: the
+    experiment brought its own data).
     """
     exp_dir, out_dir = Path(exp_dir), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -393,6 +425,7 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
     else:
         md += ["No trained drafter (fine-tuning skipped or not configured)."]
     md += ["", f"![TTT accuracy]({PLOTS['ttt']})", ""]
+    md += ["## Fine-tune data", ""] + data_section(data_stats) + [""]
     md += ["## d2t: transferred mapping vs the fine-tune data's", ""] + d2t_section(d2t_diff or implied["d2t_diff"], d2t_coverage or implied["d2t_coverage"]) + [""]
     md += ["## Doctor findings", ""] + doctor_section(doctor) + [""]
     md += ["## Probe gate", ""]
