@@ -149,6 +149,9 @@ EXEMPT = {
     "models.demo_models._StageTimes.__setitem__": "demo-models --log: one line per finished stage, appended",
     "experiment.records._locked": "the lock file of the global records tables, opened for flock",
     "models.hf_cache._write_small": "writes its own temporary sibling and os.replace()s it",
+    "training.answer_shards.AnswerShards.append": "generate-data's answer shards: append-only, one new file per run, "
+                                                 "a torn last line is not counted; the data file itself is "
+                                                 "written atomically by merge()",
 }
 
 
