@@ -80,18 +80,10 @@ def through_server(target: str, prompts: Path, out: Path, args) -> dict:
                               "prompts_per_s", "failed")}
 
 
-def stored_ids(state: Path) -> list[int]:
-    ids = []
-    for shard in sorted(state.glob("shard-*.jsonl")):
-        for raw in shard.read_bytes().splitlines(keepends=True):
-            if raw.endswith(b"\n"):
-                ids.append(json.loads(raw)["id"])
-    return ids
-
-
 def kill_and_resume(target: str, prompts: Path, work: Path, reference: Path, args) -> dict:
     """SIGKILL ``generate-data --url`` at random moments, then let it finish; count lost and duplicated."""
     from draftlab.serving.launch import ServerSpec, running_server
+    from draftlab.training.answer_shards import stored_ids
 
     rng = random.Random(args.seed)
     out, state = work / "killed.jsonl", work / "killed.state"
@@ -103,13 +95,13 @@ def kill_and_resume(target: str, prompts: Path, work: Path, reference: Path, arg
                "--out", str(out), "--url", srv.url, "--concurrency", str(args.concurrency), "--max-new-tokens",
                str(args.max_new), "--limit", str(args.prompts), "--state-dir", str(state), "--no-progress"]
         while kills < args.kills:
-            before = len(stored_ids(state)) if state.exists() else 0
+            before = len(stored_ids(state))
             left = args.prompts - before
             if left < 2:
                 break
             want = before + rng.randint(1, max(1, left // 3))
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-            while proc.poll() is None and not (state.exists() and len(stored_ids(state)) >= want):
+            while proc.poll() is None and len(stored_ids(state)) < want:
                 time.sleep(0.002)
             if proc.poll() is not None:
                 break

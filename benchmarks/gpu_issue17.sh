@@ -17,13 +17,8 @@ mkdir -p "$OUT"
 left() { echo $((BUDGET - ($(date +%s) - START))); }
 log() { echo "[gpu17 $(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/steps.log"; }
 
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$WHEELS"/*.whl \
-  > "$OUT/pip.log" 2>&1 || { log "wheel install failed"; tail -5 "$OUT/pip.log"; }
-export PYTHONPATH=/tmp/site:$PWD/src:$PWD/benchmarks PYTHONUNBUFFERED=1
-mkdir -p /tmp/bin
-printf '#!/bin/sh\nexec python3 -m draftlab.cli "$@"\n' > /tmp/bin/draftlab && chmod +x /tmp/bin/draftlab
-command -v python >/dev/null || ln -sf "$(command -v python3)" /tmp/bin/python
-export PATH=/tmp/bin:$PATH
+. "$(dirname "$0")/gpu_env.sh"
+EXTRA_PYTHONPATH=$PWD/benchmarks gpu_env || { log "wheel install failed (the smoke loop needs them)"; tail -5 "$OUT/pip.log"; }
 log "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
 python3 -c 'import torch, transformers, draftlab; print("torch", torch.__version__, "transformers", transformers.__version__, "cuda", torch.cuda.is_available())' 2>&1 | tee -a "$OUT/steps.log"
 

@@ -130,6 +130,27 @@ def test_specforge_prepare_is_handed_the_merged_config_the_run_wrote():
     assert "--expect-steps" in imp and imp[imp.index("--expect-steps") + 1] == str(s.train.steps)
 
 
+def test_generate_command_follows_the_data_engine():
+    """The server engine launches the serving backend alone (the builtin batching what the client keeps in
+    flight) and says so after --; the transformers engine runs in the job; template kwargs pass through."""
+    s = Settings.load(DEFAULT)
+    layout = Layout(s.experiment)
+    cmd = jobs.generate_command(s, layout, "gen-server.log")
+    args = cmd[: cmd.index("--")]
+    assert args[:2] == ["draftlab", "generate-data"] and args[args.index("--server") + 1] == layout.generate_server
+    assert args[args.index("--state-dir") + 1] == layout.generate_state and "--device" not in args
+    server = jobs.generate_server(s, layout)
+    assert "drafter" not in server and server["max_batch_size"] == s.data.concurrency == 8
+    assert cmd[cmd.index("--") + 1:] == jobs.server_argv(server)
+    raw = deep_merge(read_yaml(DEFAULT), {"data": {"engine": "transformers", "chat_template_kwargs": {"thinking": False}}})
+    t = Settings.load(raw)
+    cmd = jobs.generate_command(t, Layout(t.experiment), "x.log")
+    assert "--" not in cmd and "--server" not in cmd and cmd[cmd.index("--batch-size") + 1] == "1"
+    assert cmd[cmd.index("--chat-template-kwargs") + 1] == '{"thinking": false}'
+    kimi = Settings.load(KIMI)
+    assert "max_batch_size" not in jobs.generate_server(kimi, Layout(kimi.experiment))  # SGLang batches by itself
+
+
 def test_rules_spell_no_result_paths():
     """Every results/<experiment>/... path comes from the Layout: none is rebuilt in the rule files."""
     for smk in sorted((ROOT / "workflow" / "rules").glob("*.smk")):

@@ -22,6 +22,7 @@ from tiny_models import WORDS, tiny_target
 from draftlab.errors import DraftlabError
 from draftlab.serving.launch import ServerSpec, running_server
 from draftlab.training import answerers
+from draftlab.training.answer_shards import stored_ids
 from draftlab.training.generate_data import generate
 
 N_PROMPTS = 48
@@ -121,16 +122,6 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().split(")")[-1].split()[0] != "Z"
 
 
-def _stored_ids(state: Path) -> list[int]:
-    """Ids of every complete line in the shards (a torn last line does not count)."""
-    ids = []
-    for shard in sorted(state.glob("shard-*.jsonl")):
-        for raw in shard.read_bytes().splitlines(keepends=True):
-            if raw.endswith(b"\n"):
-                ids.append(json.loads(raw)["id"])
-    return ids
-
-
 def _cli(target, prompts, out, url, *extra) -> list[str]:
     return [sys.executable, "-m", "draftlab.cli", "generate-data", "--target", str(target), "--prompts", str(prompts),
             "--out", str(out), "--url", url, "--concurrency", "4", "--max-new-tokens", str(MAX_NEW), *extra]
@@ -144,7 +135,7 @@ def test_sigkilled_runs_resume_with_nothing_lost_or_duplicated(server, target, p
     env = dict(os.environ, OMP_NUM_THREADS="1")
     kills = 0
     while kills < 6:
-        before = len(_stored_ids(state)) if state.exists() else 0
+        before = len(stored_ids(state))
         if before >= N_PROMPTS - 6:
             break
         want = before + rng.randint(1, 6)
@@ -152,18 +143,18 @@ def test_sigkilled_runs_resume_with_nothing_lost_or_duplicated(server, target, p
                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
         deadline = time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < deadline:
-            if state.exists() and len(_stored_ids(state)) >= want:
+            if len(stored_ids(state)) >= want:
                 break
             time.sleep(0.005)
         assert proc.poll() is None, f"the run ended before it could be killed: {proc.stderr.read()[-2000:]}"
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         kills += 1
-        ids = _stored_ids(state)
+        ids = stored_ids(state)
         assert len(ids) == len(set(ids)), f"a prompt was stored twice: {sorted(ids)}"
         assert not out.exists(), "a killed run left a final file"
     assert kills >= 5
-    stored = len(_stored_ids(state))
+    stored = len(stored_ids(state))
     done = subprocess.run(_cli(target, prompts, out, server, "--state-dir", str(state), "--json"), env=env,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -296,7 +287,7 @@ def test_a_server_that_goes_away_stops_the_run_and_a_rerun_resumes(target, promp
         with pytest.raises(DraftlabError, match="stopped answering"):
             generate(target, prompts, out, url=srv.url, concurrency=4, retries=1, max_new_tokens=MAX_NEW,
                      state_dir=state, progress=False)
-    kept = _stored_ids(state)
+    kept = stored_ids(state)
     assert len(kept) >= 10 and len(kept) == len(set(kept)) and not out.exists()
     with running_server(spec, tmp_path / "s2.log", progress=lambda m: None) as srv:
         r = generate(target, prompts, out, url=srv.url, concurrency=4, max_new_tokens=MAX_NEW, state_dir=state,
@@ -307,7 +298,7 @@ def test_a_server_that_goes_away_stops_the_run_and_a_rerun_resumes(target, promp
 def _kill_when_stored(state: Path, n: int, pid: int) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        if state.exists() and len(_stored_ids(state)) >= n:
+        if len(stored_ids(state)) >= n:
             os.killpg(pid, signal.SIGKILL)
             return
         time.sleep(0.005)

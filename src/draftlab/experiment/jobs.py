@@ -9,6 +9,7 @@ check the same functions the workflow calls. The mapping-level builders stay wit
 from __future__ import annotations
 
 import dataclasses
+import json
 import shlex
 from typing import Any
 
@@ -63,6 +64,8 @@ def generate_command(settings: Settings, layout: Layout, server_log: str) -> lis
         cmd += ["--limit", str(d.limit)]
     if d.max_prompt_chars:
         cmd += ["--max-prompt-chars", str(d.max_prompt_chars)]
+    if d.chat_template_kwargs:
+        cmd += ["--chat-template-kwargs", json.dumps(dict(d.chat_template_kwargs), sort_keys=True)]
     if settings.target.trust_remote_code:
         cmd += ["--trust-remote-code"]
     if d.engine == "transformers":

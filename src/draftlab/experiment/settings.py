@@ -181,6 +181,7 @@ class Data:
     concurrency: int
     retries: int
     max_failed_fraction: float
+    chat_template_kwargs: Mapping[str, Any]
     max_prompt_chars: int | None
     batch_size: int
     draft_vocab_size: int | None

@@ -217,6 +217,18 @@ class AnswerShards:
         return counts
 
 
+def stored_ids(folder: str | os.PathLike) -> list[int]:
+    """The prompt id of every complete line in a state folder's shards, read only (no lock taken): what
+    a run started now would count as answered, duplicates included (the tests and the benchmark count them)."""
+    ids = []
+    for shard in sorted(Path(folder).glob("shard-*.jsonl")):
+        for raw in shard.read_bytes().splitlines(keepends=True):
+            rec = _parse(raw)
+            if rec is not None:
+                ids.append(rec["id"])
+    return ids
+
+
 def _shard_number(path: Path) -> int:
     stem = path.name.removeprefix("shard-").removesuffix(".jsonl")
     return int(stem) if stem.isdigit() else -1
