@@ -92,6 +92,16 @@ def test_one_set_of_defaults_from_the_schema():
         assert getattr(train_args, cli) == want and sf[job] == want and tc[lib] == want, key
     evals = parser.parse_args(["eval-drafter", "--drafter", "d", "--target", "t", "--tokens", "k"])
     assert evals.ttt_length == cfg["train"]["ttt_length"]
+    # generate-data: the command line's defaults are the pipeline's; the library's are None = the schema's
+    import inspect
+
+    from draftlab.training.generate_data import generate
+
+    gen = parser.parse_args(["generate-data", "--target", "t", "--prompts", "p", "--out", "o"])
+    lib = inspect.signature(generate).parameters
+    for key in ("max_new_tokens", "concurrency", "retries", "max_failed_fraction", "batch_size", "max_prompt_chars"):
+        assert getattr(gen, key) == cfg["data"][key] and lib[key].default is None, key
+    assert gen.seed == cfg["train"]["seed"] and lib["seed"].default is None
 
 
 def test_cross_key_errors_name_the_key():

@@ -41,22 +41,22 @@ def generate(
     prompts: str | os.PathLike,
     out: str | os.PathLike,
     *,
-    max_new_tokens: int = 128,
+    max_new_tokens: int | None = None,
     temperature: float | None = None,
     top_p: float = 1.0,
-    seed: int = 0,
+    seed: int | None = None,
     limit: int | None = None,
     device: str | None = None,
     trust_remote_code: bool = False,
-    batch_size: int = 1,
+    batch_size: int | None = None,
     server: Mapping[str, Any] | None = None,
     server_log: str | os.PathLike | None = None,
     url: str | None = None,
-    concurrency: int = 8,
-    retries: int = 3,
+    concurrency: int | None = None,
+    retries: int | None = None,
     request_timeout_s: float = 1800.0,
     max_prompt_chars: int | None = None,
-    max_failed_fraction: float = 0.05,
+    max_failed_fraction: float | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
     state_dir: str | os.PathLike | None = None,
     stats: str | os.PathLike | None = None,
@@ -68,7 +68,18 @@ def generate(
     server), else transformers in this process (``device``, ``batch_size``). ``temperature`` None or 0
     is greedy. State lives in ``state_dir`` (default ``<out>.parts``) until the final file is written;
     ``stats`` (a JSON file) records counts, throughput, failures and the server. Returns the stats.
+    A setting left None takes the experiment schema's default (``data.*``, ``train.seed``), as the
+    command line and the pipeline do.
     """
+    from draftlab.experiment.settings import schema_default
+
+    def default(value, key):
+        return schema_default(key) if value is None else value
+
+    max_new_tokens = default(max_new_tokens, "data.max_new_tokens")
+    seed, batch_size = default(seed, "train.seed"), default(batch_size, "data.batch_size")
+    concurrency, retries = default(concurrency, "data.concurrency"), default(retries, "data.retries")
+    max_failed_fraction = default(max_failed_fraction, "data.max_failed_fraction")
     if max_new_tokens < 1:
         raise DraftlabError(f"--max-new-tokens: expected a positive integer, got {max_new_tokens}")
     if temperature is not None and temperature < 0:
