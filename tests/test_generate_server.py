@@ -295,6 +295,25 @@ def test_a_server_that_goes_away_stops_the_run_and_a_rerun_resumes(target, promp
     assert out.read_bytes() == reference.read_bytes() and r["resumed_answers"] == len(kept)
 
 
+def test_several_servers_share_the_prompts_and_one_dying_leaves_the_rest(server, target, prompts, reference,
+                                                                        tmp_path, monkeypatch):
+    """Two servers of one model: requests go to the one with fewer in flight; when one dies mid-run its
+    requests are retried on the other and the run ends complete."""
+    monkeypatch.setattr(answerers, "BACKOFF_S", (0.01,))
+    out, state = tmp_path / "gen.jsonl", tmp_path / "state"
+    before = call(server + "/get_server_info")[1]["internal_states"][0]["num_requests"]
+    with running_server(ServerSpec.from_dict(_spec(target)), tmp_path / "b.log", progress=lambda m: None) as b:
+        killer = threading.Thread(target=_kill_when_stored, args=(state, 12, b.pid), daemon=True)
+        killer.start()
+        r = generate(target, prompts, out, url=[server, b.url], concurrency=3, retries=2, max_new_tokens=MAX_NEW,
+                     state_dir=state, progress=False)
+        killer.join()
+    assert out.read_bytes() == reference.read_bytes() and r["failed"] == 0 and r["concurrency"] == 6
+    served_by_a = call(server + "/get_server_info")[1]["internal_states"][0]["num_requests"] - before
+    assert 0 < served_by_a < N_PROMPTS  # both answered some: B its share until it died, A the rest
+    assert r["server"]["urls"] == [server, b.url]
+
+
 def _kill_when_stored(state: Path, n: int, pid: int) -> None:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

@@ -128,9 +128,12 @@ def register(sub) -> None:
     where = srv.add_mutually_exclusive_group()
     where.add_argument("--server", default=None,
                        help="server spec (JSON/YAML mapping of draftlab.serving.launch.ServerSpec) to launch")
-    where.add_argument("--url", default=None, help="a server already running, e.g. http://127.0.0.1:30000")
+    where.add_argument("--url", nargs="+", default=None, metavar="URL",
+                       help="servers already running, of the same model, e.g. http://127.0.0.1:30000 (several "
+                            "share the prompts, --concurrency requests in flight each)")
     srv.add_argument("--server-log", default=None, help="log of the launched server (default generate-data-server.log)")
-    srv.add_argument("--concurrency", type=int, default=schema_default("data.concurrency"), help="requests in flight")
+    srv.add_argument("--concurrency", type=int, default=schema_default("data.concurrency"),
+                     help="requests in flight per server")
     srv.add_argument("--retries", type=int, default=schema_default("data.retries"),
                      help="retries of a failed request before its prompt is listed as failed")
     srv.add_argument("--request-timeout", type=float, default=1800.0, help="seconds one request may take")

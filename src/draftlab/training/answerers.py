@@ -3,9 +3,9 @@
 - :class:`TransformersAnswerer` loads the target with transformers and decodes greedy prompts in
   left-padded batches (sampled ones one at a time, each under ``seed + prompt id``). It cannot load a
   1T-parameter model; it is the fallback for small targets and machines without a server.
-- :class:`ServerAnswerer` sends each prompt to ``/v1/chat/completions`` of a running server (SGLang,
-  vLLM or draftlab's builtin one: the server applies the chat template), with ``concurrency``
-  requests in flight. A request that fails is retried with backoff (client errors other than 408/429
+- :class:`ServerAnswerer` sends each prompt to ``/v1/chat/completions`` of running servers (SGLang,
+  vLLM or draftlab's builtin one: the server applies the chat template; several servers of one model
+  share the prompts), with ``concurrency`` requests in flight per server. A request that fails is retried with backoff (client errors other than 408/429
   are not: they fail the same way again), then reported as a :class:`Failure`; the run goes on. When
   the server itself is gone (``alive()`` false, or every request in a row cannot reach it) the run
   stops with an error: answering nothing is not a result.
@@ -15,10 +15,11 @@ Both yield :class:`Answer` or :class:`Failure` per prompt; the server yields the
 
 from __future__ import annotations
 
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from draftlab.errors import DraftlabError
 from draftlab.training.prompt_file import Prompt
@@ -170,9 +171,12 @@ class ServerGone(DraftlabError):
 
 
 class ServerAnswerer:
-    """Prompts to ``{url}/v1/chat/completions``, ``concurrency`` in flight, each retried ``retries`` times."""
+    """Prompts to ``/v1/chat/completions`` of one or more servers of the same model: ``concurrency``
+    requests in flight per server (as SpecForge's regeneration counts it), each sent to the server with
+    the fewest in flight; a request is retried ``retries`` times, on another server after a connection
+    error when there is one."""
 
-    def __init__(self, url: str, sampling: Sampling, *, concurrency: int = 8, retries: int = 3,
+    def __init__(self, urls: str | Sequence[str], sampling: Sampling, *, concurrency: int = 8, retries: int = 3,
                  request_timeout_s: float = 1800.0, alive: Callable[[], bool] | None = None,
                  backoff_s: tuple[float, ...] | None = None):
         from draftlab.benchmark.bench import served_model
@@ -181,35 +185,56 @@ class ServerAnswerer:
             raise DraftlabError(f"--concurrency: expected a positive integer, got {concurrency}")
         if retries < 0:
             raise DraftlabError(f"--retries: expected an integer >= 0, got {retries}")
-        self.url = url.rstrip("/")
+        self.urls = [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else urls)]
+        if not self.urls:
+            raise DraftlabError("--url: expected at least one server address")
         self.sampling = sampling
-        self.concurrency, self.retries = int(concurrency), int(retries)
+        self.retries = int(retries)
+        self.concurrency = int(concurrency) * len(self.urls)
         self.timeout = float(request_timeout_s)
         self.alive = alive or (lambda: True)
         self.backoff_s = backoff_s or BACKOFF_S
-        self.model = served_model(self.url, min(self.timeout, 60.0))
+        self.models = {u: served_model(u, min(self.timeout, 60.0)) for u in self.urls}
+        self._in_flight = dict.fromkeys(self.urls, 0)
+        self._lock = threading.Lock()
         self._unreachable_in_a_row = 0
 
     def describe(self) -> dict[str, Any]:
-        return {"engine": "server", "url": self.url, "model": self.model, "concurrency": self.concurrency,
-                "retries": self.retries}
+        return {"engine": "server", "url": self.urls[0], "urls": self.urls, "model": self.models[self.urls[0]],
+                "concurrency": self.concurrency, "retries": self.retries}
+
+    def _take(self, avoid: str | None) -> str:
+        """The server with the fewest requests in flight (not ``avoid``, when there is another)."""
+        with self._lock:
+            choices = [u for u in self.urls if u != avoid] or self.urls
+            url = min(choices, key=lambda u: self._in_flight[u])
+            self._in_flight[url] += 1
+            return url
+
+    def _release(self, url: str) -> None:
+        with self._lock:
+            self._in_flight[url] -= 1
 
     def _one(self, prompt: Prompt) -> Answer | Failure:
         from draftlab.serving.http_client import HTTPStatusError, json_call
 
-        body = chat_request(self.model, prompt, self.sampling)
-        attempts, last = 0, ""
+        attempts, last, avoid = 0, "", None
         while attempts <= self.retries:
             attempts += 1
+            url = self._take(avoid)
             try:
-                reply = json_call(f"{self.url}/v1/chat/completions", body, self.timeout)
-                return _answer(prompt, reply, f"{self.url}/v1/chat/completions")
+                reply = json_call(f"{url}/v1/chat/completions", chat_request(self.models[url], prompt, self.sampling),
+                                  self.timeout)
+                return _answer(prompt, reply, f"{url}/v1/chat/completions")
             except HTTPStatusError as exc:
                 last = str(exc)
                 if 400 <= exc.status < 500 and exc.status not in RETRY_STATUSES:
                     break  # the same request fails the same way: no point retrying
             except DraftlabError as exc:
                 last = str(exc)
+                avoid = url if "cannot reach the server" in last else None
+            finally:
+                self._release(url)
             if not self.alive():
                 break
             if attempts <= self.retries:
@@ -242,7 +267,8 @@ class ServerAnswerer:
             else:
                 self._unreachable_in_a_row = 0
             if not self.alive() or self._unreachable_in_a_row >= max(3, self.concurrency):
-                raise ServerGone(f"{self.url}: the server stopped answering ({res.error if isinstance(res, Failure) else 'it exited'}); "
+                why = res.error if isinstance(res, Failure) else "it exited"
+                raise ServerGone(f"{', '.join(self.urls)}: the server stopped answering ({why}); "
                                  "the answers so far are kept and a rerun resumes after them")
             yield res
 

@@ -25,7 +25,7 @@ import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import write_json
@@ -51,7 +51,7 @@ def generate(
     batch_size: int | None = None,
     server: Mapping[str, Any] | None = None,
     server_log: str | os.PathLike | None = None,
-    url: str | None = None,
+    url: str | Sequence[str] | None = None,
     concurrency: int | None = None,
     retries: int | None = None,
     request_timeout_s: float = 1800.0,
@@ -96,7 +96,8 @@ def generate(
 
     t0 = time.perf_counter()
     plan = _Plan.read(prompts, limit, max_prompt_chars)
-    identity = _identity(target, spec, _what_url_serves(url) if url else None, sampling, trust_remote_code)
+    urls = [url] if isinstance(url, str) else list(url or [])
+    identity = _identity(target, spec, _what_urls_serve(urls) if urls else None, sampling, trust_remote_code)
     with AnswerShards(state, identity, say=_say) as shards, ExitStack() as stack:
         todo = sum(1 for pid, digest in plan.wanted if not shards.answered(pid, digest))
         resumed = len(plan.wanted) - todo
@@ -107,7 +108,7 @@ def generate(
         failures: list[Failure] = []
         run = _RunCounts()
         if todo:
-            answerer, engine, server_record = _answerer(stack, target, sampling, spec, server_log, url, device,
+            answerer, engine, server_record = _answerer(stack, target, sampling, spec, server_log, urls, device,
                                                         batch_size, trust_remote_code, concurrency, retries,
                                                         request_timeout_s)
             meter = _Meter(todo, progress)
@@ -208,10 +209,10 @@ def _server_spec(server: Mapping[str, Any], sampling: Sampling):
     return spec
 
 
-def _answerer(stack: ExitStack, target, sampling, spec, server_log, url, device, batch_size, trust_remote_code,
+def _answerer(stack: ExitStack, target, sampling, spec, server_log, urls, device, batch_size, trust_remote_code,
               concurrency, retries, request_timeout_s):
     """The engine (and, for a launched server, the server itself, torn down by ``stack``)."""
-    if spec is None and url is None:
+    if spec is None and not urls:
         a = TransformersAnswerer(str(target), sampling, device=device, batch_size=batch_size,
                                  trust_remote_code=trust_remote_code)
         return a, a.describe(), None
@@ -223,18 +224,18 @@ def _answerer(stack: ExitStack, target, sampling, spec, server_log, url, device,
         log = server_log or "generate-data-server.log"
         _say(f"generate-data: launching {' '.join(spec.argv())}")
         srv = stack.enter_context(running_server(spec, log))
-        url = srv.url
+        urls = [srv.url]
         alive = _pid_alive(srv.pid)
         record = {"backend": spec.backend, "fingerprint": server_fingerprint(spec), "argv": spec.argv(),
-                  "url": url, "pid": srv.pid, "log": str(log)}
+                  "url": srv.url, "pid": srv.pid, "log": str(log)}
     else:
-        record = {"backend": "external", "url": url}
+        record = {"backend": "external", "url": urls[0], "urls": urls}
     from draftlab.benchmark.bench import server_info
 
-    info = server_info(url, 30.0)
+    info = server_info(urls[0], 30.0)
     if info:
         record["info"] = info
-    a = ServerAnswerer(url, sampling, concurrency=concurrency, retries=retries,
+    a = ServerAnswerer(urls, sampling, concurrency=concurrency, retries=retries,
                        request_timeout_s=request_timeout_s, alive=alive)
     return a, a.describe(), record
 
@@ -255,12 +256,16 @@ def _pid_alive(pid: int):
     return alive
 
 
-def _what_url_serves(url: str) -> str:
-    """A running server's model, as it names it: the same model at another address is the same engine."""
+def _what_urls_serve(urls: list[str]) -> str:
+    """The model the running servers serve, as they name it (the same model at another address is the
+    same engine); servers of different models cannot share one run."""
     from draftlab.benchmark.bench import server_info, served_model
 
-    info = server_info(url, 30.0)
-    return str(info.get("model_path") or served_model(url, 30.0))
+    models = {u: str(server_info(u, 30.0).get("model_path") or served_model(u, 30.0)) for u in urls}
+    if len(set(models.values())) > 1:
+        raise DraftlabError("--url: the servers serve different models ("
+                            + ", ".join(f"{u}: {m}" for u, m in models.items()) + "); one run answers with one model")
+    return next(iter(models.values()))
 
 
 def _identity(target, spec, served: str | None, sampling: Sampling, trust_remote_code: bool) -> dict[str, Any]:
