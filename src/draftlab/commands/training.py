@@ -105,7 +105,7 @@ def register(sub) -> None:
         "generate-data", aliases=["generate"], help="the target answers prompts: JSONL conversations for fine-tuning",
         description="Answer every prompt with the target and write the conversations (sorted by prompt id). "
                     "Engines: a server (--server SPEC: launched and torn down; the command after -- must be the "
-                    "one SPEC launches; or --url of a running one), N requests in flight through "
+                    "one SPEC launches; or --url of servers already running), N requests in flight through "
                     "/v1/chat/completions; else transformers in this process. Resumable: answers are stored in "
                     "--state-dir as they arrive, and a rerun answers only what is missing.")
     g.add_argument("--target", required=True, help="target model folder")
