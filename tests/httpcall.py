@@ -1,4 +1,5 @@
-"""One real HTTP request to a server under test: (status, parsed JSON or text), errors included."""
+"""One real HTTP request to a server under test: (status, parsed JSON or text), errors included; and the
+JSON answer of a scripted server under test (``send_json``)."""
 
 from __future__ import annotations
 
@@ -20,3 +21,13 @@ def call(url: str, payload=None, raw: bytes | None = None, timeout: float = 60.0
         return status, json.loads(body)
     except json.JSONDecodeError:
         return status, body.decode()
+
+
+def send_json(handler, status: int, obj) -> None:
+    """Answer a request of a scripted ``BaseHTTPRequestHandler`` with ``obj`` as JSON (Content-Length set)."""
+    body = json.dumps(obj).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)

@@ -18,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 
 import pytest
+from httpcall import send_json
 
 from draftlab.benchmark.bench import (
     ACCEPT_COUNT_KEYS,
@@ -98,12 +99,7 @@ class ScriptedServer:
                 pass
 
             def _json(self, obj: Any, status: int = 200) -> None:
-                body = json.dumps(obj).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                send_json(self, status, obj)
 
             def do_GET(self):
                 if server.api == "sglang" and self.path == "/get_server_info":

@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-from httpcall import call
+from httpcall import call, send_json
 from tiny_models import WORDS, tiny_target
 
 from draftlab.errors import DraftlabError
@@ -196,12 +196,7 @@ class Scripted(BaseHTTPRequestHandler):
         pass
 
     def _send(self, status, obj):
-        body = json.dumps(obj).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        send_json(self, status, obj)
 
     def do_GET(self):
         self._send(200, {"object": "list", "data": [{"id": "scripted", "object": "model"}]})
