@@ -161,6 +161,7 @@ def test_sigkilled_runs_resume_with_nothing_lost_or_duplicated(server, target, p
     r = json.loads(done.stdout)
     assert out.read_bytes() == reference.read_bytes()
     assert r["resumed_answers"] == stored and r["answered_now"] == N_PROMPTS - stored and r["answers"] == N_PROMPTS
+    assert r["duplicate_lines"] == 0
     assert "resuming" in done.stderr and not state.exists()
 
 

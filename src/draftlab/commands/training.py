@@ -256,7 +256,9 @@ def _generate_data(args: argparse.Namespace) -> int:
         argv = argv[1:]
     server = None
     if args.server:
-        server = _read_mapping(args.server, "generate-data server spec")
+        from draftlab.experiment.config import read_yaml
+
+        server = read_yaml(args.server)  # YAML or JSON (a YAML subset): one mapping
         check_launch_argv(server, argv, "generate-data")
     elif argv:
         raise DraftlabError("generate-data: a command after -- needs --server (the spec it is checked against)")
@@ -277,24 +279,6 @@ def _generate_data(args: argparse.Namespace) -> int:
     emit(args, result, lambda r: (f"wrote {r['answers']} of {r['prompts']} conversations ({r['generated_tokens']} "
                                   f"tokens, {r['mode']}, {r['failed']} failed) to {r['out']} in {r['seconds']} s"))
     return 0
-
-
-def _read_mapping(path: str, what: str) -> dict:
-    """A JSON or YAML file holding one mapping (a server spec)."""
-    from draftlab.fsutil import read_text_file
-
-    text = read_text_file(path, what)
-    if path.endswith((".yaml", ".yml")):
-        from draftlab.experiment.config import load_yaml_text
-
-        data = load_yaml_text(text, path)
-    else:
-        from draftlab.fsutil import parse_json_text
-
-        data = parse_json_text(text, path, what)
-    if not isinstance(data, dict):
-        raise DraftlabError(f"{path}: expected a mapping of server settings, got {type(data).__name__}")
-    return data
 
 
 def _specforge_command(args: argparse.Namespace) -> int:

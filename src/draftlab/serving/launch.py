@@ -388,6 +388,11 @@ class RunningServer:
     pid: int
     spec: ServerSpec
     log_path: Path
+    proc: subprocess.Popen | None = field(default=None, repr=False, compare=False)
+
+    def alive(self) -> bool:
+        """Whether the server process is still running (a client can tell a dead server from a slow one)."""
+        return self.proc is None or self.proc.poll() is None
 
 
 def log_tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
@@ -490,7 +495,7 @@ def running_server(spec: ServerSpec, log_path: str | os.PathLike, *,
                                 env=env, start_new_session=True)
         try:
             url = _wait_healthy(spec, proc, port, log_path, say)
-            yield RunningServer(url=url, pid=proc.pid, spec=spec, log_path=log_path)
+            yield RunningServer(url=url, pid=proc.pid, spec=spec, log_path=log_path, proc=proc)
         finally:
             stop_group(proc, spec.grace_s)
 

@@ -225,7 +225,7 @@ def _answerer(stack: ExitStack, target, sampling, spec, server_log, urls, device
         _say(f"generate-data: launching {' '.join(spec.argv())}")
         srv = stack.enter_context(running_server(spec, log))
         urls = [srv.url]
-        alive = _pid_alive(srv.pid)
+        alive = srv.alive
         record = {"backend": spec.backend, "fingerprint": server_fingerprint(spec), "argv": spec.argv(),
                   "url": srv.url, "pid": srv.pid, "log": str(log)}
     else:
@@ -238,22 +238,6 @@ def _answerer(stack: ExitStack, target, sampling, spec, server_log, urls, device
     a = ServerAnswerer(urls, sampling, concurrency=concurrency, retries=retries,
                        request_timeout_s=request_timeout_s, alive=alive)
     return a, a.describe(), record
-
-
-def _pid_alive(pid: int):
-    def alive() -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        try:  # a zombie (exited, not yet reaped) is gone too
-            with open(f"/proc/{pid}/stat") as fh:
-                return fh.read().split(")")[-1].split()[0] != "Z"
-        except OSError:
-            return True
-    return alive
 
 
 def _what_urls_serve(urls: list[str]) -> str:
@@ -345,6 +329,7 @@ def _stats(out: Path, plan: _Plan, sampling: Sampling, engine: dict, server: dic
         "server": server,
         "state_dir": str(state),
         "torn_lines": shards.torn_lines,
+        "duplicate_lines": shards.duplicates,
     }
 
 
