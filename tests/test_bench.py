@@ -99,7 +99,16 @@ class ScriptedServer:
                 pass
 
             def _json(self, obj: Any, status: int = 200) -> None:
+                self._leave()
                 send_json(self, status, obj)
+
+            def _leave(self) -> None:
+                """The request stops counting as in flight before its last byte is written: once the
+                client has its answer it may send the next one, which must not see this one still in."""
+                if getattr(self, "_counted", False):
+                    self._counted = False
+                    with server.lock:
+                        server.inflight -= 1
 
             def do_GET(self):
                 if server.api == "sglang" and self.path == "/get_server_info":
@@ -148,6 +157,7 @@ class ScriptedServer:
                     server.requests.append({"path": self.path, **req})
                     server.inflight += 1
                     server.max_inflight = max(server.max_inflight, server.inflight)
+                self._counted = True
                 try:
                     if server.fail_status:
                         return self._json({"error": "boom"}, server.fail_status)
@@ -157,8 +167,7 @@ class ScriptedServer:
                         return self._completions(req)
                     self._json({"error": "not found"}, 404)
                 finally:
-                    with server.lock:
-                        server.inflight -= 1
+                    self._leave()
 
             def _generate(self, req):
                 start = time.perf_counter()
@@ -174,6 +183,7 @@ class ScriptedServer:
                     self.wfile.flush()
                     time.sleep(server.delay)
                     meta["e2e_latency"] = time.perf_counter() - start
+                    self._leave()
                     self.wfile.write(f"data: {json.dumps({'text': 'abc', 'meta_info': meta})}\n\n".encode())
                     self.wfile.write(b"data: [DONE]\n\n")
                     return
@@ -207,6 +217,7 @@ class ScriptedServer:
                     time.sleep(server.first_token_delay or 0.0)
                     chunk = {"choices": [{"index": 0, "text": "x"}]}
                     self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                    self._leave()
                     self.wfile.write(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n".encode())
                     self.wfile.write(b"data: [DONE]\n\n")
                     return
