@@ -7,11 +7,13 @@ when killed.
 2. ``draftlab generate-data`` through the builtin server it launches (same batch size, the same number of
    requests in flight), on the same prompts: its answering tokens/s (the server's load time excluded, as
    the model load is in 1) against 1; goal >= 0.9. The answers must be the loop's, token for token.
+   ``--pin`` (CPU) gives the engine core 0 on both sides and the client core 1.
 3. The same generation through a running server, SIGKILLed at random moments ``--kills`` times and
    resumed: prompts lost and prompts answered twice (over every complete stored line), and whether the
    final file is byte-identical to 2's.
 
     python benchmarks/generate_data.py                               # CPU, smoke demo (~2 min)
+    python benchmarks/generate_data.py --threads 1 --concurrency 64 --prompts 535 --repeat 5 --trials 3 --pin
     python benchmarks/generate_data.py --device cuda --size gpu --prompts 256 --concurrency 64 --max-new 128
 
 The demo pair is built with ``draftlab demo-models`` when ``resources/demo/SIZE/demo.json`` is missing.
@@ -25,6 +27,7 @@ import os
 import platform
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,6 +36,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from server_batching import ROOT, demo_pair  # noqa: E402
+
+ALL_CPUS = os.sched_getaffinity(0)
 
 
 def engine_loop(target: str, prompts: Path, args) -> dict:
@@ -67,6 +72,7 @@ def engine_loop(target: str, prompts: Path, args) -> dict:
 
 
 def through_server(target: str, prompts: Path, out: Path, args) -> dict:
+    from draftlab.serving.launch import ServerSpec, running_server
     from draftlab.training.generate_data import generate
 
     # check_gpus_free off: this process holds the GPU on purpose (the engine loop ran in it)
@@ -74,8 +80,18 @@ def through_server(target: str, prompts: Path, out: Path, args) -> dict:
             "max_batch_size": args.concurrency, "health_interval_s": 0.2, "health_deadline_s": 1200.0}
     if args.threads:
         spec["env"] = {"OMP_NUM_THREADS": str(args.threads)}
-    r = generate(target, prompts, out, server=spec, server_log=out.with_suffix(".server.log"),
-                 concurrency=args.concurrency, max_new_tokens=args.max_new, limit=args.prompts, progress=False)
+    common = dict(concurrency=args.concurrency, max_new_tokens=args.max_new, limit=args.prompts, progress=False)
+    if not args.pin:  # generate-data launches the server itself, as the pipeline's rule does
+        r = generate(target, prompts, out, server=spec, server_log=out.with_suffix(".server.log"), **common)
+    else:  # the same launch, but the server (which inherits this affinity) on core 0, the client on core 1
+        os.sched_setaffinity(0, {0})
+        try:
+            with running_server(ServerSpec.from_dict(spec), out.with_suffix(".server.log"),
+                                progress=lambda m: None) as srv:
+                os.sched_setaffinity(0, {1})
+                r = generate(target, prompts, out, url=srv.url, **common)
+        finally:
+            os.sched_setaffinity(0, ALL_CPUS)
     return {k: r[k] for k in ("answers", "generated_tokens", "seconds", "answering_seconds", "tokens_per_s",
                               "prompts_per_s", "failed")}
 
@@ -128,8 +144,17 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (engine loop and server)")
     ap.add_argument("--prompts", type=int, default=64)
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="cycle the demo's prompt file this many times (distinct ids), so a run is long enough for "
+                         "the steady state to dominate the start and the tail")
     ap.add_argument("--max-new", type=int, default=64)
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--trials", type=int, default=1,
+                    help="run the loop and the server this many times, interleaved; the ratio reported is the median")
+    ap.add_argument("--pin", action="store_true",
+                    help="CPU: the engine (the loop, or the server) on core 0 and generate-data's client on core 1, "
+                         "as a serving host gives its server cores of its own; without it the OS moves the engine "
+                         "thread between the cores the client also uses")
     ap.add_argument("--kills", type=int, default=6)
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "generate_data.json"))
@@ -138,24 +163,44 @@ def main() -> int:
     pair = demo_pair(args)
     target, prompts = pair["target_v2"], Path(pair["data"]) / "v2.jsonl"
     work = Path(tempfile.mkdtemp(prefix="draftlab-gen-bench-"))
+    if args.repeat > 1:  # ids are line positions, so every copy is a prompt of its own
+        cycled = work / "prompts.jsonl"
+        cycled.write_text(prompts.read_text() * args.repeat)
+        prompts = cycled
     report = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "device": args.device},
               "args": vars(args), "target": target, "prompts_file": str(prompts)}
-    loop = engine_loop(target, prompts, args)
-    if args.device.startswith("cuda"):  # the server gets the GPU to itself
-        import gc
-
-        import torch
-
-        gc.collect()
-        torch.cuda.empty_cache()
-    print(f"engine loop: {loop['output_tok_per_s']} tok/s", file=sys.stderr, flush=True)
+    loops, servers = [], []
     ref = work / "server.jsonl"
-    srv = through_server(target, prompts, ref, args)
-    print(f"through the server: {srv['tokens_per_s']} tok/s", file=sys.stderr, flush=True)
+    for trial in range(args.trials):  # interleaved, so a slow spell of a shared host hits both sides
+        if args.pin:  # the engine loop on the one core the server will have
+            os.sched_setaffinity(0, {0})
+        try:
+            loops.append(engine_loop(target, prompts, args))
+        finally:
+            if args.pin:
+                os.sched_setaffinity(0, ALL_CPUS)
+        if args.device.startswith("cuda"):  # the server gets the GPU to itself
+            import gc
+
+            import torch
+
+            gc.collect()
+            torch.cuda.empty_cache()
+        print(f"trial {trial + 1}: engine loop {loops[-1]['output_tok_per_s']} tok/s", file=sys.stderr, flush=True)
+        answers = ref if trial == 0 else work / f"server-{trial}.jsonl"
+        servers.append(through_server(target, prompts, answers, args))
+        print(f"trial {trial + 1}: through the server {servers[-1]['tokens_per_s']} tok/s", file=sys.stderr,
+              flush=True)
+    loop, srv = loops[0], servers[0]
     texts = [json.loads(line)["messages"][-1]["content"] for line in ref.read_text().splitlines()]
     report["engine_loop"] = {k: v for k, v in loop.items() if k != "_texts"}
     report["server"] = srv
-    report["server_over_engine_loop"] = round(srv["tokens_per_s"] / loop["output_tok_per_s"], 3)
+    ratios = [s["tokens_per_s"] / l["output_tok_per_s"] for l, s in zip(loops, servers)]
+    report["server_over_engine_loop"] = round(statistics.median(ratios), 3)
+    if args.trials > 1:
+        report["trials"] = {"engine_loop_tok_per_s": [l["output_tok_per_s"] for l in loops],
+                            "server_tok_per_s": [s["tokens_per_s"] for s in servers],
+                            "ratios": [round(r, 3) for r in ratios]}
     report["answers_identical_to_engine_loop"] = texts == loop["_texts"]
     report["kill_and_resume"] = kill_and_resume(target, prompts, work, ref, args)
     print(json.dumps(report, indent=2))

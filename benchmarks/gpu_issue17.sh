@@ -36,7 +36,7 @@ timeout 100 python3 benchmarks/server_batching.py --device cuda --size gpu --pro
 log "server_batching.py: rc $? in $(( $(date +%s) - t0 )) s: $(grep -E '^(plain|speculative):' "$OUT/server_batching_gpu.log" | tr '\n' ' ')"
 
 t0=$(date +%s)
-timeout 120 python3 benchmarks/generate_data.py --device cuda --size gpu --prompts ${GEN_PROMPTS:-256} --concurrency 64 --max-new 128 \
+timeout 150 python3 benchmarks/generate_data.py --device cuda --size gpu --prompts ${GEN_PROMPTS:-256} --concurrency 64 --max-new 128 --trials ${GEN_TRIALS:-2} \
   --kills 5 --out "$OUT/generate_data_gpu.json" > /dev/null 2> "$OUT/generate_data_gpu.log"
 log "generate_data.py: rc $? in $(( $(date +%s) - t0 )) s"
 
