@@ -61,10 +61,15 @@ def _prompt(pid: int, messages) -> Prompt:
 def test_chat_requests_and_responses_in_sglangs_own_protocol(sglang_python, tmp_path):
     target = tiny_target(tmp_path / "target")
     convo = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the quick brown fox"}]
+    second = [{"role": "user", "content": "and the lazy dog?"}]
     sent = [
         chat_request("kimi", _prompt(0, convo), Sampling(2048)),
         chat_request("kimi", _prompt(41, convo), Sampling(512, temperature=0.7, top_p=0.9, seed=1000)),
         chat_request("kimi", _prompt(3, convo), Sampling(64, template_kwargs=(("thinking", False),))),
+        # the second turn of a conversation answered turn by turn: the target's first answer (its
+        # reasoning kept in the row, not sent) in the context
+        chat_request("kimi", _prompt(5, convo + second), Sampling(64),
+                     convo + [{"role": "assistant", "content": "a fox", "reasoning_content": "hmm"}] + second),
     ]
     spec = ServerSpec(backend="builtin", target=str(target), device="cpu", health_interval_s=0.1)
     with running_server(spec, tmp_path / "server.log", progress=lambda m: None) as srv:
@@ -72,12 +77,13 @@ def test_chat_requests_and_responses_in_sglangs_own_protocol(sglang_python, tmp_
     assert status == 200, builtin_answer
 
     got = run_in(sglang_python, JUDGE, {"requests": sent, "responses": [builtin_answer]})
-    greedy, sampled, templated = (r["params"] for r in got["requests"])
+    greedy, sampled, templated, turn2 = (r["params"] for r in got["requests"])
     assert (greedy["max_new_tokens"], greedy["temperature"], greedy["sampling_seed"]) == (2048, 0.0, None)
     assert (sampled["max_new_tokens"], sampled["temperature"], sampled["top_p"]) == (512, 0.7, 0.9)
     assert sampled["sampling_seed"] == 1041  # seed + prompt id: the answer does not depend on arrival order
     assert got["requests"][2]["chat_template_kwargs"] == {"thinking": False}
-    assert all(r["messages"] == convo for r in got["requests"])
+    assert all(r["messages"] == convo for r in got["requests"][:3])
+    assert got["requests"][3]["messages"] == convo + [{"role": "assistant", "content": "a fox"}] + second
     assert all(p["skip_special_tokens"] is True and p["n"] == 1 for p in (greedy, sampled, templated))
 
     # the builtin server speaks SGLang's response shape, and draftlab reads it as it reads SGLang's

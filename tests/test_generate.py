@@ -121,6 +121,41 @@ def test_cli_json_and_errors(target, tmp_path, capsys):
         read_prompts(bad)
 
 
+def test_every_turn_of_a_conversation_is_the_targets_answer_to_what_came_before(target, tmp_path):
+    """turns "all" (the default): each user turn answered in order with the target's own earlier answers in
+    the context, batched conversations with different numbers of turns included; "last" keeps the data's."""
+    rows = [
+        {"conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "line 4"},
+                           {"from": "gpt", "value": "an old answer"}, {"from": "human", "value": "line 5 of"}]},
+        {"messages": [{"role": "user", "content": "line 1"}, {"role": "user", "content": "answer number"},
+                      {"role": "assistant", "content": "a trailing old answer"}]},
+        {"prompt": "line 3 of some text"},
+    ]
+    p = tmp_path / "multi.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    stats = generate(target, p, tmp_path / "all.jsonl", max_new_tokens=8, batch_size=2)
+    got = _rows(tmp_path / "all.jsonl")
+    assert [m["role"] for m in got[0]["messages"]] == ["system", "user", "assistant", "user", "assistant"]
+    assert [m["role"] for m in got[1]["messages"]] == ["user", "assistant", "user", "assistant"]
+    assert "old answer" not in json.dumps(got)
+    for row in got:
+        msgs = row["messages"]
+        for j, m in enumerate(msgs):
+            if m["role"] == "assistant":
+                assert m["content"] == _manual_greedy(target, msgs[:j], 8)
+    assert stats["turns"] == "all" and stats["answered_turns"] == 5 and stats["answers"] == 3
+    one_at_a_time = tmp_path / "one.jsonl"
+    generate(target, p, one_at_a_time, max_new_tokens=8)
+    assert _rows(one_at_a_time) == got
+
+    last = generate(target, p, tmp_path / "last.jsonl", max_new_tokens=8, turns="last")
+    kept = _rows(tmp_path / "last.jsonl")[0]["messages"]
+    assert kept[2] == {"role": "assistant", "content": "an old answer"}
+    assert kept[-1]["content"] == _manual_greedy(target, kept[:-1], 8) and last["answered_turns"] == 3
+    with pytest.raises(DraftlabError, match="--turns: expected one of all, last"):
+        generate(target, p, tmp_path / "x.jsonl", turns="first")
+
+
 def test_batched_greedy_equals_one_prompt_at_a_time(target, tmp_path):
     """Left-padded batches (the GPU path, data.batch_size) write what batch 1 writes, in prompt order."""
     rows = [{"prompt": f"line {i} of some text"} for i in range(5)] + [{"text": "answer number"}]

@@ -101,6 +101,20 @@ def test_server_answers_are_the_in_process_greedy_answers_in_prompt_order(server
     assert not (tmp_path / "gen.jsonl.parts").exists()  # the state folder goes once the file is written
 
 
+def test_multi_turn_through_the_server_is_the_in_process_turn_by_turn_answer(server, target, tmp_path):
+    rng = random.Random(5)
+    rows = [{"messages": [m for t in range(1 + i % 3) for m in (
+        {"role": "user", "content": " ".join(rng.choices(WORDS, k=4))},
+        {"role": "assistant", "content": "the data's answer"})]} for i in range(9)]
+    p = tmp_path / "multi.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    via = generate(target, p, tmp_path / "via.jsonl", url=server, concurrency=4, max_new_tokens=12, progress=False)
+    here = generate(target, p, tmp_path / "here.jsonl", max_new_tokens=12, progress=False)
+    assert (tmp_path / "via.jsonl").read_bytes() == (tmp_path / "here.jsonl").read_bytes()
+    assert via["answered_turns"] == here["answered_turns"] == sum(1 + i % 3 for i in range(9))
+    assert "the data's answer" not in (tmp_path / "via.jsonl").read_text()
+
+
 def test_a_launched_server_is_torn_down_and_its_launch_is_recorded(target, prompts, reference, tmp_path):
     out = tmp_path / "gen.jsonl"
     r = generate(target, prompts, out, server=_spec(target), server_log=tmp_path / "server.log", concurrency=4,
@@ -174,7 +188,7 @@ def test_a_torn_last_line_is_answered_again(server, target, prompts, reference, 
 
     out, state = tmp_path / "gen.jsonl", tmp_path / "state"
     ref, plist = _rows(reference), list(iter_prompts(prompts))
-    with AnswerShards(state, _identity(target, None, str(target), Sampling(MAX_NEW), False)) as shards:
+    with AnswerShards(state, _identity(target, None, str(target), Sampling(MAX_NEW), False, "all")) as shards:
         for p in plist[:2]:
             shards.append(p.id, p.digest, ref[p.id], 1, 1, "stop")
     with open(state / "shard-00000.jsonl", "ab") as fh:
@@ -207,6 +221,7 @@ class Scripted(BaseHTTPRequestHandler):
         content = body["messages"][-1]["content"]
         srv = self.server
         with srv.lock:
+            srv.bodies.append(body)
             srv.seen[content] = srv.seen.get(content, 0) + 1
             n = srv.seen[content]
         if srv.healed is False and "ALWAYS" in content:
@@ -225,7 +240,7 @@ class Scripted(BaseHTTPRequestHandler):
 def scripted():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
     httpd.daemon_threads = True
-    httpd.seen, httpd.lock, httpd.healed = {}, threading.Lock(), False
+    httpd.seen, httpd.lock, httpd.healed, httpd.bodies = {}, threading.Lock(), False, []
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     yield httpd
@@ -255,6 +270,38 @@ def test_failing_prompts_are_retried_then_listed_and_the_run_goes_on(scripted, t
     assert fails[11]["attempts"] == 1 and "context length" in fails[11]["error"]  # a 400 is not retried
     assert scripted.seen["FLAKY at first"] == 3 and 7 not in fails  # two 503s, then answered
     assert json.loads(stats.read_text())["failures"] == r["failures"]
+
+
+def test_multi_turn_prompts_are_answered_turn_by_turn_and_a_failed_turn_fails_its_prompt(scripted, target, tmp_path,
+                                                                                         monkeypatch):
+    monkeypatch.setattr(answerers, "BACKOFF_S", (0.01,))
+    url = f"http://127.0.0.1:{scripted.server_address[1]}"
+    p = tmp_path / "multi.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "first question"},
+                           {"from": "gpt", "value": "the data's old answer"}, {"from": "human", "value": "second"}]},
+        {"messages": [{"role": "user", "content": "fine turn"}, {"role": "assistant", "content": "old"},
+                      {"role": "user", "content": "ALWAYS fails"}]},
+    ]))
+    r = generate(target, p, tmp_path / "all.jsonl", url=url, retries=1, max_failed_fraction=0.5, progress=False)
+    rows = _rows(tmp_path / "all.jsonl")
+    assert len(rows) == 1 and r["answered_turns"] == 2 and r["turns"] == "all"
+    assert rows[0]["messages"] == [
+        {"role": "system", "content": "be brief"}, {"role": "user", "content": "first question"},
+        {"role": "assistant", "content": "echo: first question"}, {"role": "user", "content": "second"},
+        {"role": "assistant", "content": "echo: second"}]
+    # the second turn was asked with the target's own first answer in its context, not the data's
+    assert rows[0]["messages"][:4] in [b["messages"] for b in scripted.bodies]
+    assert not any("old answer" in json.dumps(b) for b in scripted.bodies)
+    assert r["failed"] == 1 and r["failures"][0]["id"] == 1
+    assert r["failures"][0]["error"].startswith("turn 2 of 2: ") and "HTTP 500" in r["failures"][0]["error"]
+
+    # turns "last": one request per prompt, after the data's own earlier answer
+    scripted.bodies.clear()
+    r = generate(target, p, tmp_path / "last.jsonl", url=url, turns="last", limit=1, progress=False)
+    assert [b["messages"][2]["content"] for b in scripted.bodies] == ["the data's old answer"]
+    assert _rows(tmp_path / "last.jsonl")[0]["messages"][-1] == {"role": "assistant", "content": "echo: second"}
+    assert r["answered_turns"] == 1
 
 
 def test_too_many_failures_fail_the_job_and_a_rerun_asks_only_for_the_rest(scripted, target, tmp_path, monkeypatch):

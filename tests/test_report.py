@@ -88,6 +88,12 @@ def test_fine_tune_data_section_says_where_the_data_came_from(tmp_path):
     assert "4,322 tok/s" in text and "400 answers were kept from earlier, interrupted runs" in text
     assert "3 prompts failed after retries and are not in the data (ids 17, 512, 900)" in text
     assert "`abcd1234abcd1234`" in text
+    assert "multi-turn" not in text  # no stats of turns (an older run), or one answer per prompt: no line
+
+    st = json.loads(stats.read_text())
+    write_json(stats, {**st, "turns": "all", "answered_now": 597, "answered_turns": 1480})
+    assert ("- multi-turn prompts: every user turn answered by the target, in order (1480 answers for 597 prompts "
+            "in this run)") in data_section(stats)
 
 
 def test_cycle_from_end_to_end_latency_is_never_shown_as_the_verify_cycle(tmp_path):

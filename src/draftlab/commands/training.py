@@ -122,6 +122,9 @@ def register(sub) -> None:
     g.add_argument("--limit", type=int, default=None, help="only the first N prompts")
     g.add_argument("--max-prompt-chars", type=int, default=schema_default("data.max_prompt_chars"),
                    help="skip prompts longer than this (counted in the stats)")
+    g.add_argument("--turns", choices=("all", "last"), default=schema_default("data.turns"),
+                   help="multi-turn prompts: answer every user turn in order, the target's own earlier answers in "
+                        "the context (all, the default, as SpecForge regenerates), or only the last one (last)")
     g.add_argument("--chat-template-kwargs", default=None,
                    help='JSON object passed to the chat template, e.g. \'{"thinking": false}\'')
     srv = g.add_argument_group("server engine")
@@ -273,7 +276,8 @@ def _generate_data(args: argparse.Namespace) -> int:
         trust_remote_code=args.trust_remote_code, batch_size=args.batch_size, server=server,
         server_log=args.server_log, url=args.url, concurrency=args.concurrency, retries=args.retries,
         request_timeout_s=args.request_timeout, max_prompt_chars=args.max_prompt_chars,
-        max_failed_fraction=args.max_failed_fraction, template_kwargs=kwargs, state_dir=args.state_dir,
+        max_failed_fraction=args.max_failed_fraction, template_kwargs=kwargs, turns=args.turns,
+        state_dir=args.state_dir,
         stats=args.stats, progress=not args.no_progress,
     )
     emit(args, result, lambda r: (f"wrote {r['answers']} of {r['prompts']} conversations ({r['generated_tokens']} "

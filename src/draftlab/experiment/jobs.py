@@ -59,7 +59,7 @@ def generate_command(settings: Settings, layout: Layout, server_log: str) -> lis
     cmd = ["draftlab", "generate-data", "--target", layout.target_model, "--prompts", generate_prompts(settings),
            "--out", layout.generated_data, "--stats", layout.generate_stats, "--state-dir", layout.generate_state,
            "--max-new-tokens", str(d.max_new_tokens), "--seed", str(t.seed),
-           "--max-failed-fraction", repr(float(d.max_failed_fraction))]
+           "--max-failed-fraction", repr(float(d.max_failed_fraction)), "--turns", d.turns]
     if d.limit:
         cmd += ["--limit", str(d.limit)]
     if d.max_prompt_chars:

@@ -344,6 +344,11 @@ def data_section(stats_path: str | os.PathLike | None) -> list[str]:
     lines = [f"- {_count(st.get('answers'))} of {_count(st.get('prompts'))} prompts answered by the target {via}, "
              f"{st.get('mode')}, at most {st.get('max_new_tokens')} new tokens: {_count(st.get('generated_tokens'))} "
              f"answer tokens ({_count(st.get('empty'))} blank answers)"]
+    if st.get("turns") and (st.get("answered_turns") or 0) > (st.get("answered_now") or 0):
+        how = ("every user turn answered by the target, in order" if st["turns"] == "all"
+               else "the last turn answered, after the data's own earlier answers")
+        lines.append(f"- multi-turn prompts: {how} ({_count(st['answered_turns'])} answers for "
+                     f"{_count(st.get('answered_now'))} prompts in this run)")
     if st.get("tokens_per_s"):
         lines.append(f"- {st['tokens_per_s']:,.0f} tok/s and {st.get('prompts_per_s')} prompts/s over "
                      f"{st.get('answering_seconds')} s of answering ({st.get('seconds')} s for the job)")

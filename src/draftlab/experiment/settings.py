@@ -182,6 +182,7 @@ class Data:
     retries: int
     max_failed_fraction: float
     chat_template_kwargs: Mapping[str, Any]
+    turns: str
     max_prompt_chars: int | None
     batch_size: int
     draft_vocab_size: int | None

@@ -11,6 +11,10 @@
   stops with an error: answering nothing is not a result.
 
 Both yield :class:`Answer` or :class:`Failure` per prompt; the server yields them in completion order.
+With ``turns="all"`` a multi-turn conversation is answered turn by turn (``prompt_file.turn_segments``):
+each user turn goes to the target with its own earlier answers in the context, so every assistant
+turn the drafter trains on is the target's (the loss covers them all); ``"last"`` answers only the
+final turn after the data's own earlier answers.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from draftlab.errors import DraftlabError
-from draftlab.training.prompt_file import Prompt
+from draftlab.training.prompt_file import Prompt, turn_segments
+
+TURN_MODES = ("all", "last")
 
 
 @dataclass
@@ -34,6 +40,34 @@ class Answer:
     finish_reason: str | None
     reasoning: str | None = None   # a reasoning parser's separate reasoning_content (SGLang), if any
     truncated_prompt: bool = False  # the transformers path cut the prompt to fit the context
+    context: list[dict[str, Any]] | None = None  # what the final answer follows, when turns were regenerated
+    turns: int = 1                  # answers the target wrote for this prompt (its tokens are summed above)
+
+    @property
+    def message(self) -> dict[str, Any]:
+        """This answer as an assistant turn."""
+        turn: dict[str, Any] = {"role": "assistant", "content": self.text}
+        if self.reasoning:
+            turn["reasoning_content"] = self.reasoning
+        return turn
+
+    def messages(self) -> list[dict[str, Any]]:
+        """The whole conversation: the prompt (or the regenerated context) and this answer."""
+        before = self.context if self.context is not None else self.prompt.as_messages()
+        return [dict(m) for m in before] + [self.message]
+
+
+def _joined(prompt: Prompt, answers: list[Answer], context: list[dict[str, Any]]) -> Answer:
+    """One Answer for a conversation answered turn by turn: the last turn's text, every turn's tokens."""
+    last = answers[-1]
+    return Answer(prompt, last.text, sum(a.prompt_tokens for a in answers), sum(a.completion_tokens for a in answers),
+                  last.finish_reason, last.reasoning, any(a.truncated_prompt for a in answers), context, len(answers))
+
+
+def check_turns(turns: str) -> str:
+    if turns not in TURN_MODES:
+        raise DraftlabError(f"--turns: expected one of {', '.join(TURN_MODES)}, got {turns!r}")
+    return turns
 
 
 @dataclass
@@ -70,14 +104,14 @@ class TransformersAnswerer:
     """The target loaded here; greedy prompts in left-padded batches of ``batch_size``."""
 
     def __init__(self, target: str, sampling: Sampling, *, device: str | None = None, batch_size: int = 1,
-                 trust_remote_code: bool = False):
+                 trust_remote_code: bool = False, turns: str = "all"):
         from draftlab.formats.target_config import text_config
         from draftlab.models.target import load_target, load_tokenizer, read_config
         from draftlab.serving.devices import resolve_device
 
         if batch_size < 1:
             raise DraftlabError(f"--batch-size: expected a positive integer, got {batch_size}")
-        self.sampling = sampling
+        self.sampling, self.turns = sampling, check_turns(turns)
         self.context = int(text_config(read_config(target)).get("max_position_embeddings") or 0) or None
         self.tokenizer = load_tokenizer(target, trust_remote_code=trust_remote_code)
         where = resolve_device(device, what="generate: --device") if device is not None else None
@@ -92,11 +126,12 @@ class TransformersAnswerer:
     def describe(self) -> dict[str, Any]:
         return {"engine": "transformers", "device": str(self.device), "batch_size": self.batch_size}
 
-    def _job(self, prompt: Prompt) -> tuple[list[int], int, bool]:
+    def _job(self, messages: list[dict[str, Any]]) -> tuple[list[int], int, bool]:
         """Prompt ids and token budget; a prompt too long for the context keeps its end (the header)."""
         from draftlab.formats.data import chat_prompt_ids
 
-        ids = chat_prompt_ids(self.tokenizer, prompt.as_messages(), dict(self.sampling.template_kwargs))
+        sent = [{"role": m["role"], "content": m["content"]} for m in messages]
+        ids = chat_prompt_ids(self.tokenizer, sent, dict(self.sampling.template_kwargs))
         budget, cut = self.sampling.max_new_tokens, False
         if self.context is not None and len(ids) + budget > self.context:
             keep = max(1, self.context - budget)
@@ -106,19 +141,39 @@ class TransformersAnswerer:
         return ids, budget, cut
 
     def answer(self, prompts: Iterable[Prompt]) -> Iterator[Answer | Failure]:
-        import torch
-
         batch: list[Prompt] = []
         for prompt in prompts:
             batch.append(prompt)
             if len(batch) == self.batch_size:
-                yield from self._batch(batch, torch)
+                yield from self._batch(batch)
                 batch = []
         if batch:
-            yield from self._batch(batch, torch)
+            yield from self._batch(batch)
 
-    def _batch(self, prompts: list[Prompt], torch) -> Iterator[Answer]:
-        jobs = [self._job(p) for p in prompts]
+    def _batch(self, prompts: list[Prompt]) -> Iterator[Answer]:
+        if self.turns == "last":
+            yield from self._generate([(p, p.as_messages()) for p in prompts])
+            return
+        # turn by turn: round r answers the r-th user turn of every conversation that has one
+        plans = [turn_segments(p.messages) for p in prompts]
+        history: list[list[dict[str, Any]]] = [[] for _ in prompts]
+        answers: list[list[Answer]] = [[] for _ in prompts]
+        for r in range(max(len(plan) for plan in plans)):
+            idx = [i for i, plan in enumerate(plans) if r < len(plan)]
+            for i in idx:
+                history[i] += plans[i][r]
+            for i, a in zip(idx, self._generate([(prompts[i], history[i]) for i in idx])):
+                answers[i].append(a)
+                if r + 1 < len(plans[i]):
+                    history[i].append(a.message)
+        for p, h, a in zip(prompts, history, answers):
+            yield _joined(p, a, h)
+
+    def _generate(self, items: list[tuple[Prompt, list[dict[str, Any]]]]) -> list[Answer]:
+        """One answer per (prompt, messages), decoded together (left-padded)."""
+        import torch
+
+        jobs = [self._job(messages) for _, messages in items]
         width = max(len(ids) for ids, _, _ in jobs)
         x = torch.tensor([[self.pad] * (width - len(ids)) + ids for ids, _, _ in jobs], device=self.device)
         att = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids, _, _ in jobs], device=self.device)
@@ -126,16 +181,18 @@ class TransformersAnswerer:
         kwargs: dict[str, Any] = dict(max_new_tokens=min(b for _, b, _ in jobs), eos_token_id=self.eos or None,
                                       pad_token_id=self.pad, attention_mask=att)
         if s.sampled:
-            torch.manual_seed(s.seed + prompts[0].id)
+            torch.manual_seed(s.seed + items[0][0].id)
             kwargs.update(do_sample=True, temperature=float(s.temperature), top_p=s.top_p, top_k=0)
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         with torch.no_grad():
             seqs = self.model.generate(x, **kwargs)[:, width:].tolist()
-        for prompt, (ids, budget, cut), seq in zip(prompts, jobs, seqs):
+        out = []
+        for (prompt, _), (ids, budget, cut), seq in zip(items, jobs, seqs):
             new, stopped = _until_eos(seq, self.eos)
-            yield Answer(prompt, self.tokenizer.decode(new, skip_special_tokens=True), len(ids), len(new),
-                         "stop" if stopped else "length", truncated_prompt=cut)
+            out.append(Answer(prompt, self.tokenizer.decode(new, skip_special_tokens=True), len(ids), len(new),
+                              "stop" if stopped else "length", truncated_prompt=cut))
+        return out
 
 
 def _until_eos(seq: list[int], eos: list[int]) -> tuple[list[int], bool]:
@@ -178,7 +235,7 @@ class ServerAnswerer:
 
     def __init__(self, urls: str | Sequence[str], sampling: Sampling, *, concurrency: int = 8, retries: int = 3,
                  request_timeout_s: float = 1800.0, alive: Callable[[], bool] | None = None,
-                 backoff_s: tuple[float, ...] | None = None):
+                 backoff_s: tuple[float, ...] | None = None, turns: str = "all"):
         from draftlab.benchmark.bench import served_model
 
         if concurrency < 1:
@@ -188,7 +245,7 @@ class ServerAnswerer:
         self.urls = [u.rstrip("/") for u in ([urls] if isinstance(urls, str) else urls)]
         if not self.urls:
             raise DraftlabError("--url: expected at least one server address")
-        self.sampling = sampling
+        self.sampling, self.turns = sampling, check_turns(turns)
         self.retries = int(retries)
         self.concurrency = int(concurrency) * len(self.urls)
         self.timeout = float(request_timeout_s)
@@ -216,6 +273,25 @@ class ServerAnswerer:
             self._in_flight[url] -= 1
 
     def _one(self, prompt: Prompt) -> Answer | Failure:
+        """The prompt's answer; turn by turn with ``turns="all"`` (a turn that fails fails the prompt)."""
+        if self.turns == "last":
+            return self._ask(prompt, prompt.as_messages())
+        history: list[dict[str, Any]] = []
+        answers: list[Answer] = []
+        segments = turn_segments(prompt.messages)
+        for r, segment in enumerate(segments):
+            history += segment
+            res = self._ask(prompt, history)
+            if isinstance(res, Failure):
+                res.error = f"turn {r + 1} of {len(segments)}: {res.error}" if len(segments) > 1 else res.error
+                return res
+            answers.append(res)
+            if r + 1 < len(segments):
+                history.append(res.message)
+        return _joined(prompt, answers, history)
+
+    def _ask(self, prompt: Prompt, messages: list[dict[str, Any]]) -> Answer | Failure:
+        """One request, retried; a Failure once the retries are spent."""
         from draftlab.serving.http_client import HTTPStatusError, json_call
 
         attempts, last, avoid = 0, "", None
@@ -223,8 +299,8 @@ class ServerAnswerer:
             attempts += 1
             url = self._take(avoid)
             try:
-                reply = json_call(f"{url}/v1/chat/completions", chat_request(self.models[url], prompt, self.sampling),
-                                  self.timeout)
+                reply = json_call(f"{url}/v1/chat/completions",
+                                  chat_request(self.models[url], prompt, self.sampling, messages), self.timeout)
                 return _answer(prompt, reply, f"{url}/v1/chat/completions")
             except HTTPStatusError as exc:
                 last = str(exc)
@@ -273,10 +349,14 @@ class ServerAnswerer:
             yield res
 
 
-def chat_request(model: str, prompt: Prompt, sampling: Sampling) -> dict[str, Any]:
-    """The OpenAI chat request for one prompt (the contract tests check it with SGLang's own
-    ``ChatCompletionRequest``): greedy is temperature 0; sampled prompts carry ``seed + prompt id``."""
-    body: dict[str, Any] = {"model": model, "messages": prompt.as_messages(),
+def chat_request(model: str, prompt: Prompt, sampling: Sampling,
+                 messages: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The OpenAI chat request for one prompt, or for one turn of it (``messages``: the conversation so
+    far); the contract tests check it with SGLang's own ``ChatCompletionRequest``. Greedy is temperature
+    0; sampled prompts carry ``seed + prompt id``. Only role and content are sent: an earlier answer's
+    ``reasoning_content`` stays in the stored row, not in the request."""
+    sent = [{"role": m["role"], "content": m["content"]} for m in (messages or prompt.messages)]
+    body: dict[str, Any] = {"model": model, "messages": sent,
                             "max_completion_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
                             "stream": False}
     if sampling.sampled:

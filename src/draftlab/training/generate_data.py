@@ -6,6 +6,10 @@ SGLang servers). Output is JSONL, one conversation per prompt, sorted by prompt 
 
     {"messages": [..the prompt.., {"role": "assistant", "content": <generated>}], "id": <the record's own id>}
 
+A multi-turn prompt is answered turn by turn by default (``turns="all"``, as SpecForge regenerates):
+every assistant turn of the row is the target's, each written with the target's earlier answers in
+its context; ``turns="last"`` keeps the data's own earlier answers and regenerates the last turn only.
+
 Two engines (:mod:`draftlab.training.answerers`): a server (``server=`` a launch spec, started and
 always torn down like a benchmark server, or ``url=`` one already running) with ``concurrency``
 requests in flight and the chat template applied by the server; or transformers in this process.
@@ -30,7 +34,8 @@ from typing import Any, Iterator, Mapping, Sequence
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import write_json
 from draftlab.training.answer_shards import AnswerShards
-from draftlab.training.answerers import Answer, Failure, Sampling, ServerAnswerer, TransformersAnswerer
+from draftlab.training.answerers import (Answer, Failure, Sampling, ServerAnswerer, TransformersAnswerer,
+                                        check_turns)
 from draftlab.training.prompt_file import Prompt, iter_prompts, read_prompts  # noqa: F401 - read_prompts re-exported
 
 LIST_LIMIT = 1000  # failures/skips listed by id in the stats (all are counted)
@@ -58,6 +63,7 @@ def generate(
     max_prompt_chars: int | None = None,
     max_failed_fraction: float | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
+    turns: str | None = None,
     state_dir: str | os.PathLike | None = None,
     stats: str | os.PathLike | None = None,
     progress: bool = True,
@@ -80,6 +86,7 @@ def generate(
     seed, batch_size = default(seed, "train.seed"), default(batch_size, "data.batch_size")
     concurrency, retries = default(concurrency, "data.concurrency"), default(retries, "data.retries")
     max_failed_fraction = default(max_failed_fraction, "data.max_failed_fraction")
+    turns = check_turns(default(turns, "data.turns"))
     if max_new_tokens < 1:
         raise DraftlabError(f"--max-new-tokens: expected a positive integer, got {max_new_tokens}")
     if temperature is not None and temperature < 0:
@@ -97,7 +104,7 @@ def generate(
     t0 = time.perf_counter()
     plan = _Plan.read(prompts, limit, max_prompt_chars)
     urls = [url] if isinstance(url, str) else list(url or [])
-    identity = _identity(target, spec, _what_urls_serve(urls) if urls else None, sampling, trust_remote_code)
+    identity = _identity(target, spec, _what_urls_serve(urls) if urls else None, sampling, trust_remote_code, turns)
     with AnswerShards(state, identity, say=_say) as shards, ExitStack() as stack:
         todo = sum(1 for pid, digest in plan.wanted if not shards.answered(pid, digest))
         resumed = len(plan.wanted) - todo
@@ -110,7 +117,7 @@ def generate(
         if todo:
             answerer, engine, server_record = _answerer(stack, target, sampling, spec, server_log, urls, device,
                                                         batch_size, trust_remote_code, concurrency, retries,
-                                                        request_timeout_s)
+                                                        request_timeout_s, turns)
             meter = _Meter(todo, progress)
             run.started = time.perf_counter()
             try:
@@ -128,7 +135,8 @@ def generate(
                 stack.close()  # the server goes down before the merge: it is not needed any more
         seconds = time.perf_counter() - t0
         failed = len(failures)
-        result = _stats(out, plan, sampling, engine, server_record, state, resumed, run, failures, seconds, shards)
+        result = _stats(out, plan, sampling, turns, engine, server_record, state, resumed, run, failures, seconds,
+                        shards)
         allowed = max_failed_fraction * len(plan.wanted)
         if failed > allowed:
             if stats:
@@ -210,11 +218,11 @@ def _server_spec(server: Mapping[str, Any], sampling: Sampling):
 
 
 def _answerer(stack: ExitStack, target, sampling, spec, server_log, urls, device, batch_size, trust_remote_code,
-              concurrency, retries, request_timeout_s):
+              concurrency, retries, request_timeout_s, turns):
     """The engine (and, for a launched server, the server itself, torn down by ``stack``)."""
     if spec is None and not urls:
         a = TransformersAnswerer(str(target), sampling, device=device, batch_size=batch_size,
-                                 trust_remote_code=trust_remote_code)
+                                 trust_remote_code=trust_remote_code, turns=turns)
         return a, a.describe(), None
     alive = None
     record: dict[str, Any]
@@ -236,7 +244,7 @@ def _answerer(stack: ExitStack, target, sampling, spec, server_log, urls, device
     if info:
         record["info"] = info
     a = ServerAnswerer(urls, sampling, concurrency=concurrency, retries=retries,
-                       request_timeout_s=request_timeout_s, alive=alive)
+                       request_timeout_s=request_timeout_s, alive=alive, turns=turns)
     return a, a.describe(), record
 
 
@@ -252,7 +260,8 @@ def _what_urls_serve(urls: list[str]) -> str:
     return next(iter(models.values()))
 
 
-def _identity(target, spec, served: str | None, sampling: Sampling, trust_remote_code: bool) -> dict[str, Any]:
+def _identity(target, spec, served: str | None, sampling: Sampling, trust_remote_code: bool,
+              turns: str) -> dict[str, Any]:
     """What makes two runs' answers interchangeable: the target and engine, and the sampling settings."""
     from draftlab.serving.launch import server_fingerprint
 
@@ -265,17 +274,14 @@ def _identity(target, spec, served: str | None, sampling: Sampling, trust_remote
     return {"target": os.path.normpath(str(target)), "engine": engine, "max_new_tokens": sampling.max_new_tokens,
             "temperature": sampling.temperature, "top_p": sampling.top_p if sampling.sampled else None,
             "seed": sampling.seed if sampling.sampled else None, "template_kwargs": dict(sampling.template_kwargs),
-            "trust_remote_code": bool(trust_remote_code)}
+            "trust_remote_code": bool(trust_remote_code), "turns": turns}
 
 
 # --- rows, counts, stats ------------------------------------------------------------------------------
 
 
 def _row(res: Answer) -> dict[str, Any]:
-    turn: dict[str, Any] = {"role": "assistant", "content": res.text}
-    if res.reasoning:
-        turn["reasoning_content"] = res.reasoning
-    row: dict[str, Any] = {"messages": res.prompt.as_messages() + [turn]}
+    row: dict[str, Any] = {"messages": res.messages()}
     if res.prompt.source_id is not None:
         row["id"] = res.prompt.source_id
     return row
@@ -285,7 +291,7 @@ class _RunCounts:
     """What this attempt answered (the resumed answers were counted by the attempt that wrote them)."""
 
     def __init__(self) -> None:
-        self.answers = self.tokens = self.prompt_tokens = self.truncated = 0
+        self.answers = self.tokens = self.prompt_tokens = self.truncated = self.turns = 0
         self.started, self.seconds = 0.0, 0.0  # the answering itself: after the model or server is up
 
     def add(self, res: Answer) -> None:
@@ -293,9 +299,10 @@ class _RunCounts:
         self.tokens += res.completion_tokens
         self.prompt_tokens += res.prompt_tokens
         self.truncated += res.truncated_prompt
+        self.turns += res.turns
 
 
-def _stats(out: Path, plan: _Plan, sampling: Sampling, engine: dict, server: dict | None, state: Path,
+def _stats(out: Path, plan: _Plan, sampling: Sampling, turns: str, engine: dict, server: dict | None, state: Path,
            resumed: int, run: _RunCounts, failures: list[Failure], seconds: float,
            shards: AnswerShards) -> dict[str, Any]:
     return {
@@ -317,6 +324,8 @@ def _stats(out: Path, plan: _Plan, sampling: Sampling, engine: dict, server: dic
         "prompt_tokens": None,
         "empty": None,
         "mode": sampling.describe(),
+        "turns": turns,
+        "answered_turns": run.turns,
         "max_new_tokens": sampling.max_new_tokens,
         "seconds": round(seconds, 3),
         "answering_seconds": round(run.seconds, 3),

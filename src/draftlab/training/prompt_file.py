@@ -7,7 +7,8 @@ Formats users bring (one prompt per line):
 - any other file: plain text, one prompt per non-blank line.
 
 A conversation's trailing assistant turns are dropped (the target writes that turn again); the rest
-is the prompt. The prompt id is the prompt's position in the file (0, 1, 2, ... over non-blank
+is the prompt. With every turn regenerated (``turn_segments``), the target answers each user turn in
+order, its own earlier answers in the context, as SpecForge's regeneration does. The prompt id is the prompt's position in the file (0, 1, 2, ... over non-blank
 lines): answers are stored and sorted by it, and sampled answers are seeded with ``seed + id``. The
 digest ties a stored answer to the prompt it answered, so an edited prompt file never pairs an old
 answer with a new prompt. A record's own ``id`` (ShareGPT's) travels into the output row.
@@ -78,6 +79,29 @@ def _messages(obj: Any, where: str) -> tuple[list[dict[str, str]], Any]:
     if not messages:
         raise DraftlabError(f"{where}: the conversation has no user turn to answer")
     return messages, source_id
+
+
+def turn_segments(messages: list[dict[str, str]] | tuple[dict[str, str], ...]) -> list[list[dict[str, str]]]:
+    """The conversation as the target answers it turn by turn: one segment per user turn (with the
+    system or other non-assistant messages before it), each to be followed by the target's answer.
+    The data's own assistant turns are dropped: the target writes every one of them again. Messages
+    after the last user turn join the last segment; a conversation without a user turn is one segment.
+    """
+    segments: list[list[dict[str, str]]] = []
+    current: list[dict[str, str]] = []
+    for m in messages:
+        if m["role"] == "assistant":
+            continue
+        current.append(dict(m))
+        if m["role"] == "user":
+            segments.append(current)
+            current = []
+    if current:
+        if segments:
+            segments[-1].extend(current)
+        else:
+            segments.append(current)
+    return segments
 
 
 def read_prompts(path: str | os.PathLike) -> list[list[dict[str, str]]]:
