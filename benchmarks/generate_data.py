@@ -37,6 +37,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from server_batching import ROOT, demo_pair  # noqa: E402
 
+from draftlab.fsutil import write_json  # noqa: E402
+
 ALL_CPUS = os.sched_getaffinity(0)
 
 
@@ -204,11 +206,7 @@ def main() -> int:
     report["answers_identical_to_engine_loop"] = texts == loop["_texts"]
     report["kill_and_resume"] = kill_and_resume(target, prompts, work, ref, args)
     print(json.dumps(report, indent=2))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    tmp.replace(out)
+    write_json(args.out, report)  # atomic: temp file, then rename
     k = report["kill_and_resume"]
     ok = report["answers_identical_to_engine_loop"] and k["lost"] == 0 and k["duplicated"] == 0 \
         and k["identical_to_uninterrupted"]

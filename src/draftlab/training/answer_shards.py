@@ -34,7 +34,7 @@ STAGE = "generate-data"
 FSYNC_EVERY_S = 2.0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Stored:
     """Where one stored answer is, and its counts (the index the merge and the stats read)."""
 
