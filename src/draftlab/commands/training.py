@@ -11,6 +11,7 @@ from pathlib import Path
 from draftlab.commands._common import add_json_flag, emit
 from draftlab.errors import DraftlabError
 from draftlab.experiment.settings import schema_default
+from draftlab.training.answerers import TURN_MODES
 
 
 def register(sub) -> None:
@@ -122,7 +123,7 @@ def register(sub) -> None:
     g.add_argument("--limit", type=int, default=None, help="only the first N prompts")
     g.add_argument("--max-prompt-chars", type=int, default=schema_default("data.max_prompt_chars"),
                    help="skip prompts longer than this (counted in the stats)")
-    g.add_argument("--turns", choices=("all", "last"), default=schema_default("data.turns"),
+    g.add_argument("--turns", choices=TURN_MODES, default=schema_default("data.turns"),
                    help="multi-turn prompts: answer every user turn in order, the target's own earlier answers in "
                         "the context (all, the default, as SpecForge regenerates), or only the last one (last)")
     g.add_argument("--chat-template-kwargs", default=None,

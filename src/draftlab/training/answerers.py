@@ -70,6 +70,17 @@ def check_turns(turns: str) -> str:
     return turns
 
 
+def _segments(prompt: Prompt, turns: str) -> list[list[dict[str, str]]]:
+    """What the target is asked, in order: every user turn (``all``), or the whole prompt once (``last``)."""
+    return turn_segments(prompt.messages) if turns == "all" else [prompt.as_messages()]
+
+
+def request_messages(messages) -> list[dict[str, str]]:
+    """The messages as sent to a chat template or server: role and content only (an earlier answer's
+    ``reasoning_content`` stays in the stored row, not in the request)."""
+    return [{"role": m["role"], "content": m["content"]} for m in messages]
+
+
 @dataclass
 class Failure:
     prompt: Prompt
@@ -130,8 +141,7 @@ class TransformersAnswerer:
         """Prompt ids and token budget; a prompt too long for the context keeps its end (the header)."""
         from draftlab.formats.data import chat_prompt_ids
 
-        sent = [{"role": m["role"], "content": m["content"]} for m in messages]
-        ids = chat_prompt_ids(self.tokenizer, sent, dict(self.sampling.template_kwargs))
+        ids = chat_prompt_ids(self.tokenizer, request_messages(messages), dict(self.sampling.template_kwargs))
         budget, cut = self.sampling.max_new_tokens, False
         if self.context is not None and len(ids) + budget > self.context:
             keep = max(1, self.context - budget)
@@ -151,11 +161,8 @@ class TransformersAnswerer:
             yield from self._batch(batch)
 
     def _batch(self, prompts: list[Prompt]) -> Iterator[Answer]:
-        if self.turns == "last":
-            yield from self._generate([(p, p.as_messages()) for p in prompts])
-            return
-        # turn by turn: round r answers the r-th user turn of every conversation that has one
-        plans = [turn_segments(p.messages) for p in prompts]
+        # round r answers the r-th question of every conversation that has one (one round with "last")
+        plans = [_segments(p, self.turns) for p in prompts]
         history: list[list[dict[str, Any]]] = [[] for _ in prompts]
         answers: list[list[Answer]] = [[] for _ in prompts]
         for r in range(max(len(plan) for plan in plans)):
@@ -274,11 +281,9 @@ class ServerAnswerer:
 
     def _one(self, prompt: Prompt) -> Answer | Failure:
         """The prompt's answer; turn by turn with ``turns="all"`` (a turn that fails fails the prompt)."""
-        if self.turns == "last":
-            return self._ask(prompt, prompt.as_messages())
         history: list[dict[str, Any]] = []
         answers: list[Answer] = []
-        segments = turn_segments(prompt.messages)
+        segments = _segments(prompt, self.turns)
         for r, segment in enumerate(segments):
             history += segment
             res = self._ask(prompt, history)
@@ -353,10 +358,8 @@ def chat_request(model: str, prompt: Prompt, sampling: Sampling,
                  messages: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The OpenAI chat request for one prompt, or for one turn of it (``messages``: the conversation so
     far); the contract tests check it with SGLang's own ``ChatCompletionRequest``. Greedy is temperature
-    0; sampled prompts carry ``seed + prompt id``. Only role and content are sent: an earlier answer's
-    ``reasoning_content`` stays in the stored row, not in the request."""
-    sent = [{"role": m["role"], "content": m["content"]} for m in (messages or prompt.messages)]
-    body: dict[str, Any] = {"model": model, "messages": sent,
+    0; sampled prompts carry ``seed + prompt id``."""
+    body: dict[str, Any] = {"model": model, "messages": request_messages(messages or prompt.messages),
                             "max_completion_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
                             "stream": False}
     if sampling.sampled:

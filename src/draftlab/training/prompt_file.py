@@ -8,10 +8,11 @@ Formats users bring (one prompt per line):
 
 A conversation's trailing assistant turns are dropped (the target writes that turn again); the rest
 is the prompt. With every turn regenerated (``turn_segments``), the target answers each user turn in
-order, its own earlier answers in the context, as SpecForge's regeneration does. The prompt id is the prompt's position in the file (0, 1, 2, ... over non-blank
-lines): answers are stored and sorted by it, and sampled answers are seeded with ``seed + id``. The
-digest ties a stored answer to the prompt it answered, so an edited prompt file never pairs an old
-answer with a new prompt. A record's own ``id`` (ShareGPT's) travels into the output row.
+order, its own earlier answers in the context, as SpecForge's regeneration does. The prompt id is
+the prompt's position in the file (0, 1, 2, ... over non-blank lines): answers are stored and sorted
+by it, and sampled answers are seeded with ``seed + id``. The digest ties a stored answer to the
+prompt it answered, so an edited prompt file never pairs an old answer with a new prompt. A
+record's own ``id`` (ShareGPT's) travels into the output row.
 """
 
 from __future__ import annotations
