@@ -279,3 +279,39 @@ def test_gpu_busy_refuses_before_starting_anything(tmp_path):
         with running_server(spec, log, nvidia_smi=_smi("99, 5 MiB, GPU-bbb\n")):
             pass
     assert not log.exists()
+
+
+HEALTHY_ON_PORT = """
+import http.server, sys
+port = int(sys.argv[sys.argv.index("--port") + 1])
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "2"); self.end_headers()
+        self.wfile.write(b"ok")
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+"""
+
+
+def test_health_probe_never_goes_through_a_proxy(tmp_path, monkeypatch):
+    """A cluster node with http_proxy set: the probe of 127.0.0.1 must reach the server itself, not a
+    proxy that swallows it (before: every launch waited out its deadline and failed)."""
+    black_hole = socket.socket()
+    black_hole.bind(("127.0.0.1", 0))
+    black_hole.listen(16)  # accepts connections, never answers
+    proxy = f"http://127.0.0.1:{black_hole.getsockname()[1]}"
+    for var in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.setenv(var, proxy)
+    for var in ("no_proxy", "NO_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    script = fake_server(tmp_path, HEALTHY_ON_PORT)
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    free = port.getsockname()[1]
+    port.close()
+    try:
+        with running_server(_spec(tmp_path, script, port=free, health_deadline_s=20.0), tmp_path / "s.log") as srv:
+            assert srv.url == f"http://127.0.0.1:{free}"
+    finally:
+        black_hole.close()

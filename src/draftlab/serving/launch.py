@@ -20,13 +20,12 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from draftlab.errors import DraftlabError
+from draftlab.serving import http_client
 
 BACKENDS = ("builtin", "sglang", "vllm")
 LISTEN_RE = re.compile(r"draftlab-serve listening on http://(\S+):(\d+)\s*$", re.M)
@@ -404,10 +403,13 @@ def log_tail(path: Path, n: int = LOG_TAIL_LINES) -> str:
 
 
 def _probe(url: str, timeout: float) -> bool:
+    """One health check through draftlab's HTTP client: never through ``http_proxy`` (a proxy set on a
+    cluster node would otherwise answer for 127.0.0.1, or swallow the probe until the deadline)."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with http_client.request(url, None, timeout) as resp:
+            resp.read(4096)
             return 200 <= resp.status < 300
-    except (urllib.error.URLError, OSError, ValueError):
+    except DraftlabError:
         return False
 
 
