@@ -32,6 +32,8 @@ def register(sub) -> None:
                         "keep-alive limit (default 30)")
     p.add_argument("--max-batch-size", type=int, default=8,
                    help="requests decoded together (continuous batching; 1 serves one at a time; default 8)")
+    p.add_argument("--max-prompts-per-request", type=int, default=256,
+                   help="prompts one /generate or /v1/completions request may carry (413 above; default 256)")
     p.set_defaults(func=_serve)
 
 
@@ -43,8 +45,10 @@ def _serve(args: argparse.Namespace) -> int:
         raise DraftlabError(f"--port: expected 0-65535, got {args.port}")
     if args.drafter is not None and args.num_steps < 1:
         raise DraftlabError(f"--num-steps: expected an integer >= 1, got {args.num_steps}")
-    if args.max_batch_size < 1:
-        raise DraftlabError(f"--max-batch-size: expected an integer >= 1, got {args.max_batch_size}")
+    for flag, value in (("--max-batch-size", args.max_batch_size), ("--max-prompts-per-request",
+                                                                     args.max_prompts_per_request)):
+        if value < 1:
+            raise DraftlabError(f"{flag}: expected an integer >= 1, got {value}")
     for flag, value in (("--health-timeout", args.health_timeout), ("--read-timeout", args.read_timeout)):
         if not value > 0:
             raise DraftlabError(f"{flag}: expected a number of seconds > 0, got {value}")
@@ -57,7 +61,8 @@ def _serve(args: argparse.Namespace) -> int:
           file=sys.stderr, flush=True)
     state = load_state(args.target, args.drafter, num_steps=args.num_steps, device=args.device, dtype=args.dtype,
                        trust_remote_code=args.trust_remote_code, health_timeout_s=args.health_timeout,
-                       read_timeout_s=args.read_timeout, max_batch_size=args.max_batch_size)
+                       read_timeout_s=args.read_timeout, max_batch_size=args.max_batch_size,
+                       max_prompts=args.max_prompts_per_request)
     code = serve(state, args.host, args.port)
     # Skip the interpreter's teardown (torch/transformers finalization takes seconds on a busy host):
     # a stopped server must be gone within seconds, and it has no files to flush.

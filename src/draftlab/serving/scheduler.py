@@ -6,6 +6,11 @@ threads ``submit`` a request and wait on its ticket; the scheduler thread admits
 or speculative cycle for all rows, and hands each request its result the step it finishes. A
 cancelled ticket (client gone, shutdown, health probe timed out) leaves the batch at the next step.
 
+Fair admission: the tickets of one HTTP request (a ``/generate`` with many prompts) share a
+``group``, and free rows go to the waiting groups in turn (round robin), not first come first
+served. One request with 3,000 prompts takes turns with every other client: a second request, or
+``/health_generate``, waits for one free row, not for the 3,000.
+
 ``lock`` is held around every prefill and step: whoever holds it has the engine to itself.
 """
 
@@ -13,7 +18,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Iterable, Sequence
 
 import torch
@@ -59,19 +64,22 @@ class Scheduler:
         self.engine = engine
         self.max_batch_size = int(max_batch_size)
         self.lock = lock or threading.Lock()
-        self._queue: deque[Ticket] = deque()
+        self._queue: OrderedDict[object, deque[Ticket]] = OrderedDict()  # group -> its waiting tickets
         self._cv = threading.Condition()
         self._decoder = BatchDecoder(engine)
         self._thread: threading.Thread | None = None
         self.peak_rows = 0  # the most rows one step has decoded together (tests, benchmarks)
 
     def submit(self, ids: Sequence[int], max_new_tokens: int, *, ignore_eos: bool = False,
-               stop_token_ids: Iterable[int] = ()) -> Ticket:
-        """Queue one request (checked and capped by the engine first; ``DraftlabError`` if refused)."""
+               stop_token_ids: Iterable[int] = (), group: object = None) -> Ticket:
+        """Queue one prompt (checked and capped by the engine first; ``DraftlabError`` if refused).
+
+        ``group``: the prompts of one request share it and take turns with other groups for free
+        rows (None: a group of its own)."""
         budget, stops = self.engine.limits(ids, max_new_tokens, ignore_eos, stop_token_ids)
         ticket = Ticket(list(map(int, ids)), budget, stops)
         with self._cv:
-            self._queue.append(ticket)
+            self._queue.setdefault(ticket if group is None else group, deque()).append(ticket)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="draftlab-scheduler", daemon=True)
                 self._thread.start()
@@ -91,7 +99,7 @@ class Scheduler:
                 self._cv.wait_for(lambda: self._queue or len(self._decoder))
                 admit = []
                 while self._queue and len(self._decoder) + len(admit) < self.max_batch_size:
-                    admit.append(self._queue.popleft())
+                    admit.append(self._next_ticket())
             with self.lock, torch.inference_mode():
                 try:
                     self._admit(admit)
@@ -107,6 +115,16 @@ class Scheduler:
                         if not t.done.is_set():
                             t._finish(error=exc)
                     self._decoder = BatchDecoder(self.engine)
+
+    def _next_ticket(self) -> Ticket:
+        """The first waiting group's next ticket; that group then goes to the back of the line."""
+        group, waiting = next(iter(self._queue.items()))
+        ticket = waiting.popleft()
+        if waiting:
+            self._queue.move_to_end(group)
+        else:
+            del self._queue[group]
+        return ticket
 
     def _admit(self, tickets: list[Ticket]) -> None:
         for t in tickets:

@@ -11,14 +11,19 @@ same as if it ran alone; greedy decoding only (temperature 0).
 No request can wedge it: prompts beyond the context are refused and ``max_new_tokens`` is capped by
 the context; a generation stops between two decode steps when its client disconnects or the server
 is shutting down; ``/health_generate`` answers 503 when the engine stays busy; bodies are size
-limited and every request must arrive within ``read_timeout_s`` (docs/RELIABILITY.md).
+limited and every request must arrive within ``read_timeout_s`` (docs/RELIABILITY.md). No client
+can starve the others: a request carries at most ``max_prompts`` prompts, and the prompts of
+different requests take turns for the batch's rows (``scheduler``). No client code runs here:
+``chat_template_kwargs`` are variables for the model's own chat template, never a template.
 """
 
 from __future__ import annotations
 
+import inspect
 import io
 import json
 import os
+import re
 import select
 import signal
 import sys
@@ -38,6 +43,7 @@ from draftlab.serving.scheduler import DEFAULT_MAX_BATCH_SIZE, Scheduler, Ticket
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 LISTEN_LINE = "draftlab-serve listening on http://{host}:{port}"
+MAX_PROMPTS = 256  # prompts in one /generate or /v1/completions request (--max-prompts-per-request)
 MIN_BODY = 1024 * 1024  # body limit: this, or BODY_BYTES_PER_TOKEN per context token if larger
 BODY_BYTES_PER_TOKEN = 64  # generous: a token is at most a few UTF-8 characters, or ~8 bytes as an id in JSON
 HEALTH_TIMEOUT_S = 20.0  # SGLang's /health_generate waits as long for its probe request
@@ -79,7 +85,7 @@ class ServerState:
     def __init__(self, engine: Engine, *, model_path: str, drafter_path: str | None = None, tokenizer=None,
                  device: str = "cpu", dtype: str | None = None, health_timeout_s: float = HEALTH_TIMEOUT_S,
                  read_timeout_s: float = READ_TIMEOUT_S, max_body_bytes: int | None = None,
-                 max_batch_size: int = DEFAULT_MAX_BATCH_SIZE):
+                 max_batch_size: int = DEFAULT_MAX_BATCH_SIZE, max_prompts: int = MAX_PROMPTS):
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_path = model_path
@@ -90,6 +96,7 @@ class ServerState:
         self.read_timeout_s = float(read_timeout_s)
         ctx = engine.context_length or 0
         self.max_body_bytes = int(max_body_bytes or max(MIN_BODY, BODY_BYTES_PER_TOKEN * ctx))
+        self.max_prompts = int(max_prompts)
         self.stopping = threading.Event()  # set on SIGTERM: every wait and generation ends
         self._active = 0  # requests being handled, so a shutdown can let their answers go out
         self._idle = threading.Condition()
@@ -119,11 +126,12 @@ class ServerState:
         bounds the whole wait for the results (``Unavailable`` after it).
         """
         tickets: list[Ticket] = []
+        group = object()  # this request's prompts take turns with other requests' (scheduler)
         try:
             for ids in prompts:
                 try:
                     tickets.append(self.scheduler.submit(ids, max_new_tokens, ignore_eos=ignore_eos,
-                                                         stop_token_ids=stop_ids))
+                                                         stop_token_ids=stop_ids, group=group))
                 except DraftlabError as exc:
                     raise BadRequest(str(exc)) from None
             results = [self._wait(t, client_gone or (lambda: False), wait_s, time.monotonic()) for t in tickets]
@@ -291,8 +299,11 @@ def _is_id(t: Any) -> bool:
     return isinstance(t, int) and not isinstance(t, bool)
 
 
-def _check_all(state: ServerState, prompts: list[list[int]], max_new: int) -> None:
-    """Refuse a batch before any of it runs when one prompt cannot be served."""
+def _check_all(state: ServerState, prompts: list[list[int]], max_new: int, where: str = "request") -> None:
+    """Refuse a batch before any of it runs when it is too large or one prompt cannot be served."""
+    if len(prompts) > state.max_prompts:
+        raise BadRequest(f"{where}: {len(prompts)} prompts in one request; this server takes at most "
+                         f"{state.max_prompts} (--max-prompts-per-request): send them in several requests", 413)
     for ids in prompts:
         try:
             state.engine.check_request(ids, max_new)
@@ -314,7 +325,7 @@ def handle_generate(state: ServerState, body: dict[str, Any], t_arrival: float,
     ignore_eos = _bool(params.get("ignore_eos", False), "sampling_params.ignore_eos")
     stop_ids = _stop_ids(params, "sampling_params.")
     prompts, batched = _prompts(state, body.get("text"), body.get("input_ids"), "/generate")
-    _check_all(state, prompts, max_new)
+    _check_all(state, prompts, max_new, "/generate")
     outs = []
     for res in state.run_many(prompts, max_new, ignore_eos, stop_ids, client_gone=client_gone):
         meta = meta_info(res, e2e_latency=time.perf_counter() - t_arrival)
@@ -336,7 +347,7 @@ def handle_completions(state: ServerState, body: dict[str, Any],
     else:
         prompts, _ = _prompts(state, None, prompt, "/v1/completions: prompt")
     stop_ids = _stop_ids(body, "")
-    _check_all(state, prompts, max_new)
+    _check_all(state, prompts, max_new, "/v1/completions")
     choices, prompt_tokens, completion_tokens = [], 0, 0
     for i, res in enumerate(state.run_many(prompts, max_new, ignore_eos, stop_ids, client_gone=client_gone)):
         prompt_tokens += res.prompt_tokens
@@ -373,6 +384,49 @@ def _chat_messages(body: dict[str, Any]) -> list[dict[str, str]]:
     return out
 
 
+TEMPLATE_KWARG_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+TEMPLATE_KWARG_CHARS = 1024
+# apply_chat_template's own parameters: a client must not pick the template (``chat_template`` is
+# Jinja that would run here), its tools, or how it tokenizes; special tokens are the model's
+RESERVED_TEMPLATE_KWARGS = frozenset((
+    "chat_template", "tools", "documents", "conversation", "messages", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs", "processor_kwargs", "kwargs", "raise_exception",
+    "strftime_now", "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
+    "additional_special_tokens"))
+
+
+def _template_kwargs(tokenizer, kwargs: Any) -> dict[str, Any]:
+    """``chat_template_kwargs`` as variables for the model's own template, and nothing else.
+
+    Keys are identifiers that are none of ``apply_chat_template``'s own parameters (``chat_template``
+    above all: a client-supplied Jinja template would be rendered on this server, and a nested loop
+    pins a core after the client has gone) and no special-token name; values are scalars (strings
+    up to 1,024 characters). Anything else is a 400.
+    """
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict):
+        raise BadRequest("chat_template_kwargs: expected an object")
+    try:
+        own = set(inspect.signature(tokenizer.apply_chat_template).parameters)
+    except (TypeError, ValueError):
+        own = set()
+    for key, value in kwargs.items():
+        if key in RESERVED_TEMPLATE_KWARGS or key in own:
+            raise BadRequest(f"chat_template_kwargs.{key}: refused; the server renders the model's own chat "
+                             f"template only (template variables such as enable_thinking are allowed)")
+        if not TEMPLATE_KWARG_KEY.fullmatch(key):
+            raise BadRequest(f"chat_template_kwargs: key {key[:80]!r} is not a template variable name")
+        if value is not None and not isinstance(value, (bool, int, float, str)):
+            raise BadRequest(f"chat_template_kwargs.{key}: expected a string, number, true/false or null, "
+                             f"got {type(value).__name__}")
+        if isinstance(value, str) and len(value) > TEMPLATE_KWARG_CHARS:
+            raise BadRequest(f"chat_template_kwargs.{key}: a string of {len(value)} characters; at most "
+                             f"{TEMPLATE_KWARG_CHARS}")
+    return dict(kwargs)
+
+
 def handle_chat_completions(state: ServerState, body: dict[str, Any],
                             client_gone: Callable[[], bool] | None = None) -> dict[str, Any]:
     """``POST /v1/chat/completions`` (OpenAI shape, as SGLang answers it): the target's chat template
@@ -388,9 +442,7 @@ def handle_chat_completions(state: ServerState, body: dict[str, Any],
     # OpenAI's default is "up to the context"; the engine caps any budget at the context.
     max_new = _int(state.engine.context_length or 128 if max_new is None else max_new, "max_completion_tokens", 1)
     ignore_eos = _bool(body.get("ignore_eos", False), "ignore_eos")
-    kwargs = body.get("chat_template_kwargs") or {}
-    if not isinstance(kwargs, dict):
-        raise BadRequest("chat_template_kwargs: expected an object")
+    kwargs = _template_kwargs(state.tokenizer, body.get("chat_template_kwargs"))
     messages = _chat_messages(body)
     try:
         ids = chat_prompt_ids(state.tokenizer, messages, kwargs)
@@ -466,7 +518,7 @@ class Handler(BaseHTTPRequestHandler):
         if self.headers.get("Transfer-Encoding"):
             raise BadRequest("chunked request bodies are not supported; send Content-Length", 411, close=True)
         raw_length = (self.headers.get("Content-Length") or "0").strip()
-        if not raw_length.isdigit():
+        if not (raw_length.isascii() and raw_length.isdigit()):  # "²".isdigit() is True, int("²") fails
             raise BadRequest(f"Content-Length: expected a non-negative integer, got {raw_length!r}", close=True)
         length = int(raw_length)
         if length > self.state.max_body_bytes:
@@ -576,7 +628,7 @@ def load_state(target: str | Path, drafter: str | Path | None = None, *, num_ste
                dtype: str | None = None, trust_remote_code: bool = False, **limits: Any) -> ServerState:
     """Load models and tokenizer (if the target folder has one) into a ready ``ServerState``.
 
-    ``limits``: ``health_timeout_s``, ``read_timeout_s``, ``max_body_bytes``, ``max_batch_size``
+    ``limits``: ``health_timeout_s``, ``read_timeout_s``, ``max_body_bytes``, ``max_batch_size``, ``max_prompts``
     (see ``ServerState``).
     """
     from draftlab.models.target import load_tokenizer
