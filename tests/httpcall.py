@@ -1,22 +1,18 @@
 """One real HTTP request to a server under test: (status, parsed JSON or text), errors included; and the
-JSON answer of a scripted server under test (``send_json``)."""
+JSON answer of a scripted server under test (``send_json``). Requests go through draftlab's own client
+(``draftlab.serving.http_client``: one deadline, never a proxy, capped reads), as every caller does."""
 
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
+
+from draftlab.serving import http_client
 
 
 def call(url: str, payload=None, raw: bytes | None = None, timeout: float = 60.0, headers: dict | None = None):
     """(status, parsed JSON or text) of one request; an HTTP error status is returned, not raised."""
-    data = raw if raw is not None else (None if payload is None else json.dumps(payload).encode())
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            status, body = resp.status, resp.read()
-    except urllib.error.HTTPError as err:
-        status, body = err.code, err.read()
+    with http_client.request(url, payload, timeout, body=raw, headers=headers, check_status=False) as resp:
+        status, body = resp.status, resp.read()
     try:
         return status, json.loads(body)
     except json.JSONDecodeError:

@@ -296,7 +296,7 @@ def test_draft_plus_verify_time_is_preferred_for_cycle_time():
 def test_sglang_first_token_latency_takes_prefill_out_of_the_cycle():
     # SGLang 0.5.23 with --enable-metrics: first_token_latency (arrival -> first token) beside e2e_latency
     extra = lambda c, v: {"e2e_latency": 0.05 + 0.006 * v, "first_token_latency": 0.05}
-    with ScriptedServer(extra_meta=extra) as srv:
+    with ScriptedServer(extra_meta=extra, delay=0.1) as srv:  # the request lasts longer than its e2e_latency
         res = run_benchmark(srv.url, PROMPTS, repeats=1, warmup=0, progress=False, measure_ttft=False)
     s = res.summary
     assert s["cycle_time_source"] == "e2e_latency-first_token_latency"

@@ -203,7 +203,9 @@ def test_a_torn_last_line_is_answered_again(server, target, prompts, reference, 
 
 class Scripted(BaseHTTPRequestHandler):
     """/v1/models and /v1/chat/completions answering ``echo: <content>``; content decides failures:
-    ALWAYS -> 500 every time, FLAKY -> 503 twice then fine, LONG -> 400 (the server's context refusal)."""
+    ALWAYS -> 500 every time, FLAKY -> 503 twice then fine, LONG -> 400 (the server's context refusal).
+    Answers no server can give: OVERBUDGET (a million completion tokens), NEGATIVE (prompt_tokens -5),
+    SHAPE (``choices`` an object), ENDLESS (a body without a length that never ends)."""
 
     protocol_version = "HTTP/1.1"
 
@@ -230,10 +232,25 @@ class Scripted(BaseHTTPRequestHandler):
             return self._send(503, {"message": "busy"})
         if srv.healed is False and "LONG" in content:
             return self._send(400, {"message": "The input (9999 tokens) is longer than the model's context length"})
+        if "ENDLESS" in content:
+            return self._endless()
+        usage = {"prompt_tokens": -5 if "NEGATIVE" in content else 3,
+                 "completion_tokens": 10**6 if "OVERBUDGET" in content else 2, "total_tokens": 5}
+        choice = {"index": 0, "message": {"role": "assistant", "content": f"echo: {content}"}, "finish_reason": "stop"}
         self._send(200, {"id": "c", "object": "chat.completion", "created": 0, "model": body["model"],
-                         "choices": [{"index": 0, "message": {"role": "assistant", "content": f"echo: {content}"},
-                                      "finish_reason": "stop"}],
-                         "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+                         "choices": choice if "SHAPE" in content else [choice], "usage": usage})
+
+    def _endless(self):
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.close_connection = True
+        try:
+            self.wfile.write(b'{"choices": [{"message": {"content": "')
+            while True:
+                self.wfile.write(b"a" * 65536)
+        except OSError:
+            pass
 
 
 @pytest.fixture
@@ -270,6 +287,21 @@ def test_failing_prompts_are_retried_then_listed_and_the_run_goes_on(scripted, t
     assert fails[11]["attempts"] == 1 and "context length" in fails[11]["error"]  # a 400 is not retried
     assert scripted.seen["FLAKY at first"] == 3 and 7 not in fails  # two 503s, then answered
     assert json.loads(stats.read_text())["failures"] == r["failures"]
+
+
+def test_lying_or_endless_answers_fail_their_prompt_and_are_never_counted(scripted, target, tmp_path):
+    url = f"http://127.0.0.1:{scripted.server_address[1]}"
+    p, out = tmp_path / "p.txt", tmp_path / "gen.jsonl"
+    p.write_text("prompt 0\nOVERBUDGET answer\nNEGATIVE count\nENDLESS answer\nSHAPE wrong\nprompt 5\n")
+    r = generate(target, p, out, url=url, retries=0, max_failed_fraction=0.9, max_new_tokens=16, progress=False)
+    fails = {f["id"]: f["error"] for f in r["failures"]}
+    assert sorted(fails) == [1, 2, 3, 4], fails
+    assert "usage.completion_tokens 1000000 is above the max_completion_tokens 16" in fails[1]
+    assert "usage.prompt_tokens is -5; a token count cannot be negative" in fails[2]
+    assert f"{url}/v1/chat/completions: response body larger than the cap of 16 MiB" in fails[3]
+    assert "field 'choices': expected a list, got {" in fails[4]
+    assert r["answers"] == 2 and r["generated_tokens"] == 4 and r["prompt_tokens"] == 6  # the honest two only
+    assert [row["messages"][0]["content"] for row in _rows(out)] == ["prompt 0", "prompt 5"]
 
 
 def test_multi_turn_prompts_are_answered_turn_by_turn_and_a_failed_turn_fails_its_prompt(scripted, target, tmp_path,

@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from draftlab.errors import DraftlabError
+from draftlab.serving import http_client
 from draftlab.serving.launch import ServerSpec, check_gpus_free, running_server, server_fingerprint
 
 GRANDCHILD_PIDS = "grandchild.pid"
@@ -153,8 +154,6 @@ def test_fingerprint_ignores_host_port_deadlines_but_not_server_settings():
 
 
 def test_builtin_launch_serves_and_teardown_leaves_no_process(tmp_path):
-    import urllib.request
-
     from draftlab.models.target import read_config
     from factories import tiny_drafter_config, write_drafter
     from tiny_models import tiny_target
@@ -168,9 +167,9 @@ def test_builtin_launch_serves_and_teardown_leaves_no_process(tmp_path):
         assert srv.url.startswith("http://127.0.0.1:")
         proc = psutil.Process(srv.pid)
         group = [proc] + proc.children(recursive=True)
-        body = json.dumps({"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4}}).encode()
-        with urllib.request.urlopen(urllib.request.Request(srv.url + "/generate", data=body), timeout=60) as r:
-            assert json.loads(r.read())["meta_info"]["completion_tokens"] >= 1
+        answer = http_client.json_call(srv.url + "/generate", {"input_ids": [1, 2, 3],
+                                                               "sampling_params": {"max_new_tokens": 4}}, 60)
+        assert answer["meta_info"]["completion_tokens"] >= 1
     _assert_gone(*(p.pid for p in group))
     assert "draftlab-serve listening on" in log.read_text()
 

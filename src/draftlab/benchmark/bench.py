@@ -3,7 +3,8 @@
 One client for every server draftlab launches: the builtin server and SGLang through
 ``POST /generate`` (per-request ``meta_info`` counts), vLLM through ``POST /v1/completions`` plus the
 deltas of its Prometheus ``/metrics`` speculative counters. Only the standard library is used for
-HTTP (``http.client``, under one deadline per request: ``draftlab.serving.http_client``) and concurrency (a thread pool), so importing this module is cheap.
+HTTP (``draftlab.serving.http_client``: one deadline per request, capped reads, shape-checked JSON)
+and concurrency (a thread pool), so importing this module is cheap.
 
 Counting follows SGLang: accept length = sum(completion_tokens) / sum(spec_verify_ct), bonus token
 included; vLLM: 1 + accepted / drafts. Ratios are always computed from raw counts, never averaged
@@ -173,29 +174,6 @@ def mean_ci95(values: Sequence[float], floor: float | None = None) -> tuple[floa
     return (low, m + half)
 
 
-# --- HTTP -----------------------------------------------------------------------------------------
-
-
-def _request(url: str, payload: dict | None, timeout: float):
-    """One request; ``timeout`` bounds all of it, body included (``draftlab.serving.http_client``)."""
-    return http_client.request(url, payload, timeout)
-
-
-def _sse_events(resp) -> Any:
-    """Yield decoded JSON payloads of ``data:`` lines of a server-sent-events response."""
-    for raw in resp:
-        line = raw.decode("utf-8", "replace").strip()
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            return
-        try:
-            yield json.loads(data)
-        except json.JSONDecodeError:
-            continue
-
-
 # --- one request per API ---------------------------------------------------------------------------
 
 
@@ -284,21 +262,17 @@ class _Client:
         url = f"{self.url}/generate"
         start = time.perf_counter()
         ttft = None
-        with _request(url, payload, self.timeout) as resp:
-            streamed = stream and "text/event-stream" in (resp.headers.get("Content-Type") or "")
+        with http_client.request(url, payload, self.timeout) as resp:
+            streamed = stream and "text/event-stream" in resp.content_type
             if streamed:
-                final: dict = {}
-                for event in _sse_events(resp):
-                    meta = event.get("meta_info") or {}
-                    if ttft is None and ((meta.get("completion_tokens") or 0) >= 1 or event.get("text")):
+                final: Any = {}
+                for n, event in enumerate(resp.events()):
+                    meta = http_client.JsonReader(event, url, f"event {n}").get("meta_info", "object", default={})
+                    if ttft is None and ((_int_or_none(meta.get("completion_tokens")) or 0) >= 1 or event.get("text")):
                         ttft = time.perf_counter() - start
                     final = event
             else:
-                body = resp.read()
-                try:
-                    final = json.loads(body)
-                except json.JSONDecodeError:
-                    raise DraftlabError(f"{url}: expected a JSON response, got {body[:200]!r}") from None
+                final = resp.json()
         latency = time.perf_counter() - start
         if isinstance(final, list):  # a batch answer to a single prompt
             final = final[0] if final else {}
@@ -308,7 +282,7 @@ class _Client:
         if not isinstance(meta, dict):
             raise DraftlabError(f"{url}: key 'meta_info': expected an object, got {type(meta).__name__}")
         if self.checks is not None:
-            self.checks.check_sglang_meta(meta, url, accept_count_keys(meta))
+            self.checks.check_sglang_meta(meta, url, accept_count_keys(meta), latency)
         row = parse_sglang_meta(meta)
         if row["completion_tokens"] is None:
             raise DraftlabError(f"{url}: key 'meta_info.completion_tokens' missing from the response")
@@ -331,19 +305,19 @@ class _Client:
         start = time.perf_counter()
         ttft = None
         usage: dict = {}
-        with _request(url, payload, self.timeout) as resp:
-            streamed = stream and "text/event-stream" in (resp.headers.get("Content-Type") or "")
+        with http_client.request(url, payload, self.timeout) as resp:
+            streamed = stream and "text/event-stream" in resp.content_type
             if streamed:
-                for event in _sse_events(resp):
-                    choices = event.get("choices") or []
-                    if ttft is None and choices and choices[0].get("text"):
+                for n, event in enumerate(resp.events()):
+                    ev = http_client.JsonReader(event, url, f"event {n}")
+                    choices = ev.get("choices", "list", default=[])
+                    if ttft is None and choices and ev.field("choices", "list").item(0).get("text", "str"):
                         ttft = time.perf_counter() - start
-                    usage = event.get("usage") or usage
+                    usage = ev.get("usage", "object") or usage
             else:
-                body = json.loads(resp.read() or b"{}")
-                usage = body.get("usage") or {}
+                usage = http_client.JsonReader(resp.json(dict), url).get("usage", "object", default={})
         latency = time.perf_counter() - start
-        if self.checks is not None and isinstance(usage, dict):
+        if self.checks is not None:
             self.checks.check_usage(usage, url)
         completion = _int_or_none(usage.get("completion_tokens"))
         if completion is None:
@@ -404,7 +378,7 @@ def parse_vllm_spec_metrics(text: str) -> dict[str, Any]:
 
 
 def _vllm_metrics(url: str, timeout: float) -> dict[str, Any]:
-    with _request(f"{url}/metrics", None, timeout) as resp:
+    with http_client.request(f"{url}/metrics", None, timeout) as resp:
         return parse_vllm_spec_metrics(resp.read().decode("utf-8", "replace"))
 
 
@@ -563,44 +537,44 @@ def summarize(
     }
 
 
+SERVER_INFO_PATHS = ("/server_info", "/get_server_info")  # SGLang 0.5.23 deprecates the second (a warning per call)
+SERVER_INFO_KEYS = ("model_path", "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
+                    "speculative_eagle_topk", "speculative_num_draft_tokens", "version")
+
+
 def server_info(url: str, timeout: float) -> dict[str, Any]:
-    """Speculative settings and SGLang's own cumulative accept length, when the server tells."""
-    for path in ("/get_server_info", "/server_info"):
+    """Speculative settings and SGLang's own cumulative accept length, when the server tells.
+
+    ``/server_info`` first, then ``/get_server_info`` (older SGLang); a server that has neither gives
+    ``{}``. An answer of the wrong shape (not an object, ``internal_states`` not a list of objects)
+    is one error line, not a fallback: the server answered, wrongly.
+    """
+    for path in SERVER_INFO_PATHS:
         try:
-            info = http_client.json_call(f"{url}{path}", None, timeout)
-        except http_client.RequestTimeout:
-            raise  # a server too slow to describe itself will not be benchmarked either
+            info = http_client.read_json(f"{url}{path}", timeout)
+        except (http_client.RequestTimeout, http_client.BadResponse):
+            raise  # a server too slow (or too broken) to describe itself will not be benchmarked either
         except DraftlabError:
-            continue
-        if not isinstance(info, dict):
-            continue
-        keep = {
-            k: info.get(k)
-            for k in (
-                "model_path",
-                "speculative_algorithm",
-                "speculative_draft_model_path",
-                "speculative_num_steps",
-                "speculative_eagle_topk",
-                "speculative_num_draft_tokens",
-                "version",
-            )
-            if k in info
-        }
-        states = info.get("internal_states") or []
-        if states and isinstance(states[0], dict) and "avg_spec_accept_length" in states[0]:
-            keep["avg_spec_accept_length"] = states[0]["avg_spec_accept_length"]
+            continue  # no such endpoint here (HTTP 404), or not reachable: the requests will tell
+        doc = info.expect("object")
+        keep = {k: doc.get(k) for k in SERVER_INFO_KEYS if k in doc}
+        states = info.field("internal_states", "list", required=False)
+        if states is not None and states.value:
+            avg = states.item(0).get("avg_spec_accept_length", "number")
+            if avg is not None:
+                keep["avg_spec_accept_length"] = avg
         keep["endpoint"] = path
         return keep
     return {}
 
 
 def served_model(url: str, timeout: float) -> str:
-    models = http_client.json_call(f"{url}/v1/models", None, timeout)
-    data = models.get("data") if isinstance(models, dict) else None
-    if not data:
-        raise DraftlabError(f"{url}/v1/models: key 'data': expected at least one served model (or pass --model)")
-    return str(data[0]["id"])
+    """The first model ``/v1/models`` lists (its ``data[0].id``)."""
+    where = f"{url}/v1/models"
+    data = http_client.read_json(where, timeout).field("data", "list", required=False)
+    if data is None or not data.value:
+        raise DraftlabError(f"{where}: key 'data': expected at least one served model (or pass --model)")
+    return data.item(0).get("id", "str", required=True)
 
 
 def run_benchmark(
@@ -620,6 +594,8 @@ def run_benchmark(
     limit: int | None = None,
     request_timeout_s: float = 600.0,
     on_row: Callable[[dict[str, Any]], None] | None = None,
+    num_steps: int | None = None,
+    num_draft_tokens: int | None = None,
 ) -> BenchResult:
     """Benchmark the server at ``url`` with a prompt set and return rows plus a summary.
 
@@ -629,6 +605,8 @@ def run_benchmark(
     token (null when the server does not stream). With ``require_speculation`` a run whose server
     shows no speculative verification raises :class:`DraftlabError` (checked after the warm-up and
     after every pass, so a silent fallback fails early) and nothing is returned to be written.
+    ``num_steps``/``num_draft_tokens``: the speculative settings the server was launched with (the
+    plan's), bounding what its answers can say where the server does not report them itself.
     """
     if api not in APIS:
         raise DraftlabError(f"--api: expected one of {', '.join(APIS)}, got {api!r}")
@@ -639,6 +617,9 @@ def run_benchmark(
         ("--concurrency", concurrency, 1),
     ):
         if isinstance(value, bool) or int(value) != value or value < low:
+            raise DraftlabError(f"{name}: expected an integer >= {low}, got {value!r}")
+    for name, value, low in (("--num-steps", num_steps, 1), ("num_draft_tokens", num_draft_tokens, 1)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
             raise DraftlabError(f"{name}: expected an integer >= {low}, got {value!r}")
     if not (isinstance(request_timeout_s, (int, float)) and math.isfinite(request_timeout_s) and request_timeout_s > 0):
         raise DraftlabError(f"--timeout: expected a number of seconds > 0, got {request_timeout_s!r}")
@@ -666,7 +647,7 @@ def run_benchmark(
         model = served_model(url, request_timeout_s)
     # the server's speculative settings bound what its answers can say (bench_checks)
     settings = server_info(url, min(request_timeout_s, 30.0)) if api == "sglang" else {}
-    checks = Plausibility.from_server_info(max_new_tokens, settings)
+    checks = Plausibility.from_server_info(max_new_tokens, settings, num_steps, num_draft_tokens)
     client = _Client(url, api, max_new_tokens, ignore_eos, request_timeout_s, model, checks)
 
     from tqdm import tqdm  # noqa: PLC0415 - only when a run actually starts

@@ -8,7 +8,12 @@ not the server we think), and its figures must not become a record. Each check r
 Bounds, with SGLang's semantics (``spec_verify_ct`` counts target verify passes; the first token
 of a request comes from the prefill, not from a verify):
 
-- every count >= 0, every time >= 0;
+- every count >= 0, every time a finite number >= 0;
+- times nest: ``draft_time + verify_time`` and ``first_token_latency`` within ``e2e_latency`` (the
+  request as the server timed it), and that within the request as the client timed it (plus
+  ``TIME_SLACK_S``): no part of a request lasts longer than the request;
+- ``spec_verify_ct <= completion_tokens``: every verify pass emits at least one token, so the
+  accept length is at least 1;
 - ``completion_tokens <= max_new_tokens`` (the client's own request);
 - a verify pass emits at most ``T = min(num_steps + 1, num_draft_tokens)`` tokens: a chain of
   ``num_steps`` drafts plus the bonus token, and a tree of depth ``num_steps`` accepts one path of
@@ -18,6 +23,10 @@ of a request comes from the prefill, not from a verify):
 - accepted drafts <= proposed drafts, and <= ``spec_verify_ct * T`` (T rather than ``num_steps``:
   SGLang versions differ on whether the bonus token is counted); per-position accept counts <=
   ``spec_verify_ct``, at most ``num_steps`` positions.
+
+``num_steps`` and ``num_draft_tokens`` come from the server (``/server_info``) or, when it does not
+say (no such endpoint, a server that hides them), from the plan that launched it: without either a
+server could report 64 tokens from one verify and have it recorded.
 """
 
 from __future__ import annotations
@@ -29,7 +38,8 @@ from typing import Any
 from draftlab.errors import DraftlabError
 
 COUNT_KEYS = ("prompt_tokens", "completion_tokens", "spec_verify_ct")
-TIME_KEYS = ("e2e_latency", "draft_time", "verify_time", "prefill_time")
+TIME_KEYS = ("e2e_latency", "draft_time", "verify_time", "prefill_time", "first_token_latency")
+TIME_SLACK_S = 0.05  # clock granularity between the server's timing and the client's
 
 
 def _setting(info: dict[str, Any], key: str, low: int) -> int | None:
@@ -58,9 +68,13 @@ class Plausibility:
     num_draft_tokens: int | None = None
 
     @classmethod
-    def from_server_info(cls, max_new_tokens: int, info: dict[str, Any]) -> "Plausibility":
-        return cls(max_new_tokens, _setting(info, "speculative_num_steps", 0),
-                   _setting(info, "speculative_num_draft_tokens", 1))
+    def from_server_info(cls, max_new_tokens: int, info: dict[str, Any], num_steps: int | None = None,
+                         num_draft_tokens: int | None = None) -> "Plausibility":
+        """The server's settings; ``num_steps``/``num_draft_tokens`` (the launch plan's) where it is silent."""
+        steps = _setting(info, "speculative_num_steps", 0)
+        tokens = _setting(info, "speculative_num_draft_tokens", 1)
+        return cls(max_new_tokens, num_steps if steps is None else steps,
+                   num_draft_tokens if tokens is None else tokens)
 
     @property
     def per_verify(self) -> int | None:
@@ -74,16 +88,20 @@ class Plausibility:
                                           ("speculative_num_draft_tokens", self.num_draft_tokens)) if v is not None]
         return ", ".join(parts)
 
-    def check_sglang_meta(self, meta: dict[str, Any], where: str, accept_keys: tuple[str, str] | None) -> None:
-        """One ``/generate`` answer's ``meta_info``; ``accept_keys`` is the (accepted, proposed) pair it uses."""
+    def check_sglang_meta(self, meta: dict[str, Any], where: str, accept_keys: tuple[str, str] | None,
+                          latency_s: float | None = None) -> None:
+        """One ``/generate`` answer's ``meta_info``; ``accept_keys`` is the (accepted, proposed) pair it uses;
+        ``latency_s`` the request's time as the client measured it."""
         counts = {k: _count(where, f"meta_info.{k}", meta.get(k)) for k in COUNT_KEYS}
-        for key in TIME_KEYS:
-            value = meta.get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value < 0:
-                raise DraftlabError(f"{where}: meta_info.{key} is {value!r}; a duration cannot be negative")
+        self._check_times(meta, where, latency_s)
         completion, verify = counts["completion_tokens"], counts["spec_verify_ct"]
         if completion is not None:
             self._check_completion(completion, where, "meta_info.completion_tokens")
+        if completion is not None and verify is not None and verify > completion:
+            raise DraftlabError(
+                f"{where}: meta_info.spec_verify_ct {verify} is above completion_tokens {completion}: every "
+                f"verify pass emits at least one token (accept length {completion / verify:.3f} < 1); refusing "
+                f"to record it")
         t = self.per_verify
         if completion is not None and verify and t is not None and completion > verify * t + 1:
             raise DraftlabError(
@@ -111,6 +129,31 @@ class Plausibility:
             if self.num_steps is not None and len(by_pos) > self.num_steps:
                 raise DraftlabError(f"{where}: meta_info.spec_accept_by_position has {len(by_pos)} positions; "
                                     f"speculative_num_steps is {self.num_steps}")
+
+    @staticmethod
+    def _check_times(meta: dict[str, Any], where: str, latency_s: float | None) -> None:
+        times = {}
+        for key in TIME_KEYS:
+            value = meta.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise DraftlabError(f"{where}: meta_info.{key} is {value!r}; expected a number of seconds")
+            if value < 0:
+                raise DraftlabError(f"{where}: meta_info.{key} is {value!r}; a duration cannot be negative")
+            times[key] = float(value)
+        parts = [(k, times[k]) for k in ("draft_time", "verify_time") if k in times]
+        inner = [(" + ".join(k for k, _ in parts), sum(v for _, v in parts))] if parts else []
+        if "first_token_latency" in times:
+            inner.append(("first_token_latency", times["first_token_latency"]))
+        outer = [("e2e_latency", times["e2e_latency"])] if "e2e_latency" in times else []
+        if latency_s is not None:
+            outer.append(("the request's own time (client)", latency_s))
+        for name, value in inner + outer[:1]:
+            for bound_name, bound in outer:
+                if name != bound_name and value > bound + TIME_SLACK_S:
+                    raise DraftlabError(f"{where}: meta_info.{name} {value:.6g} s is longer than {bound_name} "
+                                        f"{bound:.6g} s; a part of a request cannot outlast it")
 
     def check_usage(self, usage: dict[str, Any], where: str) -> None:
         """An OpenAI ``usage`` object (vLLM)."""

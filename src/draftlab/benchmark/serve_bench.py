@@ -82,6 +82,7 @@ def run_plan(plan: Mapping[str, Any], argv: Sequence[str] | None = None, progres
                 srv.url, c["prompts"] or "default", api=plan["api"], max_new_tokens=c["max_new_tokens"],
                 repeats=c["repeats"], warmup=c["warmup"], concurrency=c["concurrency"], limit=c.get("limit"),
                 ignore_eos=bool(c.get("ignore_eos")), require_speculation=plan["require_speculation"], progress=progress,
+                **_launched_numbers(spec),
             )
             result.server = {**(result.server or {}), "fingerprint": plan["fingerprint"], "variant": plan["variant"],
                              "spec_id": plan["spec_id"], "client": c["name"], "argv": summary["argv"]}
@@ -94,6 +95,12 @@ def run_plan(plan: Mapping[str, Any], argv: Sequence[str] | None = None, progres
     summary.update(skipped=False, finished_at=time.time())
     write_json(plan["summary"], summary)
     return summary
+
+
+def _launched_numbers(spec) -> dict[str, int | None]:
+    """The speculative numbers the server was launched with: they bound its answers (bench_checks)."""
+    nums = spec.speculative_numbers() if spec.drafter else None
+    return {"num_steps": nums[0], "num_draft_tokens": nums[2]} if nums else {}
 
 
 def _write_skipped_csv(path: str, reason: str) -> None:

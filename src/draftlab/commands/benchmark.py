@@ -37,6 +37,9 @@ def register(sub) -> None:
         action="store_true",
         help="fail (and write nothing) unless the server reports speculative verification",
     )
+    p.add_argument("--num-steps", type=int, default=None,
+                   help="draft steps the server was launched with; bounds its answers when it does not report "
+                   "them (no /server_info)")
     p.add_argument("--out", required=True, help="result JSON")
     p.add_argument("--csv", default=None, help="per-request CSV (default: --out with .csv suffix)")
     p.add_argument("--no-progress", action="store_true")
@@ -122,6 +125,7 @@ def _bench(args: argparse.Namespace) -> int:
         ignore_eos=args.ignore_eos,
         limit=args.limit,
         request_timeout_s=args.timeout,
+        num_steps=args.num_steps,
     )
     out = Path(args.out)
     csv_path = Path(args.csv) if args.csv else out.with_suffix(".csv")

@@ -305,8 +305,8 @@ class ServerAnswerer:
             url = self._take(avoid)
             try:
                 reply = json_call(f"{url}/v1/chat/completions",
-                                  chat_request(self.models[url], prompt, self.sampling, messages), self.timeout)
-                return _answer(prompt, reply, f"{url}/v1/chat/completions")
+                                  chat_request(self.models[url], prompt, self.sampling, messages), self.timeout, dict)
+                return _answer(prompt, reply, f"{url}/v1/chat/completions", self.sampling.max_new_tokens)
             except HTTPStatusError as exc:
                 last = str(exc)
                 if 400 <= exc.status < 500 and exc.status not in RETRY_STATUSES:
@@ -369,17 +369,23 @@ def chat_request(model: str, prompt: Prompt, sampling: Sampling,
     return body
 
 
-def _answer(prompt: Prompt, reply: Any, where: str) -> Answer:
-    """An OpenAI chat completion as an Answer; a malformed one is a failure of this prompt."""
-    try:
-        choice = reply["choices"][0]
-        message = choice["message"]
-        text = message.get("content") or ""
-        usage = reply.get("usage") or {}
-        if not isinstance(text, str):
-            raise TypeError("content is not a string")
-        return Answer(prompt, text, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
-                      choice.get("finish_reason"), message.get("reasoning_content"))
-    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
-        raise DraftlabError(f"{where}: not an OpenAI chat completion ({type(exc).__name__}: {exc}): "
-                            f"{str(reply)[:200]}") from None
+def _answer(prompt: Prompt, reply: Any, where: str, max_new_tokens: int | None = None) -> Answer:
+    """An OpenAI chat completion as an Answer; a malformed one (wrong shape, or token counts no server
+    can report: negative, or more completion tokens than the request's budget) fails this prompt."""
+    from draftlab.serving.http_client import BadResponse, JsonReader
+
+    doc = JsonReader(reply, where)
+    choice = doc.field("choices", "list").item(0)
+    message = choice.field("message")
+    usage = doc.field("usage", required=False) or JsonReader({}, where, "usage")
+    counts = {k: usage.get(k, "int", default=0) for k in ("prompt_tokens", "completion_tokens")}
+    answer = Answer(prompt, message.get("content", "str", default=""), counts["prompt_tokens"],
+                    counts["completion_tokens"], choice.get("finish_reason", "str"),
+                    message.get("reasoning_content", "str"))
+    for key, value in counts.items():
+        if value < 0:
+            raise BadResponse(f"{where}: usage.{key} is {value}; a token count cannot be negative")
+    if max_new_tokens is not None and answer.completion_tokens > max_new_tokens:
+        raise BadResponse(f"{where}: usage.completion_tokens {answer.completion_tokens} is above the "
+                          f"max_completion_tokens {max_new_tokens} this request asked for; refusing to record it")
+    return answer
