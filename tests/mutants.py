@@ -211,3 +211,110 @@ def config_bytes(mutant: bytes | Any) -> bytes:
 def run_seeded(seed: int, n: int, make: Callable[[random.Random], Any]) -> list[Any]:
     rng = random.Random(seed)
     return [make(rng) for _ in range(n)]
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP exchanges: server responses the clients parse, request bodies and headers the server reads
+
+
+def _nodes(value: Any, path: tuple = ()) -> list[tuple]:
+    """Paths to every node of a JSON value (the root is ``()``)."""
+    out = [path]
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out += _nodes(v, path + (k,))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += _nodes(v, path + (i,))
+    return out
+
+
+def mutate_json(value: Any, rng: random.Random, edits: int = 1) -> Any:
+    """``edits`` tree edits of a JSON value: a node replaced by a value of another type, a key
+    dropped, a list emptied or a node wrapped in a list."""
+    value = json.loads(json.dumps(value))
+    for _ in range(edits):
+        path = rng.choice(_nodes(value))
+        new = rng.choice(WEIRD + [-5, -0.25, 10**6, "", "\u00b2", [{}], {"x": [1]}, "data: x"])
+        if not path:
+            return rng.choice([new, [value], "x", None])
+        parent = value
+        for k in path[:-1]:
+            parent = parent[k]
+        key = path[-1]
+        kind = rng.randrange(4)
+        if kind == 0 and isinstance(parent, dict):
+            del parent[key]
+        elif kind == 1:
+            parent[key] = [parent[key]]
+        else:
+            parent[key] = new
+    return value
+
+
+CONTENT_LENGTHS = ["\u00b2", "-1", "abc", "", "1e3", " 7", "99999999999999999999", "+3", "0x10"]
+STATUS_LINES = [b"HTTP/1.1 200 OK", b"HTTP/1.1 2OO OK", b"HTP/1.1 200 OK", b"HTTP/1.1 500 Internal", b"",
+                b"HTTP/1.1 200", b"HTTP/1.1 204 No Content", b"\xff\xfe", b"HTTP/1.1 200 OK\r\nX: " + b"y" * 70000]
+
+
+def http_response(body: bytes, rng: random.Random, ctype: bytes = b"application/json") -> bytes:
+    """The raw bytes of a server's answer, now and then with a broken status line, length or body."""
+    status, length = b"HTTP/1.1 200 OK", str(len(body)).encode()
+    extra = b""
+    kind = rng.randrange(10)
+    if kind == 0:
+        status = rng.choice(STATUS_LINES)
+    elif kind == 1:
+        length = rng.choice(CONTENT_LENGTHS).encode("utf-8")
+    elif kind == 2:
+        length = str(len(body) + rng.choice([-3, 5, 1000])).encode()
+    elif kind == 3:
+        body = body[: rng.randrange(len(body) + 1)]
+    elif kind == 4:
+        extra, length = b"Transfer-Encoding: chunked\r\n", b""
+        body = rng.choice([b"zz\r\n" + body + b"\r\n0\r\n\r\n", b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body),
+                           b"%x\r\n%s" % (len(body) + 9, body)])
+    elif kind == 5:
+        body = rng.choice([b"\xff\xfe" + body, body.replace(b'"', b"'", 1), b"[" * 5000, b"9" * 5000])
+        length = str(len(body)).encode()
+    head = status + b"\r\nContent-Type: " + ctype + b"\r\n" + extra
+    if length:
+        head += b"Content-Length: " + length + b"\r\n"
+    return head + b"Connection: close\r\n\r\n" + body
+
+
+def sse_body(events: list[Any], rng: random.Random) -> bytes:
+    """An event stream of these events (each a JSON value), now and then with broken lines."""
+    lines = []
+    for e in events if isinstance(events, list) else [events]:  # a root edit: one event of that value
+        lines.append(b"data: " + json.dumps(e).encode() + b"\n\n")
+        if rng.random() < 0.1:
+            lines.append(rng.choice([b": keep-alive\n\n", b"data: {broken\n\n", b"event: x\n", b"data:\n\n",
+                                     b"data: " + b"[" * 3000 + b"\n\n"]))
+    if rng.random() < 0.8:
+        lines.append(b"data: [DONE]\n\n")
+    return b"".join(lines)
+
+
+def http_request(path: str, body: bytes, rng: random.Random) -> bytes:
+    """The raw bytes of a POST, now and then with a broken request line or headers."""
+    line, headers = b"POST " + path.encode() + b" HTTP/1.1", [b"Host: 127.0.0.1", b"Content-Type: application/json"]
+    length: bytes | None = str(len(body)).encode()
+    kind = rng.randrange(10)
+    if kind == 0:
+        length = rng.choice(CONTENT_LENGTHS).encode("utf-8")
+    elif kind == 1:
+        length = None
+        headers.append(rng.choice([b"Transfer-Encoding: chunked", b"Transfer-Encoding: gzip"]))
+    elif kind == 2:
+        headers.append(rng.choice([b"X-Big: " + b"a" * 70000, b"Bad Header", b"\xff: \xfe", b"Content-Length: 3"]))
+    elif kind == 3:
+        headers += [b"X-%d: y" % i for i in range(rng.choice([50, 150]))]
+    elif kind == 4:
+        line = rng.choice([b"POST", b"POST " + path.encode() + b" HTTP/9.9", b"GET " + path.encode() + b" HTTP/1.1",
+                           b"POST /" + b"a" * 70000 + b" HTTP/1.1", b"\xff\xfe / HTTP/1.1"])
+    elif kind == 5:
+        length = str(len(body) + rng.choice([-2, 4])).encode()  # a short or a long claim
+    if length is not None:
+        headers.append(b"Content-Length: " + length)
+    return line + b"\r\n" + b"\r\n".join(headers) + b"\r\nConnection: close\r\n\r\n" + body

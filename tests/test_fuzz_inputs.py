@@ -1,4 +1,6 @@
-"""Seeded, time-bounded fuzz of the static commands on broken drafters and configs (issue 16).
+"""Seeded, time-bounded fuzz of the static commands on broken drafters and configs (issue 16), of the
+server answers draftlab's clients parse and of the request bodies and headers the builtin server reads
+(issue 24).
 
 Mutants of real safetensors files and config files (``tests/mutants.py``) go through inspect,
 compare, patch-config, doctor and check-config. For every mutant, every command must end in one of:
@@ -7,6 +9,14 @@ a result (exit 0, or 1 for the doctor's findings) or one ``error:`` line (exit 2
 from a broken input: a weight file ``safetensors.safe_open`` refuses fails every command, and
 patch-config leaves no folder behind when it fails. Where a weight file is valid, inspect must
 report exactly the tensors, dtypes and shapes the safetensors library reads.
+
+Server answers (``test_fuzz_server_responses``): mutants of valid SGLang, vLLM and OpenAI answers
+(JSON tree edits, broken status lines, lengths, chunking and bodies) from a real TCP server on
+127.0.0.1 go through the functions bench and generate-data read them with. Each must give a result
+within the physical bounds or one ``DraftlabError`` line, never another exception. Requests
+(``test_fuzz_server_requests``): mutants of valid ``/generate``, ``/v1/completions`` and
+``/v1/chat/completions`` requests (bodies, request lines, headers) against a real builtin server:
+never a 500 (501/505 only for an unknown method or HTTP version), and the server keeps answering. Both print their case counts per family.
 
 ``DRAFTLAB_FUZZ_SECONDS`` (default 40) bounds the run; the seed is fixed, so a failure replays.
 """
@@ -19,13 +29,17 @@ import json
 import os
 import random
 import signal
+import socket
+import socketserver
+import threading
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import yaml
 from factories import write_drafter, write_target_config
-from mutants import config_bytes, mutant_safetensors, mutate_config
+from mutants import config_bytes, http_request, http_response, mutant_safetensors, mutate_config, mutate_json, sse_body
 
 from draftlab.cli import main
 
@@ -94,7 +108,7 @@ def test_fuzz_safetensors_headers(tmp_path):
     rng = random.Random(16)
     target = write_target_config(tmp_path / "target")
     n = broken = 0
-    deadline = _deadline(0.45)
+    deadline = _deadline(0.35)
     while time.monotonic() < deadline or n < 30:
         d = write_drafter(tmp_path / f"d{n}")
         weights = d / "model.safetensors"
@@ -121,7 +135,7 @@ def test_fuzz_config_files(tmp_path):
     base_drafter = json.loads((write_drafter(tmp_path / "base") / "config.json").read_text())
     base_target = json.loads((write_target_config(tmp_path / "base-target") / "config.json").read_text())
     n = refused = 0
-    deadline = _deadline(0.35)
+    deadline = _deadline(0.25)
     while time.monotonic() < deadline or n < 30:
         d = write_drafter(tmp_path / f"d{n}")
         target = write_target_config(tmp_path / f"t{n}")
@@ -160,7 +174,7 @@ def test_fuzz_experiment_config(tmp_path):
 
     walk(base, [])
     n = 0
-    deadline = _deadline(0.15)
+    deadline = _deadline(0.1)
     while time.monotonic() < deadline or n < 30:
         kind = rng.randrange(5)
         path = tmp_path / f"c{n}.yaml"
@@ -187,3 +201,225 @@ def test_fuzz_experiment_config(tmp_path):
         check_outcome(args, rc, stdout, err, allowed=(0, 2))
         assert time.monotonic() - t0 < 10, f"check-config took {time.monotonic() - t0:.1f} s on {path.read_bytes()[:200]!r}"
         n += 1
+
+
+# --- issue 24: server answers the clients parse ---------------------------------------------------
+
+
+class Scripted:
+    """A real TCP server on 127.0.0.1 that reads one request and answers it with ``answer`` (raw bytes)."""
+
+    def __init__(self):
+        self.answer = b""
+        outer = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self):
+                data = b""
+                try:
+                    while b"\r\n\r\n" not in data:
+                        chunk = self.request.recv(65536)
+                        if not chunk:
+                            return
+                        data += chunk
+                    self.request.sendall(outer.answer)
+                except OSError:
+                    pass
+
+        self.tcp = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.tcp.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.tcp.server_address[1]}"
+        threading.Thread(target=self.tcp.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self) -> None:
+        self.tcp.shutdown()
+        self.tcp.server_close()
+
+
+INFO = {"model_path": "m", "speculative_algorithm": "EAGLE3", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 4, "internal_states": [{"avg_spec_accept_length": 2.5}]}
+META = {"prompt_tokens": 3, "completion_tokens": 8, "spec_verify_ct": 3, "spec_accept_token_num": 4,
+        "spec_draft_token_num": 9, "e2e_latency": 0.001, "draft_time": 0.0002, "verify_time": 0.0005,
+        "spec_accept_by_position": [2, 1, 1]}
+USAGE = {"prompt_tokens": 3, "completion_tokens": 8, "total_tokens": 11}
+CHAT = {"id": "c", "object": "chat.completion", "model": "m", "usage": USAGE,
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]}
+MAX_NEW = 16
+
+
+def _check_row(row: dict) -> None:
+    """A recorded row is within the physical bounds (bench_checks)."""
+    c, v = row["completion_tokens"], row.get("verify_ct")
+    assert isinstance(c, int) and 0 <= c <= MAX_NEW, row
+    assert v is None or 0 <= v <= c and c <= 4 * v + 1, row
+    for key in ("decode_time_s", "latency_s", "server_latency_s"):
+        assert row.get(key) is None or row[key] >= 0, row
+
+
+def _response_families():
+    from draftlab.benchmark import bench
+    from draftlab.benchmark.bench_checks import Plausibility
+    from draftlab.serving import http_client
+    from draftlab.training.answerers import _answer
+    from draftlab.training.prompt_file import Prompt as DataPrompt
+
+    prompt = bench.Prompt("p0", "chat", "hello")
+    checks = Plausibility(MAX_NEW, 3, 4)
+
+    def client(url, api):
+        return bench._Client(url, api, MAX_NEW, False, 2.0, "m", checks)
+
+    def server_info(url):
+        info = bench.server_info(url, 2.0)
+        assert isinstance(info, dict)
+        checks.check_server_info(info, url)
+
+    def chat(url):
+        reply = http_client.json_call(url + "/v1/chat/completions", {"x": 1}, 2.0, dict)
+        a = _answer(DataPrompt(0, ({"role": "user", "content": "hi"},), "0" * 16), reply, url, MAX_NEW)
+        assert isinstance(a.text, str) and 0 <= a.completion_tokens <= MAX_NEW and a.prompt_tokens >= 0
+
+    def metrics(url):
+        assert isinstance(bench._vllm_metrics(url, 2.0), dict)
+
+    def sse(*events):
+        return lambda value, rng: sse_body(value, rng), list(events)
+
+    plain = lambda value, rng: json.dumps(value).encode()  # noqa: E731
+    return {
+        "/server_info": (plain, INFO, b"application/json", server_info),
+        "/v1/models": (plain, {"object": "list", "data": [{"id": "m", "object": "model"}]}, b"application/json",
+                       lambda url: isinstance(bench.served_model(url, 2.0), str) or pytest.fail("not a name")),
+        "/generate": (plain, {"text": "abc", "meta_info": META}, b"application/json",
+                      lambda url: _check_row(client(url, "sglang").generate(prompt))),
+        "/generate (SSE)": (*sse({"text": "a", "meta_info": {"completion_tokens": 1}}, {"text": "abc", "meta_info": META}),
+                            b"text/event-stream", lambda url: _check_row(client(url, "sglang").generate(prompt, True))),
+        "/v1/completions": (plain, {"choices": [{"index": 0, "text": "xyz"}], "usage": USAGE}, b"application/json",
+                            lambda url: _check_row(client(url, "vllm").generate(prompt))),
+        "/v1/completions (SSE)": (*sse({"choices": [{"index": 0, "text": "x"}]}, {"choices": [], "usage": USAGE}),
+                                  b"text/event-stream", lambda url: _check_row(client(url, "vllm").generate(prompt, True))),
+        "/v1/chat/completions": (plain, CHAT, b"application/json", chat),
+        "/metrics": (lambda value, rng: value.encode(), "vllm:spec_decode_num_drafts_total{engine=\"0\"} 4.0\n"
+                     "vllm:spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"} 2\n", b"text/plain", metrics),
+    }
+
+
+def test_fuzz_server_responses():
+    from draftlab.errors import DraftlabError
+
+    rng = random.Random(24)
+    families = _response_families()
+    counts: Counter = Counter()
+    refused: Counter = Counter()
+    srv = Scripted()
+    deadline = _deadline(0.15)
+    n = 0
+    try:
+        while time.monotonic() < deadline or n < 200:
+            name = rng.choice(sorted(families))
+            encode, valid, ctype, read = families[name]
+            value = valid if rng.random() < 0.2 or isinstance(valid, str) else mutate_json(valid, rng, rng.choice([1, 1, 2]))
+            try:
+                body = encode(value, rng)
+            except (ValueError, RecursionError):
+                body = b"[" * 3000
+            srv.answer = http_response(body, rng, ctype)
+            try:
+                read(srv.url)
+            except DraftlabError as exc:
+                message = str(exc)
+                assert "\n" not in message and len(message) < 1000, (name, srv.answer[:500], message)
+                refused[name] += 1
+            except Exception as exc:  # noqa: BLE001 - the point: nothing else may escape
+                pytest.fail(f"{name}: {type(exc).__name__}: {exc} on {srv.answer[:500]!r}")
+            counts[name] += 1
+            n += 1
+    finally:
+        srv.close()
+    print("server responses fuzzed (cases / refused with one line):",
+          ", ".join(f"{k} {counts[k]}/{refused[k]}" for k in sorted(counts)))
+    assert set(counts) == set(families) and sum(refused.values()) >= n // 3 and sum(refused.values()) < n
+
+
+# --- issue 24: request bodies and headers the builtin server reads ----------------------------------
+
+REQUESTS = {
+    "/generate": {"text": "hello there", "sampling_params": {"max_new_tokens": 4, "temperature": 0,
+                                                             "ignore_eos": False, "stop_token_ids": [3]}},
+    "/generate (ids)": {"input_ids": [[5, 6, 7], [8, 9]], "sampling_params": {"max_new_tokens": 3}},
+    "/v1/completions": {"prompt": "hello", "max_tokens": 4, "temperature": 0.0},
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 4,
+                             "chat_template_kwargs": {"enable_thinking": False}},
+}
+
+
+def _exchange(port: int, raw: bytes) -> int | None:
+    """Send raw request bytes; the response's status code (None: the server closed without one)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        try:
+            sock.sendall(raw)
+        except OSError:
+            pass
+        data = b""
+        try:
+            while b"\r\n" not in data:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+        except ConnectionResetError:
+            return None
+    parts = data.split(b" ", 2)
+    return int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else None
+
+
+@pytest.fixture(scope="module")
+def builtin_server(tmp_path_factory):
+    import torch
+    from tiny_models import tiny_target
+
+    from draftlab.serving.server import load_state, make_server
+
+    torch.set_num_threads(1)
+    target = tiny_target(tmp_path_factory.mktemp("fuzz-serve") / "target", max_position_embeddings=128)
+    state = load_state(target, None, read_timeout_s=1.0, max_prompts=8)
+    httpd = make_server(state, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    yield httpd.server_address[1]
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_fuzz_server_requests(builtin_server, capfd):
+    rng = random.Random(42)
+    port = builtin_server
+    counts: Counter = Counter()
+    statuses: Counter = Counter()
+    deadline = _deadline(0.15)
+    n = 0
+    while time.monotonic() < deadline or n < 120:
+        name = rng.choice(sorted(REQUESTS))
+        path = name.split(" ")[0]
+        value = REQUESTS[name] if rng.random() < 0.15 else mutate_json(REQUESTS[name], rng, rng.choice([1, 1, 2]))
+        try:
+            body = json.dumps(value).encode()
+        except (ValueError, RecursionError):
+            body = b"{"
+        if rng.random() < 0.1:
+            body = rng.choice([b"[" * 5000, b"{\"text\": \"\xff\"}", b'{"text": 1' + b"0" * 5000 + b"}", body[:-1]])
+        raw = http_request(path, body, rng)
+        status = _exchange(port, raw)
+        # 501/505: http.server's own answers to an unknown method or HTTP version (the protocol's codes)
+        assert status is None or status < 500 or status in (501, 505), f"{name}: HTTP {status} on {raw[:600]!r}"
+        counts[name] += 1
+        statuses["none" if status is None else f"{status // 100}xx"] += 1
+        n += 1
+        if n % 25 == 0:  # still serving
+            assert _exchange(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n") == 200
+    assert _exchange(port, http_request("/generate", json.dumps(REQUESTS["/generate"]).encode(),
+                                        random.Random(3))) in (200, 400, 408, 411, 413)
+    print("server requests fuzzed:", ", ".join(f"{k} {counts[k]}" for k in sorted(counts)),
+          "| statuses:", dict(sorted(statuses.items())))
+    assert statuses["2xx"] and statuses["4xx"]
+    err = capfd.readouterr().err
+    assert "Traceback" not in err, err[err.index("Traceback") - 300:][:3000]  # no handler crashed

@@ -49,9 +49,10 @@ def _setting(info: dict[str, Any], key: str, low: int) -> int | None:
     return value
 
 
-def _count(where: str, key: str, value: Any) -> int | None:
-    """A reported count as an int (None when absent); negative or fractional counts are refused."""
-    if value is None:
+def _count(where: str, key: str, value: Any, required: bool = False) -> int | None:
+    """A reported count as an int (None when absent, unless ``required``); negative or fractional
+    counts are refused."""
+    if value is None and not required:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
             isinstance(value, float) and not value.is_integer()) or value < 0:
@@ -122,7 +123,7 @@ class Plausibility:
         by_pos = meta.get("spec_accept_by_position")
         if isinstance(by_pos, list):
             for i, value in enumerate(by_pos):
-                n = _count(where, f"meta_info.spec_accept_by_position[{i}]", value)
+                n = _count(where, f"meta_info.spec_accept_by_position[{i}]", value, required=True)
                 if verify is not None and n is not None and n > verify:
                     raise DraftlabError(f"{where}: meta_info.spec_accept_by_position[{i}] {n} is above "
                                         f"spec_verify_ct {verify}")

@@ -265,14 +265,19 @@ def _translated(url: str, timeout: float):
         raise RequestTimeout(f"{url}: no complete response within {timeout:g}s (--timeout bounds the whole "
                              f"request: connect, send, headers and body)") from None
     except (ConnectionError, http.client.RemoteDisconnected) as exc:  # before OSError: a subclass of it
-        raise DraftlabError(f"cannot reach the server at {url}: {exc} (is it running? check --url)") from None
+        raise DraftlabError(f"cannot reach the server at {url}: {_line(exc)} (is it running? check --url)") from None
     except http.client.HTTPException as exc:
-        raise BadResponse(f"{url}: broken HTTP response ({type(exc).__name__}: {str(exc)[:200]})") from None
+        raise BadResponse(f"{url}: broken HTTP response ({type(exc).__name__}: {_line(exc)})") from None
     except OSError as exc:
         reason = exc.strerror or exc
         raise DraftlabError(f"cannot reach the server at {url}: {reason} (is it running? check --url)") from None
     except ValueError as exc:  # http.client on a malformed status line or chunk size, a bad port
-        raise BadResponse(f"{url}: broken HTTP exchange (ValueError: {str(exc)[:200]})") from None
+        raise BadResponse(f"{url}: broken HTTP exchange (ValueError: {_line(exc)})") from None
+
+
+def _line(exc: BaseException) -> str:
+    """An exception's text as one short line (http.client quotes the server's bytes, newlines included)."""
+    return repr(" ".join(str(exc).split())[:200])[1:-1]
 
 
 @contextmanager

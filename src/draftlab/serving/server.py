@@ -607,6 +607,14 @@ class DraftlabHTTPServer(ThreadingHTTPServer):
     # the batch ran a fifth full. The kernel caps this at net.core.somaxconn.
     request_queue_size = 1024
 
+    def handle_error(self, request, client_address) -> None:
+        """A client that hung up while http.server itself answered it (a 400 for a broken request
+        line, say) is one log line, not a traceback; anything else keeps socketserver's traceback."""
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError, TimeoutError)):
+            sys.stderr.write(f"[draftlab-serve] {client_address[0]} connection lost: {sys.exc_info()[1]}\n")
+            return
+        super().handle_error(request, client_address)
+
     def __init__(self, address: tuple[str, int], state: ServerState):
         import socket
 
