@@ -30,7 +30,6 @@ import os
 import random
 import signal
 import socket
-import socketserver
 import threading
 import time
 from collections import Counter
@@ -39,6 +38,7 @@ from pathlib import Path
 import pytest
 import yaml
 from factories import write_drafter, write_target_config
+from rawserver import Raw
 from mutants import config_bytes, http_request, http_response, mutant_safetensors, mutate_config, mutate_json, sse_body
 
 from draftlab.cli import main
@@ -206,36 +206,6 @@ def test_fuzz_experiment_config(tmp_path):
 # --- issue 24: server answers the clients parse ---------------------------------------------------
 
 
-class Scripted:
-    """A real TCP server on 127.0.0.1 that reads one request and answers it with ``answer`` (raw bytes)."""
-
-    def __init__(self):
-        self.answer = b""
-        outer = self
-
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self):
-                data = b""
-                try:
-                    while b"\r\n\r\n" not in data:
-                        chunk = self.request.recv(65536)
-                        if not chunk:
-                            return
-                        data += chunk
-                    self.request.sendall(outer.answer)
-                except OSError:
-                    pass
-
-        self.tcp = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
-        self.tcp.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.tcp.server_address[1]}"
-        threading.Thread(target=self.tcp.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-
-    def close(self) -> None:
-        self.tcp.shutdown()
-        self.tcp.server_close()
-
-
 INFO = {"model_path": "m", "speculative_algorithm": "EAGLE3", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
         "speculative_num_draft_tokens": 4, "internal_states": [{"avg_spec_accept_length": 2.5}]}
 META = {"prompt_tokens": 3, "completion_tokens": 8, "spec_verify_ct": 3, "spec_accept_token_num": 4,
@@ -311,10 +281,9 @@ def test_fuzz_server_responses():
     families = _response_families()
     counts: Counter = Counter()
     refused: Counter = Counter()
-    srv = Scripted()
     deadline = _deadline(0.15)
     n = 0
-    try:
+    with Raw(b"") as srv:
         while time.monotonic() < deadline or n < 200:
             name = rng.choice(sorted(families))
             encode, valid, ctype, read = families[name]
@@ -323,19 +292,17 @@ def test_fuzz_server_responses():
                 body = encode(value, rng)
             except (ValueError, RecursionError):
                 body = b"[" * 3000
-            srv.answer = http_response(body, rng, ctype)
+            srv.head = http_response(body, rng, ctype)
             try:
                 read(srv.url)
             except DraftlabError as exc:
                 message = str(exc)
-                assert "\n" not in message and len(message) < 1000, (name, srv.answer[:500], message)
+                assert "\n" not in message and len(message) < 1000, (name, srv.head[:500], message)
                 refused[name] += 1
             except Exception as exc:  # noqa: BLE001 - the point: nothing else may escape
-                pytest.fail(f"{name}: {type(exc).__name__}: {exc} on {srv.answer[:500]!r}")
+                pytest.fail(f"{name}: {type(exc).__name__}: {exc} on {srv.head[:500]!r}")
             counts[name] += 1
             n += 1
-    finally:
-        srv.close()
     print("server responses fuzzed (cases / refused with one line):",
           ", ".join(f"{k} {counts[k]}/{refused[k]}" for k in sorted(counts)))
     assert set(counts) == set(families) and sum(refused.values()) >= n // 3 and sum(refused.values()) < n
