@@ -385,8 +385,9 @@ def test_fuzz_server_requests(builtin_server, capfd):
             assert _exchange(port, b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n") == 200
     assert _exchange(port, http_request("/generate", json.dumps(REQUESTS["/generate"]).encode(),
                                         random.Random(3))) in (200, 400, 408, 411, 413)
-    print("server requests fuzzed:", ", ".join(f"{k} {counts[k]}" for k in sorted(counts)),
-          "| statuses:", dict(sorted(statuses.items())))
-    assert statuses["2xx"] and statuses["4xx"]
     err = capfd.readouterr().err
+    with capfd.disabled():
+        print("server requests fuzzed:", ", ".join(f"{k} {counts[k]}" for k in sorted(counts)),
+              "| statuses:", dict(sorted(statuses.items())))
+    assert statuses["2xx"] and statuses["4xx"]
     assert "Traceback" not in err, err[err.index("Traceback") - 300:][:3000]  # no handler crashed
