@@ -230,6 +230,7 @@ def _response_families():
     from draftlab.benchmark import bench
     from draftlab.benchmark.bench_checks import Plausibility
     from draftlab.serving import http_client
+    from draftlab.serving.server_info import served_model, server_info
     from draftlab.training.answerers import _answer
     from draftlab.training.prompt_file import Prompt as DataPrompt
 
@@ -240,7 +241,7 @@ def _response_families():
         return bench._Client(url, api, MAX_NEW, False, 2.0, "m", checks)
 
     def server_info(url):
-        info = bench.server_info(url, 2.0)
+        info = server_info(url, 2.0)
         assert isinstance(info, dict)
         checks.check_server_info(info, url)
 
@@ -259,7 +260,7 @@ def _response_families():
     return {
         "/server_info": (plain, INFO, b"application/json", server_info),
         "/v1/models": (plain, {"object": "list", "data": [{"id": "m", "object": "model"}]}, b"application/json",
-                       lambda url: isinstance(bench.served_model(url, 2.0), str) or pytest.fail("not a name")),
+                       lambda url: isinstance(served_model(url, 2.0), str) or pytest.fail("not a name")),
         "/generate": (plain, {"text": "abc", "meta_info": META}, b"application/json",
                       lambda url: _check_row(client(url, "sglang").generate(prompt))),
         "/generate (SSE)": (*sse({"text": "a", "meta_info": {"completion_tokens": 1}}, {"text": "abc", "meta_info": META}),

@@ -243,7 +243,7 @@ class ServerAnswerer:
     def __init__(self, urls: str | Sequence[str], sampling: Sampling, *, concurrency: int = 8, retries: int = 3,
                  request_timeout_s: float = 1800.0, alive: Callable[[], bool] | None = None,
                  backoff_s: tuple[float, ...] | None = None, turns: str = "all"):
-        from draftlab.benchmark.bench import served_model
+        from draftlab.serving.server_info import served_model
 
         if concurrency < 1:
             raise DraftlabError(f"--concurrency: expected a positive integer, got {concurrency}")

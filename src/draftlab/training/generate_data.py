@@ -238,7 +238,7 @@ def _answerer(stack: ExitStack, target, sampling, spec, server_log, urls, device
                   "url": srv.url, "pid": srv.pid, "log": str(log)}
     else:
         record = {"backend": "external", "url": urls[0], "urls": urls}
-    from draftlab.benchmark.bench import server_info
+    from draftlab.serving.server_info import server_info
 
     info = server_info(urls[0], 30.0)
     if info:
@@ -251,7 +251,7 @@ def _answerer(stack: ExitStack, target, sampling, spec, server_log, urls, device
 def _what_urls_serve(urls: list[str]) -> str:
     """The model the running servers serve, as they name it (the same model at another address is the
     same engine); servers of different models cannot share one run."""
-    from draftlab.benchmark.bench import server_info, served_model
+    from draftlab.serving.server_info import server_info, served_model
 
     models = {u: str(server_info(u, 30.0).get("model_path") or served_model(u, 30.0)) for u in urls}
     if len(set(models.values())) > 1:
