@@ -240,7 +240,7 @@ def _response_families():
     def client(url, api):
         return bench._Client(url, api, MAX_NEW, False, 2.0, "m", checks)
 
-    def server_info(url):
+    def read_info(url):
         info = server_info(url, 2.0)
         assert isinstance(info, dict)
         checks.check_server_info(info, url)
@@ -258,7 +258,7 @@ def _response_families():
 
     plain = lambda value, rng: json.dumps(value).encode()  # noqa: E731
     return {
-        "/server_info": (plain, INFO, b"application/json", server_info),
+        "/server_info": (plain, INFO, b"application/json", read_info),
         "/v1/models": (plain, {"object": "list", "data": [{"id": "m", "object": "model"}]}, b"application/json",
                        lambda url: isinstance(served_model(url, 2.0), str) or pytest.fail("not a name")),
         "/generate": (plain, {"text": "abc", "meta_info": META}, b"application/json",
