@@ -350,7 +350,7 @@ def builtin_server(tmp_path_factory):
 
     torch.set_num_threads(1)
     target = tiny_target(tmp_path_factory.mktemp("fuzz-serve") / "target", max_position_embeddings=128)
-    state = load_state(target, None, read_timeout_s=1.0, max_prompts=8)
+    state = load_state(target, None, read_timeout_s=0.3, max_prompts=8)  # short: a short body waits it out
     httpd = make_server(state, "127.0.0.1", 0)
     threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     yield httpd.server_address[1]
