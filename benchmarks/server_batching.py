@@ -26,7 +26,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -89,10 +88,10 @@ class Server:
 
 
 def post(url: str, payload: dict | None = None, timeout: float = 600) -> dict:
-    data = None if payload is None else json.dumps(payload).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read() or b"{}")
+    """GET (no payload) or POST JSON through draftlab's client: one deadline, never a proxy, capped reads."""
+    from draftlab.serving import http_client
+
+    return http_client.json_call(url, payload, timeout, dict)
 
 
 def run_at(url: str, texts: list[str], concurrency: int, max_new: int) -> dict:
@@ -149,7 +148,7 @@ def main() -> int:
         try:
             post(server.url + "/generate", {"text": texts[0], "sampling_params": {"max_new_tokens": 8}})  # warm-up
             runs = [run_at(server.url, texts, c, args.max_new) for c in args.concurrency]
-            info = post(server.url + "/get_server_info")
+            info = post(server.url + "/server_info")
         finally:
             server.stop()
         base = runs[0]

@@ -95,3 +95,34 @@ def test_requests_to_loopback_never_go_through_a_proxy(monkeypatch):
     monkeypatch.delenv("NO_PROXY", raising=False)
     with Raw(OK + b'{"ok": true}') as srv:
         assert http_client.json_call(srv.url, None, 30, dict) == {"ok": True}
+
+
+CLIENT_MODULES = ("urllib.request", "http.client", "requests", "httpx", "aiohttp", "urllib3")
+
+
+def _client_imports(source: str) -> list[str]:
+    """The HTTP client libraries a module imports (``import x``, ``from x import y``)."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+            [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        found += [n for n in names if n in CLIENT_MODULES or n.split(".")[0] in ("requests", "httpx", "aiohttp")]
+    return found
+
+
+def test_every_request_goes_through_the_one_client():
+    """Only ``serving/http_client.py`` talks HTTP as a client: in the library, the workflow scripts,
+    the benchmarks and the tests' helpers (the tests' hostile clients use raw sockets on purpose)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    own = root / "src" / "draftlab" / "serving" / "http_client.py"
+    files = [*(root / "src").rglob("*.py"), *(root / "workflow").rglob("*.py"), *(root / "benchmarks").glob("*.py"),
+             *(root / "tests").glob("*.py")]
+    offenders = {str(p.relative_to(root)): hits for p in sorted(files)
+                 if p != own and (hits := _client_imports(p.read_text(encoding="utf-8")))}
+    assert offenders == {}, f"HTTP requests outside draftlab.serving.http_client: {offenders}"
+    assert _client_imports("import urllib.request\nfrom http.client import HTTPConnection\nimport httpx.x\n") == [
+        "urllib.request", "http.client", "httpx.x"]  # the audit sees each form
