@@ -270,6 +270,8 @@ def test_server_json_of_the_wrong_shape_is_one_line_naming_the_url_and_field(tmp
     # draft and verify time longer than the request (e2e_latency 0.01 s)
     (_meta(draft_time=0.5, verify_time=0.5), "meta_info.draft_time + verify_time 1 s is longer than e2e_latency"),
     (_meta(first_token_latency=2.0), "meta_info.first_token_latency 2 s is longer than e2e_latency"),
+    (_meta(prefill_time=0.004, draft_time=0.004, verify_time=0.06),
+     "meta_info.prefill_time + draft_time + verify_time 0.068 s is longer than e2e_latency"),
     # the server's request time longer than the client waited for it
     (_meta(e2e_latency=50.0), "meta_info.e2e_latency 50 s is longer than the request's own time (client)"),
     (_meta(e2e_latency=-0.5), "meta_info.e2e_latency is -0.5; a duration cannot be negative"),

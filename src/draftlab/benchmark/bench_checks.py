@@ -9,7 +9,7 @@ Bounds, with SGLang's semantics (``spec_verify_ct`` counts target verify passes;
 of a request comes from the prefill, not from a verify):
 
 - every count >= 0, every time a finite number >= 0;
-- times nest: ``draft_time + verify_time`` and ``first_token_latency`` within ``e2e_latency`` (the
+- times nest: ``prefill_time + draft_time + verify_time`` and ``first_token_latency`` within ``e2e_latency`` (the
   request as the server timed it), and that within the request as the client timed it (plus
   ``TIME_SLACK_S``): no part of a request lasts longer than the request;
 - ``spec_verify_ct <= completion_tokens``: every verify pass emits at least one token, so the
@@ -143,7 +143,7 @@ class Plausibility:
             if value < 0:
                 raise DraftlabError(f"{where}: meta_info.{key} is {value!r}; a duration cannot be negative")
             times[key] = float(value)
-        parts = [(k, times[k]) for k in ("draft_time", "verify_time") if k in times]
+        parts = [(k, times[k]) for k in ("prefill_time", "draft_time", "verify_time") if k in times]
         inner = [(" + ".join(k for k, _ in parts), sum(v for _, v in parts))] if parts else []
         if "first_token_latency" in times:
             inner.append(("first_token_latency", times["first_token_latency"]))
