@@ -170,6 +170,39 @@ def open_regular(path: str | os.PathLike, what: str) -> int:
     return fd
 
 
+@contextlib.contextmanager
+def locked(path: str | os.PathLike, what: str, *, wait: bool = True, busy: str = "") -> Iterator[int]:
+    """Hold an exclusive ``flock`` on the lock file ``path`` (created if absent) for the block.
+
+    Why: a lock file is opened for writing, so a symlink planted at its name would make draftlab
+    create or open a file elsewhere; it is opened ``O_NOFOLLOW`` and must be a regular file.
+    ``wait=False`` refuses at once when another process holds it (``busy`` says what to do).
+    """
+    import fcntl
+
+    from draftlab.errors import DraftlabError
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        kind = "a symlink" if path.is_symlink() else (exc.strerror or str(exc))
+        raise DraftlabError(f"{path}: cannot open the {what} ({kind}); draftlab opens only a regular file "
+                            "it creates there: remove it") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DraftlabError(f"{path}: the {what} is not a regular file; remove it")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            raise DraftlabError(f"{path}: held by another process ({what}){'; ' + busy if busy else ''}") from None
+        yield fd
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 # A config or record JSON larger than this is not one draftlab (or transformers) writes.
 MAX_JSON_BYTES = 64 << 20
 

@@ -12,20 +12,19 @@ are replaced atomically under a file lock, so two experiments merging at once ca
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import platform
 import subprocess
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from draftlab.experiment.config import config_hash
 from draftlab.errors import DraftlabError
 from draftlab.experiment.layout import Layout
 from draftlab.experiment.settings import spec_id
-from draftlab.fsutil import atomic_path, named_digest, read_json, sha256_file, write_json
+from draftlab.fsutil import atomic_path, locked, named_digest, read_json, sha256_file, write_json
 
 # Columns that legitimately differ between two identical runs (clock, machine load, run identity).
 TIMING_COLUMNS = ("tps_median", "tps_mean", "tps_ci_low", "tps_ci_high", "cycle_ms", "speedup",
@@ -295,17 +294,6 @@ def write_records(frame, csv_path: str | os.PathLike, parquet_path: str | os.Pat
             _parquet_safe(frame).to_parquet(tmp, index=False)
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
 def merge_into_global(exp_csv: str | os.PathLike, global_dir: str | os.PathLike = "results",
                       receipt: str | os.PathLike | None = None) -> dict[str, Any]:
     """Append the rows of ``exp_csv`` that the global tables do not hold yet (by ``row_id``)."""
@@ -314,7 +302,7 @@ def merge_into_global(exp_csv: str | os.PathLike, global_dir: str | os.PathLike 
     global_dir = Path(global_dir)
     new = pd.read_csv(exp_csv, dtype=str, keep_default_na=False)
     csv_path, pq_path = global_dir / "records.csv", global_dir / "records.parquet"
-    with _locked(global_dir / ".records.lock"):
+    with locked(global_dir / ".records.lock", "records lock"):
         old = pd.read_csv(csv_path, dtype=str, keep_default_na=False) if csv_path.exists() else None
         known = set(old["row_id"]) if old is not None else set()
         fresh = new[~new["row_id"].isin(known)]

@@ -31,11 +31,13 @@ from draftlab.formats.checkpoint import CheckpointInfo, checkpoint_format, load_
 from draftlab.errors import DraftlabError
 from draftlab.formats.target_config import nested_text_key, read_config, text_config
 from draftlab.static.d2t import VocabMapping, validate
+from draftlab.textsafe import code, md, plain
 
 ERROR, WARNING = "error", "warning"
 ALGORITHMS = ("EAGLE3", "EAGLE")
 FLOAT_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
 CONFIG_DTYPES = {"bfloat16": "BF16", "float16": "F16", "half": "F16", "float32": "F32", "float": "F32", "float64": "F64"}
+MESSAGE_CHARS = 1000  # a finding's message as shown (names from the drafter's files are in it)
 SCAN_CHUNK_BYTES = 64 << 20  # one reused read buffer: bounded memory on a 2.4 GB drafter
 _REQUIRED_DRAFTER_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
 _REQUIRED_TARGET_KEYS = ("hidden_size", "num_hidden_layers", "vocab_size")
@@ -567,23 +569,24 @@ def run_doctor(drafter: str | os.PathLike, target: str | os.PathLike, algorithm:
 
 
 def to_text(report: dict[str, Any]) -> str:
-    lines = [f"doctor: {report['drafter']} for target {report['target']} ({report['algorithm']})"]
+    """The terminal report: one line per finding, whatever names the drafter's files hold."""
+    lines = [f"doctor: {plain(report['drafter'])} for target {plain(report['target'])} ({plain(report['algorithm'])})"]
     for f in report["findings"]:
-        lines.append(f"  {f['severity'].upper():7s} {f['code']}: {f['message']}")
+        lines.append(f"  {f['severity'].upper():7s} {f['code']}: {plain(f['message'], MESSAGE_CHARS)}")
     for s in report["skipped"]:
-        lines.append(f"  skipped {s['check']}: {s['reason']}")
+        lines.append(f"  skipped {s['check']}: {plain(s['reason'], MESSAGE_CHARS)}")
     lines.append(f"{report['errors']} errors, {report['warnings']} warnings" + ("" if report["errors"] else ": ready to serve"))
     return "\n".join(lines)
 
 
 def to_markdown(report: dict[str, Any]) -> str:
     verdict = "**ready to serve**" if report["ok"] else f"**{report['errors']} error(s): do not launch**"
-    rows = "".join(f"| {f['severity']} | `{f['code']}` | {f['message']} |\n" for f in report["findings"])
+    rows = "".join(f"| {f['severity']} | `{f['code']}` | {md(f['message'], MESSAGE_CHARS)} |\n" for f in report["findings"])
     table = ("| severity | code | message |\n|---|---|---|\n" + rows) if rows else "No findings.\n"
     return (
         "# doctor\n\n"
-        f"- drafter: `{report['drafter']}` ({report['drafter_kind']})\n- target: `{report['target']}`"
-        + (f" (read through `{report['target_text_config']}`)" if report["target_text_config"] else "")
-        + f"\n- algorithm: {report['algorithm']}\n\n{verdict}: {report['errors']} errors, "
+        f"- drafter: {code(report['drafter'])} ({md(report['drafter_kind'])})\n- target: {code(report['target'])}"
+        + (f" (read through {code(report['target_text_config'])})" if report["target_text_config"] else "")
+        + f"\n- algorithm: {md(report['algorithm'])}\n\n{verdict}: {report['errors']} errors, "
         f"{report['warnings']} warnings.\n\n{table}"
     )
