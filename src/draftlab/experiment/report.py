@@ -13,12 +13,12 @@ doctor findings, the gate. HTML views of the same for ``snakemake --report``: dr
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from draftlab.errors import DraftlabError
 from draftlab.experiment import report_html as html_view
 from draftlab.fsutil import atomic_path, write_text
 from draftlab.textsafe import code, md as esc
@@ -37,9 +37,19 @@ def _read_json(path: Path) -> Any:
 _num, _fmt = num, fmt
 
 
+REQUIRED_COLUMNS = ("experiment", "variant", "spec_id", "client", "status")
+
+
 def load_rows(records_csv: str | os.PathLike) -> list[dict[str, Any]]:
-    with open(records_csv, newline="", encoding="utf-8") as fh:
-        return list(csv.DictReader(fh))
+    """The experiment's records; an empty file or one without the columns the report reads is a user error."""
+    from draftlab.experiment.records import read_table
+
+    frame = read_table(records_csv, "records table")
+    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+    if missing:
+        raise DraftlabError(f"{records_csv}: key {missing[0]!r}: the records table has no such column; "
+                            "expected the table draftlab's records rule writes")
+    return frame.to_dict("records")
 
 
 def _ok(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -9,12 +9,13 @@ and the non-finite scan, which streams one slab of one tensor at a time).
 Codes (``severity`` error unless marked): missing-d2t, d2t-invalid, context-shorter-than-target,
 hidden-size-mismatch, vocab-size-mismatch, aux-layers-out-of-range, aux-layers-unusual (warning),
 algorithm-mismatch, pickle-weights, missing-tensor, shape-mismatch, non-finite-weights,
-unsupported-option, ignored-tensors, dtype-mismatch (warning), rope-mismatch (warning),
-vllm-aux-layers-ignored (warning).
+unsupported-option, ignored-tensors, impossible-config-value, dtype-mismatch (warning),
+rope-mismatch (warning), vllm-aux-layers-ignored (warning).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from dataclasses import asdict, dataclass, field
@@ -36,6 +37,15 @@ from draftlab.textsafe import code, md, plain
 ERROR, WARNING = "error", "warning"
 ALGORITHMS = ("EAGLE3", "EAGLE")
 FLOAT_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
+# fp8 NaN/inf are bit patterns (torch has no isnan/isinf for fp8 on CPU): counts from the raw bytes.
+_E4M3_NAN = lambda r: (int(((r & 0x7F) == 0x7F).sum()), 0)  # noqa: E731 - S.1111.111 is NaN, no inf
+FP8_NONFINITE = {
+    "F8_E4M3": _E4M3_NAN,
+    "F8_E5M2": lambda r: (int(((r & 0x7F) > 0x7C).sum()), int(((r & 0x7F) == 0x7C).sum())),  # IEEE-like
+    "F8_E4M3FNUZ": lambda r: (int((r == 0x80).sum()), 0),  # only "negative zero" is NaN
+    "F8_E5M2FNUZ": lambda r: (int((r == 0x80).sum()), 0),
+    "F8_E8M0": lambda r: (int((r == 0xFF).sum()), 0),
+}
 CONFIG_DTYPES = {"bfloat16": "BF16", "float16": "F16", "half": "F16", "float32": "F32", "float": "F32", "float64": "F64"}
 MESSAGE_CHARS = 1000  # a finding's message as shown (names from the drafter's files are in it)
 SCAN_CHUNK_BYTES = 64 << 20  # one reused read buffer: bounded memory on a 2.4 GB drafter
@@ -360,7 +370,7 @@ def check_shape_mismatch(s: Subject) -> list[Finding]:
 
 
 def check_non_finite(s: Subject) -> list[Finding]:
-    floats = {n: t for n, t in s.tensors.items() if t.dtype in FLOAT_DTYPES}
+    floats = {n: t for n, t in s.tensors.items() if t.dtype in FLOAT_DTYPES or t.dtype in FP8_NONFINITE}
     if not floats:
         return []
     if not s.data_local:
@@ -396,8 +406,12 @@ def scan_non_finite(tensors: dict[str, Any]) -> dict[str, dict[str, int]]:
                     (header_len,) = struct.unpack("<Q", fh.read(8))
                     for name in sorted(names, key=lambda n: tensors[n].offsets[0]):
                         nan = inf = 0
+                        fp8 = FP8_NONFINITE.get(tensors[name].dtype)
                         for chunk in _slabs(fh, 8 + header_len, tensors[name], buf):
-                            if chunk.numel() and not _all_finite(chunk):
+                            if fp8 is not None:
+                                n_nan, n_inf = fp8(chunk)
+                                nan, inf = nan + n_nan, inf + n_inf
+                            elif chunk.numel() and not _all_finite(chunk):
                                 nan += int(torch.isnan(chunk).sum())
                                 inf += int(torch.isinf(chunk).sum())
                             bar.update(chunk.numel() * chunk.element_size())
@@ -415,7 +429,7 @@ def _all_finite(chunk: torch.Tensor) -> bool:
 
 def _slabs(fh: Any, data_start: int, info: Any, buf: bytearray):
     """Yield the tensor ``info`` as flat chunks of at most ``len(buf)`` bytes, read into ``buf``."""
-    dtype = FLOAT_DTYPES[info.dtype]
+    dtype = FLOAT_DTYPES.get(info.dtype, torch.uint8)  # fp8: the raw bytes
     size = torch.empty((), dtype=dtype).element_size()
     step = len(buf) // size * size
     begin, end = info.offsets
@@ -485,6 +499,24 @@ def check_rope_mismatch(s: Subject) -> list[Finding]:
     ))]
 
 
+def check_config_numbers(s: Subject) -> list[Finding]:
+    """Values no model can have (a norm epsilon or rope theta/factor <= 0, NaN, inf): loaders accept
+    them and the drafter then computes NaN or garbage (sqrt of a negative variance, positions * 0)."""
+    bad = []
+    for who, cfg in (("drafter", s.cfg), ("target", s.target)):
+        theta, scaling = _rope(cfg)
+        for key, v in (("rms_norm_eps", cfg.get("rms_norm_eps")), ("rope_theta", theta),
+                       ("rope scaling factor", scaling.get("factor"))):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf):
+                bad.append(f"{who} {key} {v!r}")
+    if not bad:
+        return []
+    return [_err("impossible-config-value", (
+        "config values no model can have: " + ", ".join(bad) + " (each must be a finite number > 0); "
+        "served as is, the drafter's outputs are NaN or meaningless: fix the config.json"
+    ))]
+
+
 VLLM_AUX_KEY = "eagle_aux_hidden_state_layer_ids"  # top level of the drafter config.json
 
 
@@ -518,6 +550,7 @@ CHECKS: dict[str, Callable[[Subject], list[Finding]]] = {
     "aux-layers-out-of-range": check_aux_out_of_range,
     "aux-layers-unusual": check_aux_unusual,
     "rope-mismatch": check_rope_mismatch,
+    "impossible-config-value": check_config_numbers,
     "dtype-mismatch": check_dtype_mismatch,
     "non-finite-weights": check_non_finite,
     "vllm-aux-layers-ignored": check_vllm_aux_key,
