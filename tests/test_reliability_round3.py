@@ -294,13 +294,13 @@ def test_a_prompt_file_that_is_not_utf8_text_is_one_line(tmp_path, kind):
         prompts.mkdir()
     else:
         prompts.write_bytes('{"id": 1, "text": "caf\u00e9"}\n'.encode("latin-1"))
-    t0 = time.monotonic()
-    rc, _, err = cli("bench", "--url", "http://127.0.0.1:9", "--prompts", prompts, "--out", tmp_path / "r.json")
+    from test_fuzz_inputs import run  # in process under an alarm: a reader blocked on the FIFO fails the test
+
+    rc, _, err = run("bench", "--url", "http://127.0.0.1:9", "--prompts", prompts, "--out", tmp_path / "r.json")
     assert_one_error(rc, err, str(prompts))
-    rc, _, err = cli("generate-data", "--target", tmp_path, "--prompts", prompts, "--out", tmp_path / "d.jsonl",
+    rc, _, err = run("generate-data", "--target", tmp_path, "--prompts", prompts, "--out", tmp_path / "d.jsonl",
                      "--url", "http://127.0.0.1:9")
     assert_one_error(rc, err, str(prompts))
-    assert time.monotonic() - t0 < 60  # a FIFO never blocks the reader
 
 
 def test_batch_size_zero_is_one_line(tiny, tmp_path):
