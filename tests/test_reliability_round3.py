@@ -311,3 +311,18 @@ def test_batch_size_zero_is_one_line(tiny, tmp_path):
                      "--batch-size", "0")
     assert_one_error(rc, err, "--batch-size", ">= 1")
     assert not (tmp_path / "run").exists() and not (tmp_path / "d.jsonl").exists()
+
+
+def test_a_drafter_whose_d2t_leaves_the_target_vocabulary_is_refused_at_load(tmp_path):
+    from tiny_models import tiny_target
+
+    from draftlab.serving.engine import Engine
+
+    target = tiny_target(tmp_path / "target", vocab_size=256, tokenizer=False)
+    cfg = tiny_drafter_config(vocab_size=256)
+    tensors = drafter_tensors(cfg)
+    tensors["d2t"][-1] += 1000  # the last draft id now names target id >= 1000
+    drafter = write_drafter(tmp_path / "drafter", cfg, tensors)
+    with pytest.raises(DraftlabError, match=r"drafter d2t: 1 draft ids map outside the target vocabulary \[0, 256\)"):
+        Engine.from_folders(target, drafter)
+    assert Engine.from_folders(target, write_drafter(tmp_path / "ok", cfg)).speculative
