@@ -54,9 +54,9 @@ def train_drafter(**kwargs: Any) -> dict[str, Any]:
     out, inputs = Path(cfg.out), cfg.inputs()
     check_replaceable(out, "train", inputs)  # before any work: never train into a folder we may not own
     with contextlib.ExitStack() as held:
-        if rank == 0:  # one run per --out: a second would interleave its metrics and checkpoints with ours
-            held.enter_context(locked(out.parent / f".{out.name}.train.lock", "train lock of --out", wait=False,
-                                      busy=f"another draftlab train writes {out}; wait for it or choose another --out"))
+        # One run per --out (a second would interleave its metrics and checkpoints with ours): rank 0
+        # holds the lock; agree() hands a refusal to every rank, so none waits for a rank that left.
+        agree(partial(_lock_out, held, out), rank, world, dev)
         return _train(cfg, rank, world, dev, use_bf16, out, inputs)
 
 
@@ -120,8 +120,8 @@ def _train(cfg: TrainConfig, rank: int, world: int, dev: torch.device, use_bf16:
                "last_step": progress.last, "validation": validation,
                "param_checksums": sums, "ranks_in_sync": in_sync, "state_dir": str(state_dir),
                "resumed_from_step": start if resume_from is not None else None}
+    check_finite_weights(drafter)  # on every rank (DDP keeps them identical), so all stop together
     if rank == 0:
-        check_finite_weights(drafter)
         drafter.save_pretrained(out / "drafter", inputs=inputs)
         write_json(out / "validation.json", validation)
         write_json(out / "summary.json", summary)
@@ -129,6 +129,12 @@ def _train(cfg: TrainConfig, rank: int, world: int, dev: torch.device, use_bf16:
     if world > 1:
         dist.barrier()
     return summary
+
+
+def _lock_out(held: contextlib.ExitStack, out: Path) -> None:
+    """Hold ``.<out>.train.lock`` beside ``out`` until ``held`` closes (refused at once when taken)."""
+    held.enter_context(locked(out.parent / f".{out.name}.train.lock", "train lock of --out", wait=False,
+                              busy=f"another draftlab train writes {out}; wait for it or choose another --out"))
 
 
 def _seed_everything(seed: int) -> None:
