@@ -82,11 +82,16 @@ def test_crafted_drafter_goes_through_doctor_inspect_and_the_html_report_without
     assert len(out.strip().splitlines()) == 2 + len(doc["findings"]) + len(doc["skipped"]), out
     assert not any(line.lstrip().startswith("ERROR    forged") for line in out.splitlines()), out
     assert any("forged-code" in f["message"] for f in doc["findings"])  # reported, as text
-    for name in ("inspect-drafter", "compare"):
-        args = ("inspect", drafter) if name == "inspect-drafter" else ("compare", drafter, drafter)
+    other = write_drafter(tmp_path / "other")  # a clean drafter: compare shows the hostile values as a diff
+    runs = {"inspect-drafter": ("inspect", drafter), "compare": ("compare", drafter, other),
+            "patch-config": ("patch-config", "--drafter", drafter, "--target", target, "--out", tmp_path / "patched"),
+            "acquire": ("acquire", drafter, "--out", tmp_path / "acquired")}
+    for name, args in runs.items():
         rc, out, err = cli(*args, "--summary", static / f"{name}.md")
-        assert rc == 0, err
-        assert "\n![" not in out and "\n| error" not in out
+        assert rc == 0, (name, err)
+        for text in (out, (static / f"{name}.md").read_text()):
+            assert not any(line.startswith(("![", "| error", "  ERROR")) for line in text.splitlines()), (name, text)
+            assert not re.search(r"(?<!\\)(!\[|\]\()", text), (name, text)  # no image or link survives
     # every Markdown summary keeps its structure: no line the drafter's names added
     doctor_md = (static / "doctor-probe.md").read_text()
     assert not any(line.startswith(("![", "| error | `forged`", "  ERROR")) for line in doctor_md.splitlines())
@@ -96,7 +101,7 @@ def test_crafted_drafter_goes_through_doctor_inspect_and_the_html_report_without
     write_records(build_records(exp, experiment_config(), servers=SERVERS, clients=["default"]),
                   exp / "records" / "records.csv")
     report = write_report(exp, exp / "report", exp / "records" / "records.csv", doctor=[static / "doctor-probe.json"],
-                          static_md=[static / "doctor-probe.md", static / "inspect-drafter.md", static / "compare.md"])
+                          static_md=[static / f"{n}.md" for n in ("doctor-probe", *runs)])
     (exp / "secret.png").write_bytes(png.read_bytes())  # ../../secret.png from report/ would reach it
     for key in ("summary_html", "static_html", "records_html", "decision_fragment"):
         text = Path(report[key]).read_text()
