@@ -155,6 +155,10 @@ def case_no_tensors(tmp_path, target):
     return folder, target, "EAGLE3"
 
 
+def case_impossible_number(tmp_path, target):
+    return broken(tmp_path, rms_norm_eps=-1e-6), target, "EAGLE3"
+
+
 CASES = {
     "no-tensors": (case_no_tensors, "holds no tensors"),
     "missing-d2t": (case_missing_d2t, "would read draft id i as target id i"),
@@ -174,6 +178,7 @@ CASES = {
     "rope-mismatch": (case_rope, "rope_theta 500000 vs target 10000"),
     "vllm-aux-layers-ignored": (case_vllm_aux, "ignores eagle_config.eagle_aux_hidden_state_layer_ids"),
     "unsupported-option": (case_unsupported, "config key 'num_hidden_layers': num_hidden_layers 2"),
+    "impossible-config-value": (case_impossible_number, "drafter rms_norm_eps -1e-06"),
     "ignored-tensors": (case_ignored, "3 tensors are not loaded by SGLang 0.5.23 for this config: fc_norm.0.weight"),
 }
 

@@ -7,6 +7,7 @@ leaves the old file or none, and Snakemake never sees a truncated result as comp
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -16,17 +17,46 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 
+# Errors of the disk, not of draftlab: full, over quota, read-only, file too large.
+DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+
+
+def _cannot_write(path: Path, exc: OSError):
+    from draftlab.errors import DraftlabError
+
+    return DraftlabError(f"{path}: cannot write this output ({exc.strerror or exc}); nothing was written there")
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds."""
+    """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds.
+
+    A folder at ``path``, a folder that cannot be written, or a disk that fills up while the block
+    writes is one user error naming ``path`` (the old file, if any, is kept).
+    """
+    from draftlab.errors import DraftlabError
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    if path.is_dir():
+        raise DraftlabError(f"{path}: is a folder; expected the path of a file to write")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise _cannot_write(path, exc) from None
     os.close(fd)
     tmp_path = Path(tmp)
     try:
-        yield tmp_path
-        os.replace(tmp_path, path)
+        try:
+            yield tmp_path
+        except OSError as exc:
+            if exc.errno in DISK_ERRNOS:
+                raise _cannot_write(path, exc) from None
+            raise
+        try:
+            os.replace(tmp_path, path)
+        except OSError as exc:
+            raise _cannot_write(path, exc) from None
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
@@ -168,6 +198,39 @@ def open_regular(path: str | os.PathLike, what: str) -> int:
         raise DraftlabError(f"{path}: expected a regular file ({what}), got {kind}")
     os.set_blocking(fd, True)
     return fd
+
+
+@contextlib.contextmanager
+def locked(path: str | os.PathLike, what: str, *, wait: bool = True, busy: str = "") -> Iterator[int]:
+    """Hold an exclusive ``flock`` on the lock file ``path`` (created if absent) for the block.
+
+    Why: a lock file is opened for writing, so a symlink planted at its name would make draftlab
+    create or open a file elsewhere; it is opened ``O_NOFOLLOW`` and must be a regular file.
+    ``wait=False`` refuses at once when another process holds it (``busy`` says what to do).
+    """
+    import fcntl
+
+    from draftlab.errors import DraftlabError
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags, 0o644)
+    except OSError as exc:
+        kind = "a symlink" if path.is_symlink() else (exc.strerror or str(exc))
+        raise DraftlabError(f"{path}: cannot open the {what} ({kind}); draftlab opens only a regular file "
+                            "it creates there: remove it") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise DraftlabError(f"{path}: the {what} is not a regular file; remove it")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            raise DraftlabError(f"{path}: held by another process ({what}){'; ' + busy if busy else ''}") from None
+        yield fd
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 # A config or record JSON larger than this is not one draftlab (or transformers) writes.

@@ -17,6 +17,7 @@ import csv
 import hashlib
 import json
 import math
+import os
 import re
 import statistics
 import sys
@@ -31,9 +32,10 @@ from draftlab.serving import http_client
 from draftlab.serving.server_info import server_info, served_model  # noqa: F401 - also this module's API
 from draftlab.benchmark.bench_checks import Plausibility
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import atomic_path, write_json
+from draftlab.fsutil import atomic_path, read_text_file, write_json
 
 APIS = ("sglang", "vllm")
+MAX_PROMPT_FILE_BYTES = 256 << 20  # a benchmark prompt set is read whole
 
 # Newer SGLang versions report accepted/proposed draft counts under one of these pairs.
 ACCEPT_COUNT_KEYS = (
@@ -111,10 +113,10 @@ def file_sha256(path: str | Path) -> str:
 def load_prompts(path: str | Path) -> list[Prompt]:
     """Read a JSONL prompt set: one object per line with ``id`` and ``text`` (``category`` optional)."""
     path = resolve_prompts_path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise DraftlabError(f"{path}: prompt file not found (use --prompts default for the shipped set)") from None
+    if not os.path.lexists(path):
+        raise DraftlabError(f"{path}: prompt file not found (use --prompts default for the shipped set)")
+    # a regular UTF-8 file only: a FIFO would block, a folder or Latin-1 text would be a traceback
+    lines = read_text_file(path, "prompt file", MAX_PROMPT_FILE_BYTES).splitlines()
     prompts: list[Prompt] = []
     seen: set[str] = set()
     for number, line in enumerate(lines, start=1):

@@ -16,6 +16,8 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+from draftlab.textsafe import code, md
+
 
 def num(v: Any) -> float | None:
     """A CSV cell as a float; None for empty, unparsable or NaN."""
@@ -56,7 +58,7 @@ def ci_text(row: dict[str, Any]) -> str:
 
 
 def label(row: dict[str, Any]) -> str:
-    return f"`{row['variant']}` at {row['spec_id']}"
+    return f"{code(row['variant'])} at {md(row['spec_id'])}"
 
 
 def ok_rows(rows: Sequence[dict[str, Any]], client: str) -> list[dict[str, Any]]:
@@ -87,8 +89,8 @@ def disqualified(row: dict[str, Any], probe_accept: float | None) -> str | None:
 
 
 def what_would_tell(rows: Sequence[dict[str, Any]]) -> str:
-    reps = sorted({str(r.get("repeats")) for r in rows if r.get("repeats") not in (None, "")})
-    toks = sorted({str(r.get("max_new_tokens")) for r in rows if r.get("max_new_tokens") not in (None, "")})
+    reps = sorted({md(r.get("repeats"), 20) for r in rows if r.get("repeats") not in (None, "")})
+    toks = sorted({md(r.get("max_new_tokens"), 20) for r in rows if r.get("max_new_tokens") not in (None, "")})
     return ("more repeats (`bench.clients[].repeats`, now " + "/".join(reps or ["?"]) + "), longer answers "
             "(`max_new_tokens`, now " + "/".join(toks or ["?"]) + "), and benchmarks not run concurrently "
             "(one `bench_slot`, the default) on an otherwise idle machine")
@@ -145,7 +147,7 @@ def decide(rows: Sequence[dict[str, Any]], client: str) -> dict[str, Any]:
                          f"highest accept length ({fmt(by_acc['accept_length'])}).")
             return {"verdict": "serve", "winner": by_acc, "lines": lines}
         lines.append(f"**Decision:** serve {label(top)}: {fmt(top['tps_median'], '{:.1f}')} tok/s {ci_text(top)}, "
-                     f"{fmt(top['speedup'])}x {base_txt} (client `{client}`); the intervals do not overlap.")
+                     f"{fmt(top['speedup'])}x {base_txt} (client {code(client)}); the intervals do not overlap.")
         return {"verdict": "serve", "winner": top, "lines": lines}
     if len(slower) == len(eligible):
         lines.append(f"**Decision:** keep serving without speculation: every candidate drafter is slower than "

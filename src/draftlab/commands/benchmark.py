@@ -107,9 +107,22 @@ def register(sub) -> None:
     s.set_defaults(func=_standing)
 
 
+def _check_outputs(out: Path, csv_path: Path) -> None:
+    """The result JSON and the per-request CSV: two different files, neither a folder."""
+    if csv_path.resolve() == out.resolve():
+        raise DraftlabError(f"{out}: the per-request CSV would overwrite the result JSON here; name --out *.json "
+                            "or pass --csv FILE")
+    for path in (out, csv_path):
+        if path.is_dir():
+            raise DraftlabError(f"{path}: is a folder; expected the path of a file to write")
+
+
 def _bench(args: argparse.Namespace) -> int:
     from draftlab.benchmark.bench import human_summary, run_benchmark, write_results
 
+    out = Path(args.out)
+    csv_path = Path(args.csv) if args.csv else out.with_suffix(".csv")
+    _check_outputs(out, csv_path)  # before the benchmark: its minutes are not spent on a result that cannot land
     result = run_benchmark(
         args.url,
         args.prompts,
@@ -127,8 +140,6 @@ def _bench(args: argparse.Namespace) -> int:
         request_timeout_s=args.timeout,
         num_steps=args.num_steps,
     )
-    out = Path(args.out)
-    csv_path = Path(args.csv) if args.csv else out.with_suffix(".csv")
     write_results(result, out, csv_path)
     emit(args, result.summary, lambda _: human_summary(result) + f"\nwrote {out} and {csv_path}")
     return 0

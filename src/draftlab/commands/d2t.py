@@ -12,6 +12,7 @@ from typing import Any
 from draftlab.commands._common import add_json_flag, add_record_flags, emit, write_record
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import write_json
+from draftlab.textsafe import code
 
 
 def register(sub) -> None:
@@ -114,7 +115,7 @@ def _diff_markdown(r: dict[str, Any]) -> str:
     )
     return (
         "# d2t diff\n\n"
-        f"- A: `{r['a']}`\n- B: `{r['b']}`\n\n"
+        f"- A: {code(r['a'])}\n- B: {code(r['b'])}\n\n"
         "| draft vocab | target vocab | differing draft ids | shared target ids | only in A | only in B |\n"
         "|---|---|---|---|---|---|\n"
         f"| {r['draft_vocab_size']} | {r['vocab_size']} | {r['num_differing']} | {r['shared_target_ids']} "
@@ -159,7 +160,7 @@ def _coverage(args: argparse.Namespace) -> int:
 def _coverage_markdown(r: dict[str, Any]) -> str:
     return (
         "# d2t coverage\n\n"
-        f"Drafter `{r['drafter']}` on tokens `{r['tokens']}`.\n\n"
+        f"Drafter {code(r['drafter'])} on tokens {code(r['tokens'])}.\n\n"
         "| tokens | in draft vocab | coverage | best possible with this draft vocab size |\n"
         "|---|---|---|---|\n"
         f"| {r['num_tokens']} | {r['covered_tokens']} | {r['coverage']:.2%} | {r['best_coverage']:.2%} |\n\n"

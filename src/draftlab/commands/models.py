@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from draftlab.commands._common import add_json_flag, add_output_flags, emit, finish, fmt_bytes
+from draftlab.textsafe import code, md
 
 
 def register(sub) -> None:
@@ -59,16 +60,16 @@ def cmd_acquire(args: argparse.Namespace) -> int:
 
 def acquire_markdown(out: str, doc: dict) -> str:
     lines = [
-        f"# acquire `{doc['source']}` → `{out}`",
+        f"# acquire {code(doc['source'])} → {code(out)}",
         "",
-        f"- requested revision: {doc['requested_revision'] or '(default)'}",
-        f"- resolved commit: {doc['resolved_commit'] or '(local folder)'}",
+        f"- requested revision: {md(doc['requested_revision'] or '(default)')}",
+        f"- resolved commit: {md(doc['resolved_commit'] or '(local folder)')}",
         f"- {'already present, skipped' if doc.get('skipped') else 'written'}; {fmt_bytes(doc['num_bytes'])}",
         "",
         "| file | size | sha256 |",
         "|---|---|---|",
     ]
-    lines += [f"| `{f['name']}` | {f['size']} | {f.get('sha256', '')} |" for f in doc["files"]]
+    lines += [f"| {code(f['name'])} | {md(f['size'])} | {md(f.get('sha256', ''))} |" for f in doc["files"]]
     return "\n".join(lines)
 
 
@@ -76,14 +77,14 @@ def cmd_fetch_config(args: argparse.Namespace) -> int:
     from draftlab.models.acquire import fetch_config
 
     doc = fetch_config(args.source, args.out, cache_dir=args.cache_dir)
-    md = "\n".join(
+    summary = "\n".join(
         [
-            f"# fetch-config `{doc['source']}` → `{doc['out']}`",
+            f"# fetch-config {code(doc['source'])} → {code(doc['out'])}",
             "",
-            f"- resolved commit: {doc['resolved_commit'] or '(local)'}",
+            f"- resolved commit: {md(doc['resolved_commit'] or '(local)')}",
         ]
     )
-    return finish(args, doc, md)
+    return finish(args, doc, summary)
 
 
 def _demo_models(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from draftlab.commands._common import add_output_flags, add_record_flags, emit, finish, fmt_bytes, write_record
+from draftlab.textsafe import code, md
 
 CONFIG_KEYS = (
     "architectures",
@@ -82,9 +83,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def inspect_markdown(source: str, doc: dict) -> str:
     cfg = doc["config"] or {}
     lines = [
-        f"# inspect `{source}`",
+        f"# inspect {code(source)}",
         "",
-        f"- format: **{doc['format']}**",
+        f"- format: **{md(doc['format'])}**",
         f"- tensors: {len(doc['tensors'])}, parameters: {doc['num_params']:,}, data: {fmt_bytes(doc['num_bytes'])}",
     ]
     if doc["config"] is None:
@@ -92,13 +93,13 @@ def inspect_markdown(source: str, doc: dict) -> str:
     else:
         for key in CONFIG_KEYS:
             if key in cfg:
-                lines.append(f"- `{key}`: {cfg[key]}")
+                lines.append(f"- `{key}`: {md(cfg[key])}")
         aux = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         if aux is not None:
-            lines.append(f"- `eagle_config.eagle_aux_hidden_state_layer_ids`: {aux}")
+            lines.append(f"- `eagle_config.eagle_aux_hidden_state_layer_ids`: {md(aux)}")
     lines += ["", "| tensor | shape | dtype |", "|---|---|---|"]
     for name, t in doc["tensors"].items():
-        lines.append(f"| `{name}` | {t['shape']} | {t['dtype']} |")
+        lines.append(f"| {code(name)} | {md(t['shape'])} | {md(t['dtype'])} |")
     return "\n".join(lines)
 
 
@@ -111,29 +112,36 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def compare_markdown(a: str, b: str, doc: dict) -> str:
     verdict = "compatible (same tensor names and shapes)" if doc["compatible"] else "NOT compatible"
-    lines = [f"# compare `{a}` (a) vs `{b}` (b)", "", f"- tensor headers: **{verdict}**"]
+    lines = [f"# compare {code(a)} (a) vs {code(b)} (b)", "", f"- tensor headers: **{verdict}**"]
     differ = doc.get("weights_differ")
     if not doc.get("weights_hashed"):
         lines.append("- weights: not compared (headers only; --hash-weights hashes every shared tensor)")
     elif differ:
-        lines.append(f"- weights: **{len(differ)} tensors differ**: {', '.join(differ)}")
+        lines.append(f"- weights: **{len(differ)} tensors differ**: {_names(differ)}")
     else:
         lines.append("- weights: identical (every shared tensor hashed)")
-    lines.append(f"- only in a: {', '.join(doc['only_in_a']) or 'none'}")
-    lines.append(f"- only in b: {', '.join(doc['only_in_b']) or 'none'}")
+    lines.append(f"- only in a: {_names(doc['only_in_a']) or 'none'}")
+    lines.append(f"- only in b: {_names(doc['only_in_b']) or 'none'}")
     for key, label in (("shape_mismatch", "shape"), ("dtype_mismatch", "dtype")):
         if doc[key]:
             lines.append(f"- {label} mismatches:")
-            lines += [f"  - `{n}`: {va} vs {vb}" for n, (va, vb) in doc[key].items()]
+            lines += [f"  - {code(n)}: {md(va)} vs {md(vb)}" for n, (va, vb) in doc[key].items()]
         else:
             lines.append(f"- {label} mismatches: none")
     lines += ["", "## config diff (configs can lie: compatibility above is decided by tensors)", ""]
     if doc["config_diff"]:
         lines += ["| key | a | b |", "|---|---|---|"]
-        lines += [f"| `{k}` | {va} | {vb} |" for k, (va, vb) in doc["config_diff"].items()]
+        lines += [f"| {code(k)} | {md(va)} | {md(vb)} |" for k, (va, vb) in doc["config_diff"].items()]
     else:
         lines.append("identical")
     return "\n".join(lines)
+
+
+def _names(names) -> str:
+    """Tensor or file names read from a checkpoint, each escaped, at most 50 of them."""
+    names = list(names)
+    more = f", ... ({len(names) - 50} more)" if len(names) > 50 else ""
+    return ", ".join(code(n) for n in names[:50]) + more
 
 
 def cmd_patch_config(args: argparse.Namespace) -> int:
@@ -144,17 +152,19 @@ def cmd_patch_config(args: argparse.Namespace) -> int:
 
 
 def patch_markdown(out: str, doc: dict) -> str:
-    lines = [f"# patch-config → `{out}`", "", f"- drafter: `{doc['drafter']}`", f"- target: `{doc['target']}`"]
+    lines = [f"# patch-config → {code(out)}", "", f"- drafter: {code(doc['drafter'])}", f"- target: {code(doc['target'])}"]
     if doc.get("target_text_config"):
-        lines.append(f"- target config read through its nested `{doc['target_text_config']}`")
-    lines.append(f"- weights linked, not copied: {', '.join(doc['linked'])}")
+        lines.append(f"- target config read through its nested {code(doc['target_text_config'])}")
+    lines.append(f"- weights linked, not copied: {_names(doc['linked'])}")
     lines += ["", "## changed", ""]
     if doc["changed"]:
-        lines += [f"- `{c['field']}`: {c['before']} → {c['after']} ({c['reason']})" for c in doc["changed"]]
+        lines += [f"- {code(c['field'])}: {md(c['before'])} → {md(c['after'])} ({md(c['reason'], 500)})"
+                  for c in doc["changed"]]
     else:
         lines.append("nothing (already patched)")
     lines += ["", "## left alone", ""]
-    lines += [f"- `{c['field']}`: drafter {c['drafter']}, target {c['target']} — {c['reason']}" for c in doc["left_alone"]]
+    lines += [f"- {code(c['field'])}: drafter {md(c['drafter'])}, target {md(c['target'])} — {md(c['reason'], 500)}"
+              for c in doc["left_alone"]]
     return "\n".join(lines)
 
 

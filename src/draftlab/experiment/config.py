@@ -11,6 +11,8 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
+import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -136,7 +138,23 @@ def _with_defaults(cls):
     return jsonschema.validators.extend(cls, {"properties": set_defaults})
 
 
-_Validator = jsonschema.Draft202012Validator
+def _whole_pattern(validator, pattern, instance, schema):
+    """``pattern`` with ``$`` meaning the end of the text: Python's ``$`` also matches before a final
+    newline, so ``experiment: "abc\\n"`` would pass ``^[A-Za-z0-9_.-]*$`` and split a shell command."""
+    if isinstance(instance, str):
+        anchored = pattern[:-1] + r"\Z" if pattern.endswith("$") and not pattern.endswith(r"\$") else pattern
+        if not re.search(anchored, instance):
+            yield jsonschema.ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _finite_number(checker, value) -> bool:
+    """A JSON number: YAML's ``.nan`` and ``.inf`` are floats but pass no bound (``nan < 1`` is false)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+_Validator = jsonschema.validators.extend(
+    jsonschema.Draft202012Validator, {"pattern": _whole_pattern},
+    type_checker=jsonschema.Draft202012Validator.TYPE_CHECKER.redefine("number", _finite_number))
 _DefaultingValidator = _with_defaults(_Validator)
 
 

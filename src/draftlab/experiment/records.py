@@ -6,26 +6,26 @@ makes a table (``records/records.csv`` + ``.parquet``, outputs of a Snakemake ru
 by key (``row_id``): rows already there are never rewritten, a new experiment or a new measurement
 adds rows, and merging the same table twice adds nothing. The global files are not Snakemake outputs
 (Snakemake deletes a job's outputs before it runs, which would drop other experiments' rows); they
-are replaced atomically under a file lock, so two experiments merging at once cannot lose rows.
+are replaced atomically under a file lock, so two experiments merging at once cannot lose rows. The
+global CSV is the table and the Parquet is derived from it (:func:`merge_into_global`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import platform
 import subprocess
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from draftlab.experiment.config import config_hash
 from draftlab.errors import DraftlabError
 from draftlab.experiment.layout import Layout
 from draftlab.experiment.settings import spec_id
-from draftlab.fsutil import atomic_path, named_digest, read_json, sha256_file, write_json
+from draftlab.fsutil import atomic_path, locked, named_digest, read_json, sha256_file, write_json
 
 # Columns that legitimately differ between two identical runs (clock, machine load, run identity).
 TIMING_COLUMNS = ("tps_median", "tps_mean", "tps_ci_low", "tps_ci_high", "cycle_ms", "speedup",
@@ -295,40 +295,96 @@ def write_records(frame, csv_path: str | os.PathLike, parquet_path: str | os.Pat
             _parquet_safe(frame).to_parquet(tmp, index=False)
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+CSV_DIGEST_KEY = b"draftlab.records_csv_sha256"  # Parquet metadata: the CSV bytes it was derived from
+MAX_RECORDS_BYTES = 1 << 30
+
+
+def read_table(path: str | os.PathLike, what: str):
+    """A records CSV as text columns; empty, unreadable or without ``row_id``: one user error."""
+    import io
+
+    import pandas as pd
+
+    from draftlab.fsutil import read_text_file
+
+    text = read_text_file(path, what, MAX_RECORDS_BYTES)
+    if not text.strip():
+        raise DraftlabError(f"{path}: {what} is empty; expected a CSV with a header row (row_id, experiment, ...)")
+    try:
+        frame = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
+    except (ValueError, pd.errors.ParserError) as exc:
+        raise DraftlabError(f"{path}: {what} is not a readable CSV ({' '.join(str(exc).split())[:160]})") from None
+    if "row_id" not in frame.columns:
+        raise DraftlabError(f"{path}: key 'row_id': {what} has no row_id column (columns: "
+                            f"{', '.join(map(str, frame.columns[:8]))}); expected draftlab's records table")
+    return frame
+
+
+def derive_parquet(csv_path: Path, pq_path: Path) -> None:
+    """The Parquet table from the CSV as it is now, carrying the CSV's sha256 (so staleness shows)."""
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    digest = sha256_file(csv_path)
+    table = pa.Table.from_pandas(_parquet_safe(pd.read_csv(csv_path)), preserve_index=False)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), CSV_DIGEST_KEY: digest.encode()})
+    with atomic_path(pq_path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def parquet_is_current(csv_path: Path, pq_path: Path) -> bool:
+    """Whether ``pq_path`` was derived from exactly the bytes ``csv_path`` holds now."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.read_schema(pq_path).metadata or {}
+    except (OSError, ValueError, TypeError):  # missing, truncated or not Parquet
+        return False
+    return meta.get(CSV_DIGEST_KEY) == sha256_file(csv_path).encode()
+
+
+def _parquet_rows(pq_path: Path) -> str:
+    import pyarrow.parquet as pq
+
+    try:
+        return f"holds {pq.read_metadata(pq_path).num_rows} rows"
+    except (OSError, ValueError, TypeError):
+        return "cannot be read"
 
 
 def merge_into_global(exp_csv: str | os.PathLike, global_dir: str | os.PathLike = "results",
                       receipt: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Append the rows of ``exp_csv`` that the global tables do not hold yet (by ``row_id``)."""
+    """Append the rows of ``exp_csv`` that the global tables do not hold yet (by ``row_id``).
+
+    The CSV is the table; the Parquet is derived from it (with the CSV's sha256 in its metadata)
+    and rebuilt whenever it is missing or was derived from other bytes, so a kill or a full disk
+    between the two writes is repaired by the next merge and the two never disagree for good. A
+    missing CSV beside a Parquet that holds rows is refused: merging would replace those rows.
+    """
     import pandas as pd
 
     global_dir = Path(global_dir)
-    new = pd.read_csv(exp_csv, dtype=str, keep_default_na=False)
+    new = read_table(exp_csv, "experiment records table")
     csv_path, pq_path = global_dir / "records.csv", global_dir / "records.parquet"
-    with _locked(global_dir / ".records.lock"):
-        old = pd.read_csv(csv_path, dtype=str, keep_default_na=False) if csv_path.exists() else None
+    with locked(global_dir / ".records.lock", "records lock"):
+        if not csv_path.exists() and os.path.lexists(pq_path):
+            held = _parquet_rows(pq_path)
+            if held != "holds 0 rows":
+                raise DraftlabError(f"{csv_path}: missing while {pq_path} {held}; merging would replace them with "
+                                    f"this experiment's rows: restore {csv_path.name} or move {pq_path.name} away")
+        old = read_table(csv_path, "global records table") if csv_path.exists() else None
         known = set(old["row_id"]) if old is not None else set()
         fresh = new[~new["row_id"].isin(known)]
         merged = fresh if old is None else pd.concat([old, fresh], ignore_index=True).fillna("")
         if old is None or len(fresh):
             with atomic_path(csv_path) as tmp:
                 merged.to_csv(tmp, index=False)
-            typed = pd.read_csv(csv_path)  # numbers back as numbers for Parquet readers
-            with atomic_path(pq_path) as tmp:
-                _parquet_safe(typed).to_parquet(tmp, index=False)
+        if not parquet_is_current(csv_path, pq_path):
+            derive_parquet(csv_path, pq_path)  # numbers back as numbers for Parquet readers
     info = {"source": str(exp_csv), "appended": int(len(fresh)), "already_present": int(len(new) - len(fresh)),
             "total": int(len(merged)), "csv": str(csv_path), "parquet": str(pq_path),
             "row_ids": list(new["row_id"])}
     if receipt is not None:
         write_json(receipt, info)
     return info
-

@@ -13,14 +13,15 @@ doctor findings, the gate. HTML views of the same for ``snakemake --report``: dr
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from draftlab.errors import DraftlabError
 from draftlab.experiment import report_html as html_view
 from draftlab.fsutil import atomic_path, write_text
+from draftlab.textsafe import code, md as esc
 from draftlab.benchmark.verdict import baseline_row, best_by_accept, ci_text, decide, fmt, num, transfer_vs_scratch
 
 PLOTS = {"accept": "accept_length.png", "tps": "throughput.png", "ttt": "ttt_accuracy.png"}
@@ -36,9 +37,19 @@ def _read_json(path: Path) -> Any:
 _num, _fmt = num, fmt
 
 
+REQUIRED_COLUMNS = ("experiment", "variant", "spec_id", "client", "status")
+
+
 def load_rows(records_csv: str | os.PathLike) -> list[dict[str, Any]]:
-    with open(records_csv, newline="", encoding="utf-8") as fh:
-        return list(csv.DictReader(fh))
+    """The experiment's records; an empty file or one without the columns the report reads is a user error."""
+    from draftlab.experiment.records import read_table
+
+    frame = read_table(records_csv, "records table")
+    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+    if missing:
+        raise DraftlabError(f"{records_csv}: key {missing[0]!r}: the records table has no such column; "
+                            "expected the table draftlab's records rule writes")
+    return frame.to_dict("records")
 
 
 def _ok(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -56,19 +67,19 @@ def decision_text(rows: list[dict[str, Any]], gate: dict[str, Any] | None) -> li
     if probe:
         out.append(
             f"The transferred drafter, served as is (config patched), reaches accept length "
-            f"{_fmt(probe['accept_length'])} at {probe['spec_id']} ({_fmt(probe['tps_median'], '{:.1f}')} tok/s "
+            f"{_fmt(probe['accept_length'])} at {esc(probe['spec_id'])} ({_fmt(probe['tps_median'], '{:.1f}')} tok/s "
             f"{ci_text(probe)}, {_fmt(probe['speedup'])}x plain decoding)."
         )
     if gate:
         verdict = "passed" if gate.get("pass") else "failed"
-        out.append(f"Probe gate {verdict}: {gate.get('reason')}.")
+        out.append(f"Probe gate {verdict}: {esc(gate.get('reason'), 500)}.")
     trained = sorted({r["variant"] for r in rows if r["variant"].startswith("finetune-")})
     if gate and not gate.get("pass"):
         out.append("Fine-tuning and the from-scratch control arm were skipped, so their rows are marked `skipped`.")
     else:
         ft = best_by_accept(rows, trained, client)
         if ft:
-            out.append(f"Best fine-tuned drafter by accept length: {ft['variant']} at {ft['spec_id']}: accept length "
+            out.append(f"Best fine-tuned drafter by accept length: {esc(ft['variant'])} at {esc(ft['spec_id'])}: accept length "
                        f"{_fmt(ft['accept_length'])}, {_fmt(ft['speedup'])}x plain decoding.")
         vs = transfer_vs_scratch(rows, client)
         if vs:
@@ -80,8 +91,10 @@ def decision_text(rows: list[dict[str, Any]], gate: dict[str, Any] | None) -> li
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """A Markdown table; every body cell escaped (draftlab.textsafe), since cells carry names and
+    messages read from records, doctor reports and standing files."""
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    lines += ["| " + " | ".join(esc(c, 1000) for c in r) + " |" for r in rows]
     return lines
 
 
@@ -327,7 +340,7 @@ def doctor_section(paths: Sequence[str | os.PathLike]) -> list[str]:
             body.append([name, "–", "–", f"skipped: {rep.get('reason')}"])
             continue
         for f in rep.get("findings", []) or [{"code": "ok", "severity": "–", "message": "no findings"}]:
-            body.append([name, f.get("severity", ""), f.get("code", ""), str(f.get("message", "")).replace("|", "/")])
+            body.append([name, f.get("severity", ""), f.get("code", ""), str(f.get("message", ""))])
     return _table(["drafter", "severity", "code", "message"], body) if body else ["(no doctor reports)"]
 
 
@@ -339,10 +352,10 @@ def data_section(stats_path: str | os.PathLike | None) -> list[str]:
     if not st:
         return [f"(no generation stats at {stats_path})"]
     server = st.get("server") or {}
-    via = (f"through its {server.get('backend')} server ({st.get('concurrency')} requests in flight)"
-           if server else f"with {st.get('engine')} in the job's process")
+    via = (f"through its {esc(server.get('backend'))} server ({esc(st.get('concurrency'))} requests in flight)"
+           if server else f"with {esc(st.get('engine'))} in the job's process")
     lines = [f"- {_count(st.get('answers'))} of {_count(st.get('prompts'))} prompts answered by the target {via}, "
-             f"{st.get('mode')}, at most {st.get('max_new_tokens')} new tokens: {_count(st.get('generated_tokens'))} "
+             f"{esc(st.get('mode'))}, at most {esc(st.get('max_new_tokens'))} new tokens: {_count(st.get('generated_tokens'))} "
              f"answer tokens ({_count(st.get('empty'))} blank answers)"]
     if st.get("turns") and (st.get("answered_turns") or 0) > (st.get("answered_now") or 0):
         how = ("every user turn answered by the target, in order" if st["turns"] == "all"
@@ -355,14 +368,14 @@ def data_section(stats_path: str | os.PathLike | None) -> list[str]:
     if st.get("resumed_answers"):
         lines.append(f"- {_count(st['resumed_answers'])} answers were kept from earlier, interrupted runs")
     if st.get("failed"):
-        ids = ", ".join(str(f["id"]) for f in st.get("failures", [])[:10])
+        ids = ", ".join(esc(f.get("id"), 40) for f in st.get("failures", [])[:10])
         lines.append(f"- {_count(st['failed'])} prompts failed after retries and are not in the data (ids {ids}"
                      f"{', ...' if st['failed'] > 10 else ''})")
     if st.get("skipped_long"):
         lines.append(f"- {_count(st['skipped_long'])} prompts longer than {st.get('max_prompt_chars')} characters "
                      "were skipped")
     if server.get("fingerprint"):
-        lines.append(f"- server fingerprint `{server['fingerprint']}`")
+        lines.append(f"- server fingerprint {code(server['fingerprint'])}")
     return lines
 
 
@@ -414,7 +427,7 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
     plot_tps(rows, paths["tps"])
     plot_ttt(curves, paths["ttt"])
     experiment = rows[0]["experiment"] if rows else exp_dir.name
-    md = [f"# draftlab report: {experiment}", ""]
+    md = [f"# draftlab report: {esc(experiment)}", ""]
     decision, comparison = decision_text(rows, gate), comparison_table(rows)
     md += ["## Decision", ""] + [p for line in decision for p in (line, "")]
     md += ["## Comparison", ""] + comparison + [""]
@@ -435,15 +448,16 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
     md += ["## Doctor findings", ""] + doctor_section(doctor) + [""]
     md += ["## Probe gate", ""]
     if gate:
-        md += [f"- decision: **{gate.get('decision')}** (min accept length {gate.get('min_accept_length')}, "
-               f"best probe {_fmt(gate.get('best_accept_length'), '{:.3f}')})", f"- {gate.get('reason')}"]
+        md += [f"- decision: **{esc(gate.get('decision'))}** (min accept length {esc(gate.get('min_accept_length'))}, "
+               f"best probe {_fmt(gate.get('best_accept_length'), '{:.3f}')})", f"- {esc(gate.get('reason'), 500)}"]
     else:
         md += ["(no gate decision)"]
     summary = out_dir / "summary.md"
     write_text(summary, "\n".join(md) + "\n")
     views = {
         "summary_html": html_view.write_page(out_dir / "summary.html", f"draftlab report: {experiment}",
-                                             html_view.markdown_to_html("\n".join(md), out_dir)),
+                                             html_view.markdown_to_html(
+                                                 "\n".join(md), out_dir, {n: paths[k] for k, n in PLOTS.items()})),
         "decision_fragment": _write(out_dir / "decision-fragment.html", html_view.decision_fragment(
             decision[:1], comparison_table([r for r in rows if r["client"] == rows[0]["client"]], compact=True))),
         "records_html": html_view.write_page(out_dir / "records.html", "records",

@@ -15,7 +15,7 @@ import html
 import os
 import re
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from draftlab.fsutil import write_text
 
@@ -29,32 +29,75 @@ STYLE = (
 
 
 _BULLET = re.compile(r"^\s*[-*] ")
+_ESCAPED = re.compile(r"\\([!-/:-@\[-`{-~])")  # CommonMark: a backslash before ASCII punctuation
+_HELD = "\ue000"  # private-use character standing in for an escaped one while markup is matched
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _inline(text: str) -> str:
-    out = html.escape(text, quote=False)
+    """Code spans and bold; a backslash-escaped character (draftlab.textsafe.md) is always literal."""
+    held: list[str] = []
+
+    def hold(m: re.Match) -> str:
+        held.append(m.group(1))
+        return f"{_HELD}{len(held) - 1}{_HELD}"
+
+    out = _ESCAPED.sub(hold, text.replace(_HELD, ""))
+    out = html.escape(out, quote=False)
     out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
-    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", out)
+    out = re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", out)
+    return re.sub(f"{_HELD}(\\d+){_HELD}", lambda m: html.escape(held[int(m.group(1))]), out)
 
 
-def _image(alt: str, src: str, base: Path | None) -> str:
-    path = (base / src) if base is not None else Path(src)
-    if path.is_file():
-        data = base64.b64encode(path.read_bytes()).decode()
-        return f'<p><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></p>'
-    return f"<p>[{html.escape(alt)}: {html.escape(src)} missing]</p>"
+def _image(alt: str, src: str, images: Mapping[str, Path], base: Path | None) -> str:
+    """Embed ``src`` only when the caller declared it (``images``), it lies inside ``base`` and is a PNG.
+
+    Why: a path parsed from Markdown is text, and text can come from a model file; embedding what
+    it names would put any readable file (``/proc/self/environ``: tokens) into the report.
+    """
+    path = images.get(src)
+    data = None
+    if path is not None and base is not None:
+        real, root = Path(path).resolve(), Path(base).resolve()
+        if real.is_relative_to(root) and real.is_file():
+            data = real.read_bytes()
+    if data is not None and data.startswith(PNG_MAGIC):
+        return (f'<p><img alt="{html.escape(alt)}" src="data:image/png;base64,'
+                f'{base64.b64encode(data).decode()}"></p>')
+    why = "not a declared plot" if path is None else "missing"
+    return f"<p>[{html.escape(alt)}: {html.escape(src)} {why}]</p>"
+
+
+def _cells(line: str) -> list[str]:
+    """A table row's cells, split on the ``|`` that are not backslash-escaped."""
+    s = line.strip()
+    s = s[1:] if s.startswith("|") else s
+    cells, cur, i = [], "", 0
+    while i < len(s):
+        if s[i] == "\\" and i + 1 < len(s):
+            cur, i = cur + s[i:i + 2], i + 2
+        elif s[i] == "|":
+            cells, cur, i = cells + [cur.strip()], "", i + 1
+        else:
+            cur, i = cur + s[i], i + 1
+    return cells + [cur.strip()] if cur.strip() else cells
 
 
 def _table(lines: list[str]) -> str:
-    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+    cells = [_cells(line) for line in lines]
     head, body = cells[0], [r for r in cells[1:] if not all(set(c) <= set("-: ") for c in r)]
     out = ["<table><thead><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in head) + "</tr></thead><tbody>"]
     out += ["<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in body]
     return "\n".join(out + ["</tbody></table>"])
 
 
-def markdown_to_html(md: str, base: Path | None = None) -> str:
-    """Headings, tables, bullet lists, images and paragraphs: the Markdown the report writes."""
+def markdown_to_html(md: str, base: Path | None = None, images: Mapping[str, Path] | None = None) -> str:
+    """Headings, tables, bullet lists, images and paragraphs: the Markdown the report writes.
+
+    Images are embedded only from ``images`` (name in the Markdown -> the file the report rule
+    declares, inside ``base``); any other image line is shown as text.
+    """
+    images = dict(images or {})
     out: list[str] = []
     lines = md.splitlines()
     i = 0
@@ -72,8 +115,8 @@ def markdown_to_html(md: str, base: Path | None = None) -> str:
                 j += 1
             out.append(_table(lines[i:j]))
             i = j
-        elif m := re.match(r"^!\[([^\]]*)\]\(([^)]+)\)$", line.strip()):
-            out.append(_image(m.group(1), m.group(2), base))
+        elif m := re.fullmatch(r"!\[([^\]]*)\]\(([^)]+)\)", line.strip()):
+            out.append(_image(m.group(1), m.group(2), images, base))
             i += 1
         elif _BULLET.match(line):
             items = []
@@ -119,7 +162,7 @@ def static_html(markdown_files: Sequence[str | os.PathLike]) -> str:
     for p in markdown_files:
         p = Path(p)
         text = p.read_text(encoding="utf-8") if p.is_file() else f"# {p.name}\n\n(missing)"
-        parts.append(f"<section><p><small>{html.escape(str(p))}</small></p>{markdown_to_html(text, p.parent)}"
+        parts.append(f"<section><p><small>{html.escape(str(p))}</small></p>{markdown_to_html(text)}"
                      "</section><hr>")
     return "<h1>Static analysis and doctor findings</h1>" + "\n".join(parts)
 

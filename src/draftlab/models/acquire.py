@@ -103,7 +103,7 @@ def acquire(
         entry: dict[str, Any] = {"name": name, "size": src.stat().st_size}
         if name.endswith(".safetensors"):
             entry["sha256"] = digest = sha256_file(src)
-            if _SHA256_RE.match(src.name) and src.name != digest:
+            if _SHA256_RE.fullmatch(src.name) and src.name != digest:
                 raise DraftlabError(f"{folder / name}: content sha256 {digest} differs from its cache blob name {src.name}")
         files.append(entry)
     record["files"] = files

@@ -52,7 +52,7 @@ def parse_hf_source(source: str) -> HubSource:
         raise DraftlabError(f"{source!r}: expected a source of the form hf:ORG/NAME[@REV]")
     body = source[len(HF_PREFIX):]
     repo_id, _, revision = body.partition("@")
-    if not _REPO_RE.match(repo_id) or (body.count("@") and not revision):
+    if not _REPO_RE.fullmatch(repo_id) or (body.count("@") and not revision):
         raise DraftlabError(f"{source!r}: expected a source of the form hf:ORG/NAME[@REV]")
     return HubSource(repo_id=repo_id, revision=revision or None)
 
@@ -102,7 +102,7 @@ def snapshot_commit(path: str | os.PathLike) -> str | None:
     """The commit hash of a file or folder inside ``.../snapshots/<commit>/...``, else None."""
     parts = Path(path).parts
     for i, part in enumerate(parts[:-1]):
-        if part == "snapshots" and COMMIT_RE.match(parts[i + 1]):
+        if part == "snapshots" and COMMIT_RE.fullmatch(parts[i + 1]):
             return parts[i + 1]
     return None
 
@@ -141,7 +141,7 @@ def publish_to_cache(
     the same content always publishes to the same commit. Publishing twice is a no-op.
     """
     folder = Path(folder)
-    if not _REPO_RE.match(repo_id):
+    if not _REPO_RE.fullmatch(repo_id):
         raise DraftlabError(f"{repo_id!r}: expected a repo id of the form ORG/NAME")
     if not folder.is_dir():
         raise DraftlabError(f"{folder}: not a folder to publish")

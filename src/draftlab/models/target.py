@@ -32,18 +32,31 @@ def load_target(folder: str | Path, *, dtype: torch.dtype | None = None, device:
 
     read_config(folder)  # clear error for a missing/broken config before transformers' own
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            str(folder), dtype=dtype or torch.float32, trust_remote_code=trust_remote_code, local_files_only=True
+        model, info = AutoModelForCausalLM.from_pretrained(
+            str(folder), dtype=dtype or torch.float32, trust_remote_code=trust_remote_code, local_files_only=True,
+            output_loading_info=True,
         )
     except OSError as exc:  # no weights, a truncated shard: transformers says which file it wanted
         raise DraftlabError(f"{folder}: cannot load the target's weights (expected model.safetensors or an "
                             f"index with its shards): {str(exc).splitlines()[0]}") from exc
+    check_loaded(folder, info)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
     if device is not None:
         model.to(device)
     return model
+
+
+def check_loaded(folder: str | Path, info: dict[str, Any]) -> None:
+    """Refuse a target whose weights transformers had to invent: it initialises missing tensors at
+    random (and mismatched ones afresh) with only a log line, and the model would then serve noise."""
+    for key, what in (("missing_keys", "missing from its weight files"), ("mismatched_keys", "of another shape")):
+        names = sorted(str(n if isinstance(n, str) else n[0]) for n in info.get(key) or ())
+        if names:
+            raise DraftlabError(f"{folder}: {len(names)} tensors the config needs are {what} ({', '.join(names[:3])}"
+                                f"{', ...' if len(names) > 3 else ''}); transformers would fill them with random "
+                                "values: the weights are incomplete or belong to another model")
 
 
 def load_tokenizer(folder: str | Path, trust_remote_code: bool = False):

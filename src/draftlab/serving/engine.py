@@ -151,6 +151,7 @@ class Engine:
             drafter.eval()
             # draft id -> target id in one gather: hot[i] = i + d2t[i] (SGLang's hot_token_id)
             self._hot = drafter.d2t + torch.arange(drafter.d2t.numel(), device=drafter.d2t.device)
+            _check_hot_ids(self._hot, int(target.get_output_embeddings().weight.shape[0]))
         self.trace: list[dict[str, Any]] | None = None  # set to [] to record every cycle (tests, debugging)
         self._sync = self.device.type == "cuda"
 
@@ -389,3 +390,13 @@ def meta_info(res: GenerationResult, e2e_latency: float | None = None) -> dict[s
             "prefill_time": res.prefill_time,
         })
     return meta
+
+
+def _check_hot_ids(hot: torch.Tensor, vocab: int) -> None:
+    """Refuse at load a drafter whose ``d2t`` maps a draft id outside the target vocabulary: served,
+    its first proposal of that id would index past the target's logits (a 500 on some request)."""
+    bad = ((hot < 0) | (hot >= vocab)).nonzero().flatten()
+    if bad.numel():
+        i = int(bad[0])
+        raise DraftlabError(f"drafter d2t: {bad.numel()} draft ids map outside the target vocabulary [0, {vocab}) "
+                            f"(first: draft id {i} -> target id {int(hot[i])}); the drafter belongs to another target")

@@ -9,12 +9,13 @@ and the non-finite scan, which streams one slab of one tensor at a time).
 Codes (``severity`` error unless marked): missing-d2t, d2t-invalid, context-shorter-than-target,
 hidden-size-mismatch, vocab-size-mismatch, aux-layers-out-of-range, aux-layers-unusual (warning),
 algorithm-mismatch, pickle-weights, missing-tensor, shape-mismatch, non-finite-weights,
-unsupported-option, ignored-tensors, dtype-mismatch (warning), rope-mismatch (warning),
-vllm-aux-layers-ignored (warning).
+unsupported-option, ignored-tensors, impossible-config-value, dtype-mismatch (warning),
+rope-mismatch (warning), vllm-aux-layers-ignored (warning).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from dataclasses import asdict, dataclass, field
@@ -31,11 +32,22 @@ from draftlab.formats.checkpoint import CheckpointInfo, checkpoint_format, load_
 from draftlab.errors import DraftlabError
 from draftlab.formats.target_config import nested_text_key, read_config, text_config
 from draftlab.static.d2t import VocabMapping, validate
+from draftlab.textsafe import code, md, plain
 
 ERROR, WARNING = "error", "warning"
 ALGORITHMS = ("EAGLE3", "EAGLE")
 FLOAT_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
+# fp8 NaN/inf are bit patterns (torch has no isnan/isinf for fp8 on CPU): counts from the raw bytes.
+_E4M3_NAN = lambda r: (int(((r & 0x7F) == 0x7F).sum()), 0)  # noqa: E731 - S.1111.111 is NaN, no inf
+FP8_NONFINITE = {
+    "F8_E4M3": _E4M3_NAN,
+    "F8_E5M2": lambda r: (int(((r & 0x7F) > 0x7C).sum()), int(((r & 0x7F) == 0x7C).sum())),  # IEEE-like
+    "F8_E4M3FNUZ": lambda r: (int((r == 0x80).sum()), 0),  # only "negative zero" is NaN
+    "F8_E5M2FNUZ": lambda r: (int((r == 0x80).sum()), 0),
+    "F8_E8M0": lambda r: (int((r == 0xFF).sum()), 0),
+}
 CONFIG_DTYPES = {"bfloat16": "BF16", "float16": "F16", "half": "F16", "float32": "F32", "float": "F32", "float64": "F64"}
+MESSAGE_CHARS = 1000  # a finding's message as shown (names from the drafter's files are in it)
 SCAN_CHUNK_BYTES = 64 << 20  # one reused read buffer: bounded memory on a 2.4 GB drafter
 _REQUIRED_DRAFTER_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
 _REQUIRED_TARGET_KEYS = ("hidden_size", "num_hidden_layers", "vocab_size")
@@ -358,7 +370,7 @@ def check_shape_mismatch(s: Subject) -> list[Finding]:
 
 
 def check_non_finite(s: Subject) -> list[Finding]:
-    floats = {n: t for n, t in s.tensors.items() if t.dtype in FLOAT_DTYPES}
+    floats = {n: t for n, t in s.tensors.items() if t.dtype in FLOAT_DTYPES or t.dtype in FP8_NONFINITE}
     if not floats:
         return []
     if not s.data_local:
@@ -394,8 +406,12 @@ def scan_non_finite(tensors: dict[str, Any]) -> dict[str, dict[str, int]]:
                     (header_len,) = struct.unpack("<Q", fh.read(8))
                     for name in sorted(names, key=lambda n: tensors[n].offsets[0]):
                         nan = inf = 0
+                        fp8 = FP8_NONFINITE.get(tensors[name].dtype)
                         for chunk in _slabs(fh, 8 + header_len, tensors[name], buf):
-                            if chunk.numel() and not _all_finite(chunk):
+                            if fp8 is not None:
+                                n_nan, n_inf = fp8(chunk)
+                                nan, inf = nan + n_nan, inf + n_inf
+                            elif chunk.numel() and not _all_finite(chunk):
                                 nan += int(torch.isnan(chunk).sum())
                                 inf += int(torch.isinf(chunk).sum())
                             bar.update(chunk.numel() * chunk.element_size())
@@ -413,7 +429,7 @@ def _all_finite(chunk: torch.Tensor) -> bool:
 
 def _slabs(fh: Any, data_start: int, info: Any, buf: bytearray):
     """Yield the tensor ``info`` as flat chunks of at most ``len(buf)`` bytes, read into ``buf``."""
-    dtype = FLOAT_DTYPES[info.dtype]
+    dtype = FLOAT_DTYPES.get(info.dtype, torch.uint8)  # fp8: the raw bytes
     size = torch.empty((), dtype=dtype).element_size()
     step = len(buf) // size * size
     begin, end = info.offsets
@@ -483,6 +499,24 @@ def check_rope_mismatch(s: Subject) -> list[Finding]:
     ))]
 
 
+def check_config_numbers(s: Subject) -> list[Finding]:
+    """Values no model can have (a norm epsilon or rope theta/factor <= 0, NaN, inf): loaders accept
+    them and the drafter then computes NaN or garbage (sqrt of a negative variance, positions * 0)."""
+    bad = []
+    for who, cfg in (("drafter", s.cfg), ("target", s.target)):
+        theta, scaling = _rope(cfg)
+        for key, v in (("rms_norm_eps", cfg.get("rms_norm_eps")), ("rope_theta", theta),
+                       ("rope scaling factor", scaling.get("factor"))):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < math.inf):
+                bad.append(f"{who} {key} {v!r}")
+    if not bad:
+        return []
+    return [_err("impossible-config-value", (
+        "config values no model can have: " + ", ".join(bad) + " (each must be a finite number > 0); "
+        "served as is, the drafter's outputs are NaN or meaningless: fix the config.json"
+    ))]
+
+
 VLLM_AUX_KEY = "eagle_aux_hidden_state_layer_ids"  # top level of the drafter config.json
 
 
@@ -516,6 +550,7 @@ CHECKS: dict[str, Callable[[Subject], list[Finding]]] = {
     "aux-layers-out-of-range": check_aux_out_of_range,
     "aux-layers-unusual": check_aux_unusual,
     "rope-mismatch": check_rope_mismatch,
+    "impossible-config-value": check_config_numbers,
     "dtype-mismatch": check_dtype_mismatch,
     "non-finite-weights": check_non_finite,
     "vllm-aux-layers-ignored": check_vllm_aux_key,
@@ -567,23 +602,24 @@ def run_doctor(drafter: str | os.PathLike, target: str | os.PathLike, algorithm:
 
 
 def to_text(report: dict[str, Any]) -> str:
-    lines = [f"doctor: {report['drafter']} for target {report['target']} ({report['algorithm']})"]
+    """The terminal report: one line per finding, whatever names the drafter's files hold."""
+    lines = [f"doctor: {plain(report['drafter'])} for target {plain(report['target'])} ({plain(report['algorithm'])})"]
     for f in report["findings"]:
-        lines.append(f"  {f['severity'].upper():7s} {f['code']}: {f['message']}")
+        lines.append(f"  {f['severity'].upper():7s} {f['code']}: {plain(f['message'], MESSAGE_CHARS)}")
     for s in report["skipped"]:
-        lines.append(f"  skipped {s['check']}: {s['reason']}")
+        lines.append(f"  skipped {s['check']}: {plain(s['reason'], MESSAGE_CHARS)}")
     lines.append(f"{report['errors']} errors, {report['warnings']} warnings" + ("" if report["errors"] else ": ready to serve"))
     return "\n".join(lines)
 
 
 def to_markdown(report: dict[str, Any]) -> str:
     verdict = "**ready to serve**" if report["ok"] else f"**{report['errors']} error(s): do not launch**"
-    rows = "".join(f"| {f['severity']} | `{f['code']}` | {f['message']} |\n" for f in report["findings"])
+    rows = "".join(f"| {f['severity']} | `{f['code']}` | {md(f['message'], MESSAGE_CHARS)} |\n" for f in report["findings"])
     table = ("| severity | code | message |\n|---|---|---|\n" + rows) if rows else "No findings.\n"
     return (
         "# doctor\n\n"
-        f"- drafter: `{report['drafter']}` ({report['drafter_kind']})\n- target: `{report['target']}`"
-        + (f" (read through `{report['target_text_config']}`)" if report["target_text_config"] else "")
-        + f"\n- algorithm: {report['algorithm']}\n\n{verdict}: {report['errors']} errors, "
+        f"- drafter: {code(report['drafter'])} ({md(report['drafter_kind'])})\n- target: {code(report['target'])}"
+        + (f" (read through {code(report['target_text_config'])})" if report["target_text_config"] else "")
+        + f"\n- algorithm: {md(report['algorithm'])}\n\n{verdict}: {report['errors']} errors, "
         f"{report['warnings']} warnings.\n\n{table}"
     )

@@ -19,7 +19,6 @@ stored answer of each wanted prompt whose digest matches the prompt now in the f
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import time
@@ -28,7 +27,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import atomic_path, write_json
+from draftlab.fsutil import atomic_path, locked, write_json
 
 STAGE = "generate-data"
 FSYNC_EVERY_S = 2.0
@@ -90,14 +89,9 @@ class AnswerShards:
         return self
 
     def _lock(self) -> None:
-        fd = os.open(self.folder / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise DraftlabError(f"{self.folder}: another generate-data run is writing here (it holds "
-                                f"{self.folder / '.lock'}); wait for it or stop it") from None
-        self._lock_fd = fd
+        self._lock_cm = locked(self.folder / ".lock", "generate-data state lock", wait=False,
+                               busy="another generate-data run is writing here; wait for it or stop it")
+        self._lock_fd = self._lock_cm.__enter__()
 
     def _refuse_foreign(self, why: str) -> None:
         raise DraftlabError(f"{self.folder}: not a generate-data state folder ({why}); draftlab will not "
@@ -175,7 +169,7 @@ class AnswerShards:
             self._fh.close()
             self._fh = None
         if self._lock_fd is not None:
-            os.close(self._lock_fd)
+            self._lock_cm.__exit__(None, None, None)
             self._lock_fd = None
 
     def __enter__(self) -> "AnswerShards":

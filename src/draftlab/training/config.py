@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -91,8 +92,29 @@ class TrainConfig:
             raise DraftlabError(f"train: resume {self.resume!r}: expected false, true or 'auto'")
         if self.init not in INIT_MODES:
             raise DraftlabError(f"train: init {self.init!r}: expected one of {', '.join(INIT_MODES)}")
+        self._check_numbers()
         if self.init == "checkpoint" and not self.checkpoint:
             raise DraftlabError("train: --init checkpoint needs --checkpoint DIR (a drafter folder)")
+
+    def _check_numbers(self) -> None:
+        """Every number within its meaning: ``--lr inf`` or a zero batch would train nothing (or NaN)."""
+        bounds = {"lr": (0.0, False), "warmup_ratio": (0.0, True), "grad_clip": (0.0, True),
+                  "weight_decay": (0.0, True)}
+        for name, (low, inclusive) in bounds.items():
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and (v >= low if inclusive else v > low)):
+                raise DraftlabError(f"train: {name} {v!r}: expected a finite number {'>=' if inclusive else '>'} {low:g}")
+        if not 0.0 <= self.warmup_ratio <= 1.0:
+            raise DraftlabError(f"train: warmup_ratio {self.warmup_ratio!r}: expected a fraction in [0, 1]")
+        if not all(isinstance(b, (int, float)) and 0.0 <= b < 1.0 for b in self.adam_betas):
+            raise DraftlabError(f"train: adam_betas {self.adam_betas!r}: expected two numbers in [0, 1)")
+        for name in ("batch_size", "max_length", "epochs"):
+            if getattr(self, name) < 1:
+                raise DraftlabError(f"train: {name} {getattr(self, name)!r}: expected an integer >= 1")
+        for name in ("max_steps", "val_samples"):
+            v = getattr(self, name)
+            if v is not None and v < (1 if name == "max_steps" else 0):
+                raise DraftlabError(f"train: {name} {v!r}: expected an integer >= {1 if name == 'max_steps' else 0}")
 
     def inputs(self) -> tuple[str, ...]:
         """The paths this run reads: its output may not contain (or be) any of them."""

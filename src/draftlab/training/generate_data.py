@@ -24,6 +24,9 @@ greedy answers, or sampling seeded per prompt (``seed + prompt id``).
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 import os
 import sys
 import time
@@ -31,7 +34,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from draftlab.errors import DraftlabError
+from draftlab.errors import DraftlabError, require_int
 from draftlab.fsutil import write_json
 from draftlab.training.answer_shards import AnswerShards
 from draftlab.training.answerers import (Answer, Failure, Sampling, ServerAnswerer, TransformersAnswerer,
@@ -87,10 +90,14 @@ def generate(
     concurrency, retries = default(concurrency, "data.concurrency"), default(retries, "data.retries")
     max_failed_fraction = default(max_failed_fraction, "data.max_failed_fraction")
     turns = check_turns(default(turns, "data.turns"))
-    if max_new_tokens < 1:
-        raise DraftlabError(f"--max-new-tokens: expected a positive integer, got {max_new_tokens}")
-    if temperature is not None and temperature < 0:
-        raise DraftlabError(f"--temperature: expected a value >= 0, got {temperature}")
+    require_int("--max-new-tokens", max_new_tokens)
+    require_int("--batch-size", batch_size)
+    require_int("--concurrency", concurrency)
+    require_int("--retries", retries, 0)
+    if temperature is not None and not 0 <= temperature < math.inf:
+        raise DraftlabError(f"--temperature: expected a finite value >= 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise DraftlabError(f"--top-p: expected a value in (0, 1], got {top_p}")
     if not 0 <= max_failed_fraction <= 1:
         raise DraftlabError(f"--max-failed-fraction: expected a fraction in [0, 1], got {max_failed_fraction}")
     if server is not None and url is not None:
@@ -260,6 +267,18 @@ def _what_urls_serve(urls: list[str]) -> str:
     return next(iter(models.values()))
 
 
+def target_fingerprint(target: str | os.PathLike) -> str:
+    """A short hash of what the target folder holds (config, tokenizer, weights: sizes and sampled
+    bytes, never times): another model behind the same path is another run's answers."""
+    from draftlab.training.resume import path_fingerprint
+
+    def timeless(fp: Any) -> Any:
+        return {k: timeless(v) for k, v in fp.items() if k != "mtime_ns"} if isinstance(fp, dict) else fp
+
+    blob = json.dumps(timeless(path_fingerprint(target)), sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
 def _identity(target, spec, served: str | None, sampling: Sampling, trust_remote_code: bool,
               turns: str) -> dict[str, Any]:
     """What makes two runs' answers interchangeable: the target and engine, and the sampling settings."""
@@ -271,7 +290,7 @@ def _identity(target, spec, served: str | None, sampling: Sampling, trust_remote
         engine = f"running server of {served}"
     else:
         engine = "transformers"
-    return {"target": os.path.normpath(str(target)), "engine": engine, "max_new_tokens": sampling.max_new_tokens,
+    return {"target": os.path.normpath(str(target)), "target_fingerprint": target_fingerprint(target), "engine": engine, "max_new_tokens": sampling.max_new_tokens,
             "temperature": sampling.temperature, "top_p": sampling.top_p if sampling.sampled else None,
             "seed": sampling.seed if sampling.sampled else None, "template_kwargs": dict(sampling.template_kwargs),
             "trust_remote_code": bool(trust_remote_code), "turns": turns}

@@ -149,8 +149,19 @@ def run_steps(cfg: TrainConfig, plan: Plan, optim: Optimisation, feats: Features
         elapsed = time.perf_counter() - t0
         t0 = time.perf_counter()
         progress.last = step_row(packed, cfg.ttt_length, progress.step, epoch, lr, plan.world, elapsed)
+        if not math.isfinite(progress.last["loss"]):  # every rank sees the summed loss, so all stop here
+            raise DraftlabError(f"train: loss is {progress.last['loss']} at step {progress.step} (training diverged; "
+                                f"lr {cfg.lr:g}): no drafter written; lower --lr or check the data")
         after_step(progress.last, epoch, within)
     return progress
+
+
+def check_finite_weights(drafter: nn.Module) -> None:
+    """Refuse to save a drafter with NaN/Inf weights: it would look complete and serve garbage."""
+    bad = [n for n, p in drafter.named_parameters() if not bool(torch.isfinite(p).all())]
+    if bad:
+        raise DraftlabError(f"train: {len(bad)} tensors hold NaN/Inf after training (first: {bad[0]}); "
+                            "no drafter written; lower --lr or check the data")
 
 
 @torch.no_grad()

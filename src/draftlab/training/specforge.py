@@ -336,7 +336,7 @@ def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
     folder = Path(output_dir)
     if folder.is_dir():
         for child in folder.iterdir():
-            m = STEP_RE.match(child.name)
+            m = STEP_RE.fullmatch(child.name)
             if m and (child / STATE_FILE).is_file():
                 found.append((int(m.group(1)), child))
     return max(found)[1] if found else None

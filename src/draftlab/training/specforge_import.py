@@ -41,7 +41,7 @@ def resolve_state_file(src: Path) -> Path | None:
         return latest[0].resolve() / STATE_FILE
     steps = []
     for child in src.glob("*-step*"):
-        m = STEP_RE.match(child.name)
+        m = STEP_RE.fullmatch(child.name)
         if m and (child / STATE_FILE).is_file():
             steps.append((int(m.group(2)), child))
     return max(steps)[1] / STATE_FILE if steps else None

@@ -14,7 +14,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from draftlab.errors import DraftlabError
+from draftlab.errors import DraftlabError, require_int
 from draftlab.formats.data import read_records, render_simple, write_tokens
 
 
@@ -92,6 +92,8 @@ def tokenize_file(target: str | os.PathLike, data: str | os.PathLike, out: str |
     """Tokenize a data file with the target's tokenizer into ``out``; returns counts."""
     from draftlab.models.target import load_tokenizer
 
+    if max_length is not None:
+        require_int("--max-length", max_length)
     tok = load_tokenizer(target, trust_remote_code=trust_remote_code)
     samples = [tokenize_record(tok, r, max_length)
                for r in tqdm(list(read_records(data)), desc="tokenizing", unit="sample", disable=None)]

@@ -10,6 +10,7 @@ Public entry point: :func:`train_drafter` (signature stable; the demo builder an
 
 from __future__ import annotations
 
+import contextlib
 import random
 import sys
 from dataclasses import asdict, dataclass
@@ -22,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from draftlab.formats.aux_layers import check_output_ids
-from draftlab.fsutil import check_replaceable, claim_dir, write_json
+from draftlab.fsutil import check_replaceable, claim_dir, locked, write_json
 from draftlab.models.target import read_config
 from draftlab.formats.target_config import text_config
 from draftlab.training.checkpoints import Checkpointer, restore_training_state
@@ -30,7 +31,7 @@ from draftlab.training.config import TrainConfig
 from draftlab.training.distributed import agree, dist_setup, rank_checksums
 from draftlab.training.drafter_init import build_drafter, check_aux_ids, load_resumed_drafter, resolve_aux_ids
 from draftlab.training.features import Features, Samples, split_indices
-from draftlab.training.loop import Progress, evaluate, optimisation, plan_steps, run_steps
+from draftlab.training.loop import Progress, check_finite_weights, evaluate, optimisation, plan_steps, run_steps
 from draftlab.training.metrics import Recorder
 from draftlab.training.resume import resume_point, run_identity
 
@@ -52,7 +53,16 @@ def train_drafter(**kwargs: Any) -> dict[str, Any]:
                                            and torch.cuda.is_bf16_supported())
     out, inputs = Path(cfg.out), cfg.inputs()
     check_replaceable(out, "train", inputs)  # before any work: never train into a folder we may not own
+    with contextlib.ExitStack() as held:
+        # One run per --out (a second would interleave its metrics and checkpoints with ours): rank 0
+        # holds the lock; agree() hands a refusal to every rank, so none waits for a rank that left.
+        agree(partial(_lock_out, held, out), rank, world, dev)
+        return _train(cfg, rank, world, dev, use_bf16, out, inputs)
 
+
+def _train(cfg: TrainConfig, rank: int, world: int, dev: torch.device, use_bf16: bool, out: Path,
+           inputs: tuple[str, ...]) -> dict[str, Any]:
+    """The run itself (see :func:`train_drafter`), with ``out`` locked by rank 0."""
     # Resume or start fresh: rank 0 decides (it may move a stale state folder aside), every rank follows.
     messages: list[str] = []
     ident = run_identity(cfg, world) if (cfg.resume or cfg.checkpoint_every) and rank == 0 else None
@@ -110,6 +120,7 @@ def train_drafter(**kwargs: Any) -> dict[str, Any]:
                "last_step": progress.last, "validation": validation,
                "param_checksums": sums, "ranks_in_sync": in_sync, "state_dir": str(state_dir),
                "resumed_from_step": start if resume_from is not None else None}
+    check_finite_weights(drafter)  # on every rank (DDP keeps them identical), so all stop together
     if rank == 0:
         drafter.save_pretrained(out / "drafter", inputs=inputs)
         write_json(out / "validation.json", validation)
@@ -118,6 +129,12 @@ def train_drafter(**kwargs: Any) -> dict[str, Any]:
     if world > 1:
         dist.barrier()
     return summary
+
+
+def _lock_out(held: contextlib.ExitStack, out: Path) -> None:
+    """Hold ``.<out>.train.lock`` beside ``out`` until ``held`` closes (refused at once when taken)."""
+    held.enter_context(locked(out.parent / f".{out.name}.train.lock", "train lock of --out", wait=False,
+                              busy=f"another draftlab train writes {out}; wait for it or choose another --out"))
 
 
 def _seed_everything(seed: int) -> None:
