@@ -282,3 +282,20 @@ def test_serve_bench_labels_a_files_prompts_with_the_clients_name(tmp_path):
     assert {r["category"] for r in rows} == {"gsm8k"} and {r["prompt_id"] for r in rows} == {"0", "1"}
     rows = json.loads((plan.parent / "default.json").read_text())["rows"]
     assert sorted({r["category"] for r in rows}) == ["chat", "code", "long", "math", "reasoning", "short"]
+
+
+def test_cli_category_and_sample_seed(tmp_path, capsys):
+    from draftlab.cli import main
+
+    out = tmp_path / "b.json"
+    gsm = _jsonl(tmp_path / "test.jsonl", GSM8K + [{"question": f"What is {i} + {i}?"} for i in range(6)])
+    with ScriptedServer() as srv:
+        code = main(["bench", "--url", srv.url, "--prompts", str(gsm), "--category", "gsm8k", "--limit", "3",
+                     "--sample-seed", "7", "--repeats", "1", "--warmup", "0", "--no-ttft", "--out", str(out),
+                     "--no-progress"])
+    assert code == 0, capsys.readouterr().err
+    data = json.loads(out.read_text())
+    assert {r["category"] for r in data["rows"]} == {"gsm8k"} and len(data["rows"]) == 3
+    assert data["prompt_set"]["sample"] == "stratified, seed 7" and data["config"]["sample_seed"] == 7
+    expected = stratified_sample(load_prompts(gsm, category="gsm8k"), 3, seed=7)
+    assert [r["prompt_id"] for r in data["rows"]] == [p.id for p in expected]
