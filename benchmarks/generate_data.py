@@ -50,7 +50,7 @@ def engine_loop(target: str, prompts: Path, args) -> dict:
     from draftlab.models.target import load_tokenizer
     from draftlab.serving.engine import Engine
     from draftlab.serving.scheduler import Scheduler
-    from draftlab.training.prompt_file import iter_prompts
+    from draftlab.formats.prompt_file import iter_prompts
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -42,12 +42,12 @@ log "generate_data.py: rc $? in $(( $(date +%s) - t0 )) s"
 
 if [ "${SMOKE_LOOP:-1}" = 1 ] && [ "$(left)" -gt 90 ]; then
   t0=$(date +%s)
-  rm -rf results/demo-gpu resources/demo/smoke .snakemake
+  rm -rf results/demo-gpu-smoke resources/demo/smoke .snakemake
   timeout $(( $(left) - 20 )) python3 -m snakemake all --profile gpu1 --configfile config/demo-gpu.yaml \
     --config size=smoke > "$OUT/smoke_loop.log" 2>&1
   log "smoke loop (gpu1, demo-gpu, size=smoke): rc $? in $(( $(date +%s) - t0 )) s"
-  cp results/demo-gpu/data/generate-stats.json "$OUT/smoke_generate_stats.json" 2>/dev/null
-  cp results/demo-gpu/report/summary.md "$OUT/smoke_summary.md" 2>/dev/null
-  tail -n +1 results/demo-gpu/benchmarks/*.tsv > "$OUT/smoke_job_seconds.txt" 2>/dev/null
+  cp results/demo-gpu-smoke/data/generate-stats.json "$OUT/smoke_generate_stats.json" 2>/dev/null
+  cp results/demo-gpu-smoke/report/summary.md "$OUT/smoke_summary.md" 2>/dev/null
+  tail -n +1 results/demo-gpu-smoke/benchmarks/*.tsv > "$OUT/smoke_job_seconds.txt" 2>/dev/null
 fi
 log "done"

@@ -40,9 +40,9 @@ if [ "$MODE" = check ]; then
   t0=$(date +%s)
   timeout 240 python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/test_gpu.py > "$OUT/pytest_gpu.log" 2>&1
   log "pytest -m gpu: rc $? in $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/pytest_gpu.log")"
-  rm -rf results/demo-gpu resources/demo/smoke
+  rm -rf results/demo-gpu-smoke resources/demo/smoke  # size smoke runs as <experiment>-smoke
   loop smoke $(( $(left) - 200 )) --config size=smoke
-  collect demo-gpu smoke
+  collect demo-gpu-smoke smoke
   t0=$(date +%s)
   timeout $(( $(left) - 10 )) draftlab demo-models --out /tmp/demo-gpu-size --size gpu --device cuda --threads 2 --json \
     > "$OUT/demo_gpu.json" 2> "$OUT/demo_gpu.log"

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-EXP = "demo-k2-to-k25"
+EXP = "demo-k2-to-k25-smoke"  # size smoke is an experiment of its own (config.sized_experiment)
 RUN_TIMEOUT_S = 1500
 IMPORTLOG = Path(__file__).resolve().parent / "importlog"
 

@@ -474,8 +474,10 @@ def test_cli_writes_json_and_csv(tmp_path, capsys):
     }
     path = default_prompts_path()
     assert data["prompt_set"] == {
-        "path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "count": 5,
+        "path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "count": 5, "available": 42,
+        "sample": "stratified, seed 0", "categories": {"chat": 1, "code": 1, "math": 1, "short": 1, "long": 1},
     }
+    assert data["config"]["limit"] == 5 and data["config"]["sample_seed"] == 0
     with open(csv_path, newline="") as fh:
         table = list(csv.DictReader(fh))
     assert tuple(table[0].keys()) == CSV_COLUMNS
@@ -506,7 +508,7 @@ def test_default_prompt_set_is_varied():
 def test_bad_prompt_file_names_file_line_and_key(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text('{"id": "a", "text": "hi"}\n{"id": "b"}\n')
-    with pytest.raises(DraftlabError, match=r"p.jsonl:2: key 'text'"):
+    with pytest.raises(DraftlabError, match=r"p.jsonl:2: expected a key 'text' or 'prompt'"):
         load_prompts(f)
     f.write_text('{"id": "a", "text": "hi"}\nnot json\n')
     with pytest.raises(DraftlabError, match=r"p.jsonl:2: not valid JSON"):

@@ -55,6 +55,23 @@ def test_smoke_size_applies_its_preset():
     assert cfg["bench"]["clients"][0]["concurrency"] == 1
 
 
+def test_smoke_size_is_an_experiment_of_its_own():
+    """Issue 22: `--config size=smoke` wrote into the default run's results/<experiment>/ and replaced its
+    report; the smoke size now records as <experiment>-smoke (folder, records rows), other sizes do not."""
+    from draftlab.experiment.layout import Layout
+    from draftlab.experiment.settings import Settings
+
+    smoke = load_config(_default(size="smoke"))
+    assert smoke["experiment"] == "demo-k2-to-k25-smoke"
+    assert Layout(smoke["experiment"]).root == "results/demo-k2-to-k25-smoke"
+    assert Settings.load(_default(size="smoke")).experiment == "demo-k2-to-k25-smoke"
+    assert load_config(smoke)["experiment"] == "demo-k2-to-k25-smoke"  # reloading (config.json) adds nothing
+    assert load_config(_default(size="default"))["experiment"] == "demo-k2-to-k25"
+    gpu = deep_merge(read_yaml(DEFAULT), read_yaml(ROOT / "config" / "demo-gpu.yaml"))
+    assert load_config(gpu)["experiment"] == "demo-gpu"  # size gpu: the name as configured
+    assert load_config({**gpu, "size": "smoke"})["experiment"] == "demo-gpu-smoke"
+
+
 def test_kimi_config_valid_as_snakemake_merges_it():
     merged = deep_merge(read_yaml(DEFAULT), read_yaml(KIMI))
     cfg = load_config(merged, source=str(KIMI))

@@ -21,7 +21,7 @@ from toolenv import run_in, tool_python
 
 from draftlab.serving.launch import ServerSpec, running_server
 from draftlab.training.answerers import Sampling, _answer, chat_request
-from draftlab.training.prompt_file import Prompt, prompt_digest
+from draftlab.formats.prompt_file import Prompt, prompt_digest
 
 pytestmark = pytest.mark.contract
 

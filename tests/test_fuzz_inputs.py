@@ -232,7 +232,7 @@ def _response_families():
     from draftlab.serving import http_client
     from draftlab.serving.server_info import served_model, server_info
     from draftlab.training.answerers import _answer
-    from draftlab.training.prompt_file import Prompt as DataPrompt
+    from draftlab.formats.prompt_file import Prompt as DataPrompt
 
     prompt = bench.Prompt("p0", "chat", "hello")
     checks = Plausibility(MAX_NEW, 3, 4)

@@ -184,7 +184,7 @@ def test_a_torn_last_line_is_answered_again(server, target, prompts, reference, 
     from draftlab.training.answer_shards import AnswerShards
     from draftlab.training.answerers import Sampling
     from draftlab.training.generate_data import _identity
-    from draftlab.training.prompt_file import iter_prompts
+    from draftlab.formats.prompt_file import iter_prompts
 
     out, state = tmp_path / "gen.jsonl", tmp_path / "state"
     ref, plist = _rows(reference), list(iter_prompts(prompts))

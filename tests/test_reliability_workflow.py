@@ -76,7 +76,7 @@ def _start_and_freeze(cmd: list[str], workdir: Path) -> subprocess.Popen:
 def test_second_run_on_one_results_folder_is_refused_and_a_killed_run_needs_unlock(models, tmp_path):
     target, drafter = models
     override = _local_config(tmp_path, target, drafter)
-    goal = "results/rel/static/doctor-probe.json"
+    goal = "results/rel-smoke/static/doctor-probe.json"
 
     first = _start_and_freeze(_snakemake(tmp_path, override, goal), tmp_path)
     try:
@@ -92,7 +92,7 @@ def test_second_run_on_one_results_folder_is_refused_and_a_killed_run_needs_unlo
 
     # A run killed outright (SIGKILL: no cleanup) leaves its lock: the next run is refused until
     # `snakemake --unlock`, then --rerun-incomplete redoes what the kill interrupted.
-    goal2 = "results/rel/static/inspect-target.json"
+    goal2 = "results/rel-smoke/static/inspect-target.json"
     killed = _start_and_freeze(_snakemake(tmp_path, override, goal2), tmp_path)
     os.killpg(killed.pid, signal.SIGKILL)
     killed.wait(timeout=30)
@@ -157,8 +157,8 @@ drafter: {{source: "hf:draftlab-test/drafter", revision: main}}
 speculative: [{{num_steps: 2, topk: 1, num_draft_tokens: 3}}]
 """)
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_TOKEN": CANARY, "HUGGING_FACE_HUB_TOKEN": CANARY}
-    goal = "results/rel/bench/probe/s2-k1-d3/short.json"
-    proc = _run(_snakemake(work, override, goal, "results/rel/static/inspect-drafter.json", "-p"), env=env)
+    goal = "results/rel-smoke/bench/probe/s2-k1-d3/short.json"
+    proc = _run(_snakemake(work, override, goal, "results/rel-smoke/static/inspect-drafter.json", "-p"), env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert CANARY not in proc.stdout + proc.stderr
     leaks = [str(p) for p in work.rglob("*") if p.is_file() and CANARY.encode() in p.read_bytes()]
@@ -166,6 +166,6 @@ speculative: [{{num_steps: 2, topk: 1, num_draft_tokens: 3}}]
     checked = [p for p in work.rglob("*") if p.is_file()]
     assert any("logs" in p.parts for p in checked) and (work / goal).is_file()  # the grep saw logs and records
     # Downloads are pinned and the resolved commits recorded.
-    assert json.loads((work / "results/rel/models/target/model.json").read_text())["resolved_commit"] == t_commit
-    acq = json.loads((work / "results/rel/models/drafter/acquire.json").read_text())
+    assert json.loads((work / "results/rel-smoke/models/target/model.json").read_text())["resolved_commit"] == t_commit
+    acq = json.loads((work / "results/rel-smoke/models/drafter/acquire.json").read_text())
     assert (acq["requested_revision"], acq["resolved_commit"]) == ("main", d_commit)

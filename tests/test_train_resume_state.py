@@ -157,7 +157,7 @@ def test_plain_and_strict_resume_refuse_foreign_state(setup, tmp_path):
 # ------------------------------------------------------------------------------------------------
 # workflow level: the real Snakefile, killed during training, rerun with --rerun-incomplete
 # ------------------------------------------------------------------------------------------------
-EXP = "demo-k2-to-k25"
+EXP = "demo-k2-to-k25-smoke"  # size smoke runs as <experiment>-smoke
 ARM = "finetune-keep"
 WF_STEPS, WF_EVERY = 40, 4
 

@@ -264,3 +264,24 @@ def test_demo_gpu_dag_on_gpu1_runs_every_stage_on_the_one_gpu():
     smoke = _run(["--profile", "gpu1", "--configfile", "config/demo-gpu.yaml", "--config", "size=smoke", "-n",
                   "-p", "--forcerun", "demo_models", "--", "all"])
     assert "--size smoke --threads" in smoke.stdout and job_counts(smoke.stdout)["train"] == 4
+
+
+def _dag_files(text: str) -> set[str]:
+    """Every output, log and benchmark file a dry run's jobs would write."""
+    files: set[str] = set()
+    for block in job_blocks(text):
+        for m in re.finditer(r"^\s+(?:output|log|benchmark): (.+)$", block, flags=re.M):
+            files.update(f.strip() for f in m.group(1).split(","))
+    return files
+
+
+def test_smoke_size_writes_nothing_into_the_default_runs_folder(workdir):
+    """Issue 22: `--config size=smoke` (the README's quick version) wrote into results/<experiment>/ and
+    replaced the full run's report; it is now the experiment <experiment>-smoke, with a folder of its own."""
+    default = _dag_files(_run(["-n", "--cores", "2", "all"], cwd=workdir).stdout)
+    smoke = _dag_files(_run(["-n", "--cores", "2", "all", "--config", "size=smoke"], cwd=workdir).stdout)
+    assert "results/demo-k2-to-k25/report/summary.md" in default
+    assert "results/demo-k2-to-k25-smoke/report/summary.md" in smoke
+    assert len(default) > 50 and len(smoke) > 30
+    assert default & smoke == set()
+    assert not [f for f in smoke if f.startswith("results/demo-k2-to-k25/")]

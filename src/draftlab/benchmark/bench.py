@@ -13,6 +13,7 @@ from per-request ratios. docs/benchmark.md defines every summary field.
 
 from __future__ import annotations
 
+import collections
 import csv
 import hashlib
 import json
@@ -32,10 +33,9 @@ from draftlab.serving import http_client
 from draftlab.serving.server_info import server_info, served_model  # noqa: F401 - also this module's API
 from draftlab.benchmark.bench_checks import Plausibility
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import atomic_path, read_text_file, write_json
+from draftlab.fsutil import atomic_path, write_json
 
 APIS = ("sglang", "vllm")
-MAX_PROMPT_FILE_BYTES = 256 << 20  # a benchmark prompt set is read whole
 
 # Newer SGLang versions report accepted/proposed draft counts under one of these pairs.
 ACCEPT_COUNT_KEYS = (
@@ -110,37 +110,70 @@ def file_sha256(path: str | Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def load_prompts(path: str | Path) -> list[Prompt]:
-    """Read a JSONL prompt set: one object per line with ``id`` and ``text`` (``category`` optional)."""
+MAX_PROMPT_ID_CHARS = 200
+
+
+def load_prompts(path: str | Path, category: str | None = None) -> list[Prompt]:
+    """Read a prompt set in any format :mod:`draftlab.formats.prompt_file` reads (the shipped JSONL, MT-Bench,
+    HumanEval ``.jsonl.gz``, GSM8K, ShareGPT, OpenAI messages, plain lines).
+
+    Each prompt sends its **first user turn** as the request text (MT-Bench's later turns are about
+    the model's own earlier answer, which a fixed prompt set does not have; data generation replays
+    them). Its id is the record's own (``id``, ``question_id``, ``task_id``), else its position in the
+    file (``"0"``, ``"1"``, ...); its category is the record's ``category``, else ``category`` (the
+    client's name in the workflow), else ``"misc"``."""
+    from draftlab.formats.prompt_file import first_user_turn, iter_prompts
+
     path = resolve_prompts_path(path)
     if not os.path.lexists(path):
         raise DraftlabError(f"{path}: prompt file not found (use --prompts default for the shipped set)")
-    # a regular UTF-8 file only: a FIFO would block, a folder or Latin-1 text would be a traceback
-    lines = read_text_file(path, "prompt file", MAX_PROMPT_FILE_BYTES).splitlines()
     prompts: list[Prompt] = []
     seen: set[str] = set()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DraftlabError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-        if not isinstance(obj, dict):
-            raise DraftlabError(f"{path}:{number}: expected a JSON object with keys 'id' and 'text'")
-        pid, text = obj.get("id"), obj.get("text")
-        if not isinstance(pid, (str, int)) or isinstance(pid, bool) or str(pid) == "":
-            raise DraftlabError(f"{path}:{number}: key 'id': expected a non-empty string, got {pid!r}")
-        if not isinstance(text, str) or not text:
-            raise DraftlabError(f"{path}:{number}: key 'text': expected a non-empty string, got {text!r}")
+    for p in iter_prompts(path):
+        where = f"{path}:{p.line}"
+        pid = p.source_id if p.source_id is not None else p.id
+        if (not isinstance(pid, (str, int)) or isinstance(pid, bool) or str(pid) == ""
+                or len(str(pid)) > MAX_PROMPT_ID_CHARS):
+            raise DraftlabError(f"{where}: key 'id': expected a non-empty string or integer of at most "
+                                f"{MAX_PROMPT_ID_CHARS} characters, got {pid!r:.80}")
         pid = str(pid)
         if pid in seen:
-            raise DraftlabError(f"{path}:{number}: key 'id': duplicate prompt id {pid!r}")
+            raise DraftlabError(f"{where}: key 'id': duplicate prompt id {pid!r}")
         seen.add(pid)
-        prompts.append(Prompt(pid, str(obj.get("category") or "misc"), text))
-    if not prompts:
-        raise DraftlabError(f"{path}: no prompts (expected one JSON object per line)")
+        text = first_user_turn(p)
+        if not text:
+            roles = ", ".join(m["role"] for m in p.messages)
+            raise DraftlabError(f"{where}: expected a non-empty user turn to send, got turns: {roles}")
+        prompts.append(Prompt(pid, p.category or category or "misc", text))
     return prompts
+
+
+def stratified_sample(prompts: Sequence[Prompt], limit: int | None, seed: int = 0) -> list[Prompt]:
+    """``limit`` prompts drawn across categories in proportion to their sizes, in file order.
+
+    Every category gets one prompt first when ``limit`` reaches the number of categories; the rest go,
+    one at a time, to the category furthest below its proportional share ``limit * n_c / n`` (ties: the
+    category that comes first in the file), never beyond its size. With fewer slots than categories the
+    largest categories get them. Which prompts of a category are drawn is a seeded shuffle of that
+    category alone (``random.Random(f"{seed}/{category}")``), so the sample is the same on every run and
+    host and one category's size never changes another's draw. ``limit`` None or >= the set: all."""
+    import random
+
+    if limit is None or limit >= len(prompts):
+        return list(prompts)
+    groups: dict[str, list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(p.category, []).append(i)
+    total = len(prompts)
+    take = {c: (1 if limit >= len(groups) else 0) for c in groups}
+    for _ in range(limit - sum(take.values())):
+        open_ = [c for c in groups if take[c] < len(groups[c])]
+        c = max(open_, key=lambda c: limit * len(groups[c]) / total - take[c])  # max keeps the first of ties
+        take[c] += 1
+    chosen: list[int] = []
+    for c, members in groups.items():
+        chosen += random.Random(f"{seed}/{c}").sample(members, take[c])
+    return [prompts[i] for i in sorted(chosen)]
 
 
 # --- statistics -----------------------------------------------------------------------------------
@@ -559,6 +592,8 @@ def run_benchmark(
     on_row: Callable[[dict[str, Any]], None] | None = None,
     num_steps: int | None = None,
     num_draft_tokens: int | None = None,
+    category: str | None = None,
+    sample_seed: int = 0,
 ) -> BenchResult:
     """Benchmark the server at ``url`` with a prompt set and return rows plus a summary.
 
@@ -570,6 +605,9 @@ def run_benchmark(
     after every pass, so a silent fallback fails early) and nothing is returned to be written.
     ``num_steps``/``num_draft_tokens``: the speculative settings the server was launched with (the
     plan's), bounding what its answers can say where the server does not report them itself.
+    ``limit`` takes a stratified sample (:func:`stratified_sample`, seeded with ``sample_seed``), not the
+    first N; ``category`` labels the prompts of a file that has no ``category`` field (the workflow
+    passes the client's name).
     """
     if api not in APIS:
         raise DraftlabError(f"--api: expected one of {', '.join(APIS)}, got {api!r}")
@@ -578,6 +616,7 @@ def run_benchmark(
         ("--repeats", repeats, 1),
         ("--warmup", warmup, 0),
         ("--concurrency", concurrency, 1),
+        ("--sample-seed", sample_seed, 0),
     ):
         if isinstance(value, bool) or int(value) != value or value < low:
             raise DraftlabError(f"{name}: expected an integer >= {low}, got {value!r}")
@@ -594,17 +633,20 @@ def run_benchmark(
 
     if isinstance(prompts, (str, Path)):
         prompt_path = resolve_prompts_path(prompts)
-        prompt_list = load_prompts(prompt_path)
+        prompt_list = load_prompts(prompt_path, category)
         prompt_set = {"path": str(prompt_path), "sha256": file_sha256(prompt_path)}
     else:
         prompt_list = list(prompts)
         blob = "\n".join(json.dumps([p.id, p.category, p.text]) for p in prompt_list).encode()
         prompt_set = {"path": None, "sha256": hashlib.sha256(blob).hexdigest()}
-    if limit is not None:
-        prompt_list = prompt_list[:limit]
+    available = len(prompt_list)
+    prompt_list = stratified_sample(prompt_list, limit, sample_seed)
     if not prompt_list:
         raise DraftlabError("prompts: expected at least one prompt")
     prompt_set["count"] = len(prompt_list)
+    prompt_set["available"] = available
+    prompt_set["categories"] = dict(collections.Counter(p.category for p in prompt_list))
+    prompt_set["sample"] = "all" if len(prompt_list) == available else f"stratified, seed {sample_seed}"
 
     if api == "vllm" and model is None:
         model = served_model(url, request_timeout_s)
@@ -704,6 +746,8 @@ def run_benchmark(
         "temperature": 0.0,
         "measure_ttft": measure_ttft,
         "limit": limit,
+        "category": category,
+        "sample_seed": sample_seed,
     }
     server = server_info(url, min(request_timeout_s, 30.0)) if api == "sglang" else {}
     checks.check_server_info(server, f"{url}{server.get('endpoint', '')}")

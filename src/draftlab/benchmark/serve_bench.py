@@ -83,6 +83,7 @@ def run_plan(plan: Mapping[str, Any], argv: Sequence[str] | None = None, progres
                 repeats=c["repeats"], warmup=c["warmup"], concurrency=c["concurrency"], limit=c.get("limit"),
                 ignore_eos=bool(c.get("ignore_eos")), require_speculation=plan["require_speculation"], progress=progress,
                 **_launched_numbers(spec),
+                category=c["name"],  # a prompt whose record has no category is the client's
             )
             result.server = {**(result.server or {}), "fingerprint": plan["fingerprint"], "variant": plan["variant"],
                              "spec_id": plan["spec_id"], "client": c["name"], "argv": summary["argv"]}

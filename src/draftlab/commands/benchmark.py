@@ -20,13 +20,19 @@ def register(sub) -> None:
         "/v1/completions + /metrics) and write per-request rows and a summary as JSON and CSV.",
     )
     p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:30000")
-    p.add_argument("--prompts", required=True, help="JSONL prompt set, or 'default' for the shipped set")
+    p.add_argument("--prompts", required=True,
+                   help="prompt file ('default' = the shipped set; JSONL of text/prompt/question, MT-Bench turns, "
+                   "ShareGPT conversations or OpenAI messages, .jsonl.gz read gzipped, or plain lines)")
     p.add_argument("--api", choices=("sglang", "vllm"), default="sglang", help="server protocol (builtin = sglang)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3, help="timed passes over the prompt set")
     p.add_argument("--warmup", type=int, default=1, help="unrecorded requests before timing")
     p.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
-    p.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    p.add_argument("--limit", type=int, default=None,
+                   help="use N prompts: a seeded sample stratified by category (at least one of each when N allows)")
+    p.add_argument("--sample-seed", type=int, default=0, help="seed of the --limit sample (default 0)")
+    p.add_argument("--category", default=None,
+                   help="category of prompts whose record has none (default 'misc'; the workflow passes the client name)")
     p.add_argument("--model", default=None, help="vLLM model name (default: first of /v1/models)")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     p.add_argument("--no-ttft", action="store_true", help="skip the streaming time-to-first-token pass")
@@ -139,6 +145,8 @@ def _bench(args: argparse.Namespace) -> int:
         limit=args.limit,
         request_timeout_s=args.timeout,
         num_steps=args.num_steps,
+        category=args.category,
+        sample_seed=args.sample_seed,
     )
     write_results(result, out, csv_path)
     emit(args, result.summary, lambda _: human_summary(result) + f"\nwrote {out} and {csv_path}")

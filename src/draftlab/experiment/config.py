@@ -268,7 +268,24 @@ def load_config(cfg: str | Path | Mapping[str, Any], source: str | None = None) 
     preset = (raw.get("sizes") or {}).get(size) or {}
     merged = deep_merge(raw, preset)
     label = f"{source} (with sizes.{size} applied)" if preset else source
-    return validate(merged, label, schema, defaults=True)
+    cfg = validate(merged, label, schema, defaults=True)
+    cfg["experiment"] = sized_experiment(cfg["experiment"], cfg["size"])
+    return cfg
+
+
+# Sizes that are a quick version of an experiment, not the experiment: their results go to a folder of
+# their own, so a smoke run never replaces the full run's results or report.
+SUFFIXED_SIZES = ("smoke",)
+
+
+def sized_experiment(experiment: str, size: str) -> str:
+    """The experiment name a run of ``size`` records under: ``<experiment>-smoke`` for the smoke size
+    (results/<experiment>-smoke/, its own records rows), the name as given for every other size.
+    Idempotent: a config already loaded (results/<exp>/config.json) keeps its name."""
+    suffix = f"-{size}"
+    if size in SUFFIXED_SIZES and not experiment.endswith(suffix):
+        return experiment + suffix
+    return experiment
 
 
 def config_hash(cfg: Mapping[str, Any]) -> str:

@@ -5,6 +5,8 @@ Input formats (one sample per line):
   ``{"from": "human"|"gpt", "value"}`` turns are accepted too);
 - JSONL ``{"text": "..."}``;
 - any other file: plain text, one sample per non-blank line.
+A name ending in ``.gz`` is read gzipped (``data.jsonl.gz`` is gzipped JSONL). Prompt files, which
+take more formats (MT-Bench, HumanEval, GSM8K), are read by :mod:`draftlab.formats.prompt_file`.
 
 Conversations are rendered with the tokenizer's chat template when it has one, else with the simple
 format ``"{role}: {content}\\n"`` per turn. The loss mask is 1 on assistant tokens (from the start of
@@ -27,20 +29,39 @@ from draftlab.fsutil import atomic_path, open_regular
 ROLE_ALIASES = {"human": "user", "gpt": "assistant", "bot": "assistant", "model": "assistant"}
 
 
+def is_gzip(path: str | os.PathLike) -> bool:
+    return Path(path).suffix == ".gz"
+
+
+def is_json_file(path: str | os.PathLike) -> bool:
+    """A ``.jsonl``/``.json`` file, gzipped or not (``HumanEval.jsonl.gz``): one JSON value per line."""
+    path = Path(path)
+    return (path.with_suffix("") if is_gzip(path) else path).suffix in (".jsonl", ".json")
+
+
 def text_lines(path: str | os.PathLike, what: str) -> Iterator[tuple[int, str]]:
-    """``(line number, line)`` of a UTF-8 text file, streamed; a missing, special or non-UTF-8 file
-    is one user error naming the file (and the line)."""
+    """``(line number, line)`` of a UTF-8 text file, streamed (a ``.gz`` name is read gzipped); a missing,
+    special, non-UTF-8 or broken gzip file is one user error naming the file (and the line)."""
+    import gzip
+    import zlib
+
     path = Path(path)
     if not path.exists():
         raise DraftlabError(f"{path}: {what} not found")
     fd = open_regular(path, what)
-    with os.fdopen(fd, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            try:
-                yield lineno, raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise DraftlabError(f"{path}:{lineno}: {what} is not UTF-8 text ({exc.reason} at byte {exc.start} "
-                                    "of the line)") from None
+    with os.fdopen(fd, "rb") as raw_file:
+        f = gzip.GzipFile(fileobj=raw_file, mode="rb") if is_gzip(path) else raw_file
+        lineno = 0
+        try:
+            for lineno, raw in enumerate(f, 1):
+                try:
+                    yield lineno, raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise DraftlabError(f"{path}:{lineno}: {what} is not UTF-8 text ({exc.reason} at byte {exc.start} "
+                                        "of the line)") from None
+        except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+            raise DraftlabError(f"{path}:{lineno + 1}: {what} is not a readable gzip file "
+                                f"({' '.join(str(exc).split())[:100] or type(exc).__name__})") from None
 
 
 def json_line(line: str, where: str) -> Any:
@@ -58,7 +79,7 @@ def iter_lines(path: str | os.PathLike, what: str) -> Iterator[tuple[int, str | 
     """``(line number, item)`` for every non-blank line: the parsed JSON value in a ``.jsonl``/``.json``
     file, else the line's text (a plain-text file is one sample per line)."""
     path = Path(path)
-    as_json = path.suffix in (".jsonl", ".json")
+    as_json = is_json_file(path)
     for lineno, line in text_lines(path, what):
         if not line.strip():
             continue
@@ -71,7 +92,7 @@ def iter_lines(path: str | os.PathLike, what: str) -> Iterator[tuple[int, str | 
 def read_records(path: str | os.PathLike) -> Iterator[dict[str, Any]]:
     """Yield ``{"messages": [...]}`` or ``{"text": ...}`` for every sample of a data file."""
     path = Path(path)
-    as_json = path.suffix in (".jsonl", ".json")
+    as_json = is_json_file(path)
     for lineno, item in iter_lines(path, "training data file"):
         yield _normalise(item, path, lineno) if as_json else {"text": item}
 

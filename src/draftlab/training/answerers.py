@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from draftlab.errors import DraftlabError
-from draftlab.training.prompt_file import Prompt, turn_segments
+from draftlab.formats.prompt_file import Prompt, turn_segments
 
 TURN_MODES = ("all", "last")
 

@@ -39,7 +39,7 @@ from draftlab.fsutil import write_json
 from draftlab.training.answer_shards import AnswerShards
 from draftlab.training.answerers import (Answer, Failure, Sampling, ServerAnswerer, TransformersAnswerer,
                                         check_turns)
-from draftlab.training.prompt_file import Prompt, iter_prompts, read_prompts  # noqa: F401 - read_prompts re-exported
+from draftlab.formats.prompt_file import Prompt, iter_prompts, read_prompts  # noqa: F401 - read_prompts re-exported
 
 LIST_LIMIT = 1000  # failures/skips listed by id in the stats (all are counted)
 
