@@ -1,0 +1,78 @@
+"""Every shorter chain from one launch: accept length and tok/s at k = 1..K from a run at K.
+
+With chain drafting (topk 1) the k drafts of a shorter chain are the first k of the chain of K, so
+greedy acceptance of draft i does not depend on how many come after it. The run at K measures, per
+position i, the share of verify cycles with at least i drafts accepted (``summary.
+accepted_per_position_rate``: the builtin server's ``spec_accept_by_position``, SGLang 0.5.23's
+``spec_correct_drafts_histogram`` turned into counts of "at least i", vLLM's per-position counters),
+so E_k = 1 + sum_{i<=k} P(at least i accepted) per cycle.
+
+The fit uses plain decoding's step as t_verify and puts everything that grows with k into t_draft:
+a verify of k + 1 tokens costs more than one token (on a CPU clearly so), and the builtin server's
+own draft/verify split, tried first, then over-predicted the cycle at k = 1 by 25% on the demo
+pair. The baseline must be measured under the same load as the drafter (benchmarks/
+chain_prediction.py interleaves them; the pipeline runs one benchmark at a time).
+
+Accept length as SGLang counts it also holds the prefill token: with C completion tokens over n
+requests, a chain of E_k tokens per cycle needs (C - n) / E_k cycles, so accept length = C /
+cycles. Cycle time t(k) = t_verify + k * t_draft, with t_verify the baseline's seconds per decode
+step (plain decoding is one target forward per token) and t_draft from the measured cycle at K:
+(cycle_K - t_verify) / K. Time outside decode (prefill, HTTP) is taken from the K run's requests and
+held fixed; tok/s is anchored to the K run's measured median and scaled by the modelled wall time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+
+def _rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [r for r in result.get("rows") or [] if r.get("phase") == "measure"]
+
+
+def baseline_step_s(baseline: Mapping[str, Any]) -> float | None:
+    """Seconds per decode step of plain decoding: decode time / (completion tokens - the prefill's one)."""
+    rows = [r for r in _rows(baseline) if r.get("decode_time_s") is not None and (r.get("completion_tokens") or 0) > 1]
+    steps = sum(r["completion_tokens"] - 1 for r in rows)
+    return sum(r["decode_time_s"] for r in rows) / steps if steps else None
+
+
+def predict_chain(drafter: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Predicted accept length, cycle ms, tok/s and speedup for k = 1..K, from one drafter run at K.
+
+    None when the run has no per-position acceptance or no decode timings (nothing to predict from).
+    ``recommended_k`` is the k with the highest predicted tok/s.
+    """
+    summary = drafter.get("summary") or {}
+    rates = summary.get("accepted_per_position_rate")
+    rows = [r for r in _rows(drafter) if (r.get("verify_ct") or 0) > 0 and r.get("decode_time_s") is not None]
+    t_verify = baseline_step_s(baseline)
+    if not rates or not rows or t_verify is None or not summary.get("output_tps_median"):
+        return None
+    K = len(rates)
+    tokens = sum(r["completion_tokens"] for r in rows)
+    requests = len(rows)
+    verify = sum(r["verify_ct"] for r in rows)
+    decode = sum(r["decode_time_s"] for r in rows)
+    latency = sum(r["latency_s"] for r in rows if r.get("latency_s") is not None)
+    outside = max(0.0, latency - decode)  # prefill, HTTP and queueing: the same at every k
+    cycle_K = decode / verify
+    # verify of k + 1 tokens costs more than plain decoding's one: that growth is part of the slope
+    t_draft = max(0.0, (cycle_K - t_verify) / K)
+    wall_K = outside + decode
+    base_tps = (baseline.get("summary") or {}).get("output_tps_median")
+    out = []
+    for k in range(1, K + 1):
+        per_cycle = 1.0 + sum(rates[:k])
+        cycles = (tokens - requests) / per_cycle
+        cycle = t_verify + k * t_draft
+        wall = outside + cycles * cycle
+        tps = summary["output_tps_median"] * wall_K / wall
+        out.append({"k": k, "tokens_per_cycle": per_cycle, "accept_length": tokens / cycles if cycles else None,
+                    "cycle_ms": 1000.0 * cycle, "tps": tps,
+                    "speedup": tps / base_tps if base_tps else None})
+    best = max(out, key=lambda p: p["tps"])
+    return {"num_steps": K, "t_verify_ms": 1000.0 * t_verify, "t_draft_ms": 1000.0 * t_draft,
+            "cycle_ms_at_K": 1000.0 * cycle_K, "predictions": out, "recommended_k": best["k"],
+            "method": "E_k = 1 + sum_{i<=k} P(at least i accepted) from the run at K; "
+                      "t(k) = t_verify (baseline s/decode step) + k * t_draft (from the measured cycle at K)"}
