@@ -31,10 +31,43 @@ STYLE = (
 _BULLET = re.compile(r"^\s*[-*] ")
 
 
+# A code span as Markdown has it: a run of N backticks, the code, the same run of N (so ``a`b`` works).
+_CODE = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)")
+
+
 def _inline(text: str) -> str:
-    out = html.escape(text, quote=False)
-    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
-    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", out)
+    """Code spans, then bold, on escaped text. Code is cut out first and put back last, so neither
+    ``**`` inside code turns bold nor a double-backtick span leaves its backticks on the page."""
+    codes: list[str] = []
+    text = text.replace("\x00", "")  # the placeholder's mark never comes from the text
+
+    def keep(m: re.Match) -> str:
+        codes.append("<code>" + html.escape(m.group(2).strip(" ") or m.group(2), quote=False) + "</code>")
+        return f"\x00{len(codes) - 1}\x00"
+
+    out = html.escape(_CODE.sub(keep, text), quote=False)
+    out = re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", out)
+    return re.sub("\x00(\\d+)\x00", lambda m: codes[int(m.group(1))], out)
+
+
+def _cells(line: str) -> list[str]:
+    """A table row's cells: split at ``|`` outside code spans (a command in a cell keeps its pipes)."""
+    line = line.strip()
+    line = line[1:] if line.startswith("|") else line
+    line = line[:-1] if line.endswith("|") and not line.endswith("\\|") else line
+    cells, cur, i = [], "", 0
+    while i < len(line):
+        m = _CODE.match(line, i) if line[i] == "`" else None
+        if m:
+            cur += m.group(0)
+            i = m.end()
+        elif line[i] == "|":
+            cells.append(cur.strip())
+            cur, i = "", i + 1
+        else:
+            cur += line[i]
+            i += 1
+    return cells + [cur.strip()]
 
 
 def _image(alt: str, src: str, base: Path | None) -> str:
@@ -46,7 +79,7 @@ def _image(alt: str, src: str, base: Path | None) -> str:
 
 
 def _table(lines: list[str]) -> str:
-    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+    cells = [_cells(line) for line in lines]
     head, body = cells[0], [r for r in cells[1:] if not all(set(c) <= set("-: ") for c in r)]
     out = ["<table><thead><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in head) + "</tr></thead><tbody>"]
     out += ["<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in body]
@@ -95,10 +128,34 @@ def page(title: str, body: str) -> str:
             f"<style>{STYLE}</style></head><body>\n{body}\n</body></html>\n")
 
 
+# The landing fragment lands inside Snakemake's report page, without our STYLE: its table is styled
+# inline, cells unwrapped so the page cannot squeeze it to a narrow column (it scrolls instead).
+_LANDING_TABLE = ('<table style="border-collapse:collapse;width:max-content;max-width:none;font-size:.9em">')
+_LANDING_CELL = 'style="border:1px solid #ccc;padding:.25em .6em;white-space:nowrap;text-align:left"'
+
+
 def decision_fragment(decision_lines: Sequence[str], comparison_lines: Sequence[str]) -> str:
-    """The decision and the comparison table as an HTML fragment (the report's landing text)."""
+    """The recommendation, the decision and the comparison table as an HTML fragment (the landing text)."""
     paras = "".join(f"<p>{_inline(s)}</p>" for s in decision_lines)
-    return f'<div class="decision">{paras}</div>\n' + markdown_to_html("\n".join(comparison_lines))
+    table = markdown_to_html("\n".join(comparison_lines))
+    table = (table.replace("<table>", _LANDING_TABLE).replace("<th>", f"<th {_LANDING_CELL}>")
+             .replace("<td>", f"<td {_LANDING_CELL}>"))
+    return (f'<div class="decision" style="max-width:1350px">{paras}</div>\n'
+            f'<div style="overflow-x:auto;max-width:100%">{table}</div>')
+
+
+def rounded(cell: str) -> str:
+    """A decimal number as a person reads it (3 decimals, 1 from 100 up); anything else as is."""
+    if "." not in cell:
+        return cell
+    try:
+        x = float(cell)
+    except ValueError:
+        return cell
+    if x != x or x in (float("inf"), float("-inf")):
+        return cell
+    text = f"{x:.1f}" if abs(x) >= 100 else f"{x:.3f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def records_html(records_csv: str | os.PathLike, columns: Sequence[str]) -> str:
@@ -107,7 +164,7 @@ def records_html(records_csv: str | os.PathLike, columns: Sequence[str]) -> str:
         rows = list(csv.DictReader(fh))
     cols = [c for c in columns if rows and c in rows[0]]
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(r[c])}</td>" for c in cols) + "</tr>" for r in rows)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(rounded(r[c]))}</td>" for c in cols) + "</tr>" for r in rows)
     return (f"<h1>Records: {len(rows)} rows of {html.escape(str(records_csv))}</h1><p>Every column, with "
             "provenance, is in the CSV and Parquet beside it; this page shows those a comparison needs.</p>"
             f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
