@@ -11,11 +11,11 @@ if S.data.generated and S.data.engine == "server":
             L.log("generate_server.log"),
         localrule: True
         params:
-            server=get_generate_server,
-        run:
-            from draftlab.fsutil import write_json
-
-            write_json(output.server, params.server)
+            value=get_generate_server,
+        conda:
+            "../../envs/analysis.yaml"
+        script:
+            "../scripts/params_json.py"
 
 
 if S.data.generated:

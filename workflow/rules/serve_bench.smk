@@ -10,11 +10,11 @@ rule bench_plan:
         L.log("bench_plan", "{variant}-{spec}.log"),
     localrule: True
     params:
-        plan=get_plan,
-    run:
-        from draftlab.fsutil import write_json
-
-        write_json(output.plan, params.plan)
+        value=get_plan,
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/params_json.py"
 
 
 rule serve_bench:

@@ -19,11 +19,10 @@ rule experiment_config:
         L.log("experiment_config.log"),
     params:
         training=get_training_settings,
-    run:
-        from draftlab.fsutil import write_text
-
-        S.write(output[0])
-        write_text(log[0], f"wrote {output[0]}\n")
+    conda:
+        "../../envs/analysis.yaml"
+    script:
+        "../scripts/experiment_config.py"
 
 
 rule train:
