@@ -134,3 +134,16 @@ def test_chain_prediction_recovers_a_known_chain():
     assert pred["recommended_k"] == 2
     assert predict_chain(result({"a": [1.0]}), base) is None  # no acceptance by position: nothing to predict
 
+
+
+def test_chain_prediction_from_vllm_totals():
+    """vLLM counts drafts server-wide (no verify count per request): the run's totals serve."""
+    rates = [0.8, 0.5, 0.2]
+    base = result({p: [0.010 * 100] for p in "abcd"}, tokens=101)
+    run = result({p: [0.016 * 40] for p in "abcd"}, tokens=101, rates=rates)  # rows without verify_ct
+    run["summary"].update(total_verify_ct=160, total_completion_tokens=404, requests=4,
+                          output_tps_median=101 / (0.016 * 40))
+    base["summary"]["output_tps_median"] = 101.0
+    pred = predict_chain(run, base)
+    assert pred["t_draft_ms"] == pytest.approx(2.0)
+    assert [p["cycle_ms"] for p in pred["predictions"]] == pytest.approx([12.0, 14.0, 16.0])

@@ -122,3 +122,14 @@ def test_decision_text_puts_the_decision_first():
     text = decision_text(rows, {"pass": True, "reason": "ok"}, {(v, s, "default"): r for (v, s), r in results.items()})
     assert text[0].startswith("**Decision:** serve `finetune-keep` at s2-k1-d3: 1.60x")
     assert any(t.startswith("Best fine-tuned drafter by paired throughput: `finetune-keep` at s2-k1-d3") for t in text)
+
+
+def test_a_noisy_host_is_said_beside_the_decision():
+    rows, results = case((row("probe", accept=1.4), 1.2))
+    calm = decision_text(rows, None, {(v, s, "default"): r for (v, s), r in results.items()})
+    assert not any("Noisy host" in t for t in calm)
+    shaky = results[("probe", "s2-k1-d3")]
+    for r in shaky["rows"]:
+        r["decode_time_s"] *= (1.0, 1.3, 0.8)[r["repeat"]]
+    text = decision_text(rows, None, {(v, s, "default"): r for (v, s), r in results.items()})
+    assert any(t.startswith("**Noisy host:** the repeats of `probe` at s2-k1-d3 disagree") for t in text)

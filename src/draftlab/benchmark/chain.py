@@ -37,6 +37,27 @@ def baseline_step_s(baseline: Mapping[str, Any]) -> float | None:
     return sum(r["decode_time_s"] for r in rows) / steps if steps else None
 
 
+def _counts(drafter: Mapping[str, Any]) -> tuple[int, int, int, float, float] | None:
+    """(completion tokens, requests, verify cycles, decode seconds, seconds outside decode) of a run.
+
+    Per request where the server counts verify cycles per request (SGLang, builtin); from the run's
+    totals where it counts them server-wide (vLLM: Δdrafts from /metrics, client latency as decode).
+    """
+    rows = [r for r in _rows(drafter) if (r.get("verify_ct") or 0) > 0 and r.get("decode_time_s") is not None]
+    if rows:
+        decode = sum(r["decode_time_s"] for r in rows)
+        latency = sum(r["latency_s"] for r in rows if r.get("latency_s") is not None)
+        # prefill, HTTP and queueing: the same at every k
+        return (sum(r["completion_tokens"] for r in rows), len(rows), sum(r["verify_ct"] for r in rows), decode,
+                max(0.0, latency - decode))
+    s = drafter.get("summary") or {}
+    timed = [r for r in _rows(drafter) if r.get("decode_time_s") is not None]
+    if not s.get("total_verify_ct") or not timed:
+        return None
+    return (s["total_completion_tokens"], s["requests"], s["total_verify_ct"],
+            sum(r["decode_time_s"] for r in timed), 0.0)
+
+
 def predict_chain(drafter: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[str, Any] | None:
     """Predicted accept length, cycle ms, tok/s and speedup for k = 1..K, from one drafter run at K.
 
@@ -45,17 +66,12 @@ def predict_chain(drafter: Mapping[str, Any], baseline: Mapping[str, Any]) -> di
     """
     summary = drafter.get("summary") or {}
     rates = summary.get("accepted_per_position_rate")
-    rows = [r for r in _rows(drafter) if (r.get("verify_ct") or 0) > 0 and r.get("decode_time_s") is not None]
     t_verify = baseline_step_s(baseline)
-    if not rates or not rows or t_verify is None or not summary.get("output_tps_median"):
+    counts = _counts(drafter)
+    if not rates or counts is None or t_verify is None or not summary.get("output_tps_median"):
         return None
     K = len(rates)
-    tokens = sum(r["completion_tokens"] for r in rows)
-    requests = len(rows)
-    verify = sum(r["verify_ct"] for r in rows)
-    decode = sum(r["decode_time_s"] for r in rows)
-    latency = sum(r["latency_s"] for r in rows if r.get("latency_s") is not None)
-    outside = max(0.0, latency - decode)  # prefill, HTTP and queueing: the same at every k
+    tokens, requests, verify, decode, outside = counts
     cycle_K = decode / verify
     # verify of k + 1 tokens costs more than plain decoding's one: that growth is part of the slope
     t_draft = max(0.0, (cycle_K - t_verify) / K)

@@ -90,6 +90,12 @@ def decision_text(rows: list[dict[str, Any]], gate: dict[str, Any] | None, bench
         ft = tuned[0]
         out.append(f"Best fine-tuned drafter by paired throughput: {label(ft['row'])}, {speedup_text(ft['paired'])} "
                    f"the speed of plain decoding (accept length {_fmt(ft['row']['accept_length'])}).")
+    noisy = [f"`{v}` at {sp}" for (v, sp, c), res in sorted((bench or {}).items())
+             if c == client and pairing.host_stability(res)["noisy"]]
+    if noisy:
+        out.append(f"**Noisy host:** the repeats of {', '.join(noisy)} disagree by more than "
+                   f"{pairing.NOISY_SPREAD:.0%} per prompt on identical greedy answers (see Host stability); the "
+                   "paired intervals are over prompts, so rerun on an idle machine before trusting a close call.")
     out.append("Speedups are paired: per prompt, the baseline's seconds per output token over the drafter's on the same "
                "prompt, geometric mean over prompts with a seeded bootstrap 95% interval (prompts resampled); each arm "
                "stands at its best setting by that number, never by accept length.")
