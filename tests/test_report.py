@@ -270,7 +270,8 @@ def test_html_views_show_the_decision_in_a_real_browser(tmp_path):
     html = Path(out["summary_html"]).read_text()
     assert html.count('src="data:image/png;base64,') == 3  # the plots travel inside the page
     frag = Path(out["decision_fragment"]).read_text()
-    assert "<strong>Decision:</strong>" in frag and "tok/s [95% CI]</th>" in frag and "<html>" not in frag
+    assert "<strong>Decision:</strong>" in frag and "paired speedup [95% CI]</th>" in frag and "<html>" not in frag
+    assert "<code>" not in frag  # Snakemake's page draws backticks around <code>: monospace spans instead
     assert frag.index("<strong>Deploy:</strong>") < frag.index("<strong>Decision:</strong>")
     records = visible_text(Path(out["records_html"]))
     assert "finetune-keep" in records and "train_settings_sha256" in records

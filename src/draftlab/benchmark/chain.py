@@ -18,7 +18,10 @@ requests, a chain of E_k tokens per cycle needs (C - n) / E_k cycles, so accept 
 cycles. Cycle time t(k) = t_verify + k * t_draft, with t_verify the baseline's seconds per decode
 step (plain decoding is one target forward per token) and t_draft from the measured cycle at K:
 (cycle_K - t_verify) / K. Time outside decode (prefill, HTTP) is taken from the K run's requests and
-held fixed; tok/s is anchored to the K run's measured median and scaled by the modelled wall time.
+held fixed. Every sum is over the run's *median pass* (each prompt's median request over the
+repeats), and tok/s is that pass's tokens over its modelled wall time (:func:`median_pass_tps` for a
+measured run): on a shared host two launches of one setting differed by 20% in median pass tok/s
+and by 2% in cycle time.
 """
 
 from __future__ import annotations
@@ -37,25 +40,52 @@ def baseline_step_s(baseline: Mapping[str, Any]) -> float | None:
     return sum(r["decode_time_s"] for r in rows) / steps if steps else None
 
 
-def _counts(drafter: Mapping[str, Any]) -> tuple[int, int, int, float, float] | None:
-    """(completion tokens, requests, verify cycles, decode seconds, seconds outside decode) of a run.
+def _median_pass(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """One pass made of each prompt's median request over the repeats (a stalled request or a busy
+    minute on a shared host moves a median little; a pass's wall time, a lot)."""
+    import statistics
+    from collections import defaultdict
+
+    per: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        per[str(r["prompt_id"])].append(r)
+    out = defaultdict(float)
+    for reqs in per.values():
+        for key in ("completion_tokens", "verify_ct", "decode_time_s", "latency_s"):
+            vals = [float(r[key]) for r in reqs if r.get(key) is not None]
+            out[key] += statistics.median(vals) if vals else 0.0
+        out["requests"] += 1
+    return dict(out)
+
+
+def median_pass_tps(result: Mapping[str, Any]) -> float | None:
+    """Output tok/s of the median pass: sum over prompts of tokens / sum of median request latency."""
+    rows = [r for r in _rows(result) if r.get("latency_s") is not None and (r.get("completion_tokens") or 0) > 0]
+    m = _median_pass(rows) if rows else {}
+    return m["completion_tokens"] / m["latency_s"] if m.get("latency_s") else None
+
+
+def _counts(drafter: Mapping[str, Any]) -> tuple[float, float, float, float, float] | None:
+    """(completion tokens, requests, verify cycles, decode seconds, seconds outside decode) of the
+    run's median pass.
 
     Per request where the server counts verify cycles per request (SGLang, builtin); from the run's
-    totals where it counts them server-wide (vLLM: Δdrafts from /metrics, client latency as decode).
+    totals, scaled to one pass, where it counts them server-wide (vLLM: Δdrafts from /metrics, client
+    latency as decode).
     """
     rows = [r for r in _rows(drafter) if (r.get("verify_ct") or 0) > 0 and r.get("decode_time_s") is not None]
     if rows:
-        decode = sum(r["decode_time_s"] for r in rows)
-        latency = sum(r["latency_s"] for r in rows if r.get("latency_s") is not None)
+        m = _median_pass(rows)
         # prefill, HTTP and queueing: the same at every k
-        return (sum(r["completion_tokens"] for r in rows), len(rows), sum(r["verify_ct"] for r in rows), decode,
-                max(0.0, latency - decode))
+        outside = max(0.0, m["latency_s"] - m["decode_time_s"]) if m.get("latency_s") else 0.0
+        return m["completion_tokens"], m["requests"], m["verify_ct"], m["decode_time_s"], outside
     s = drafter.get("summary") or {}
     timed = [r for r in _rows(drafter) if r.get("decode_time_s") is not None]
+    passes = s.get("repeats") or 1
     if not s.get("total_verify_ct") or not timed:
         return None
-    return (s["total_completion_tokens"], s["requests"], s["total_verify_ct"],
-            sum(r["decode_time_s"] for r in timed), 0.0)
+    return (s["total_completion_tokens"] / passes, s["requests"] / passes, s["total_verify_ct"] / passes,
+            sum(r["decode_time_s"] for r in timed) / passes, 0.0)
 
 
 def predict_chain(drafter: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -68,22 +98,21 @@ def predict_chain(drafter: Mapping[str, Any], baseline: Mapping[str, Any]) -> di
     rates = summary.get("accepted_per_position_rate")
     t_verify = baseline_step_s(baseline)
     counts = _counts(drafter)
-    if not rates or counts is None or t_verify is None or not summary.get("output_tps_median"):
+    if not rates or counts is None or t_verify is None:
         return None
     K = len(rates)
     tokens, requests, verify, decode, outside = counts
     cycle_K = decode / verify
     # verify of k + 1 tokens costs more than plain decoding's one: that growth is part of the slope
     t_draft = max(0.0, (cycle_K - t_verify) / K)
-    wall_K = outside + decode
-    base_tps = (baseline.get("summary") or {}).get("output_tps_median")
+    base_tps = median_pass_tps(baseline)
     out = []
     for k in range(1, K + 1):
         per_cycle = 1.0 + sum(rates[:k])
         cycles = (tokens - requests) / per_cycle
         cycle = t_verify + k * t_draft
         wall = outside + cycles * cycle
-        tps = summary["output_tps_median"] * wall_K / wall
+        tps = tokens / wall
         out.append({"k": k, "tokens_per_cycle": per_cycle, "accept_length": tokens / cycles if cycles else None,
                     "cycle_ms": 1000.0 * cycle, "tps": tps,
                     "speedup": tps / base_tps if base_tps else None})

@@ -266,6 +266,30 @@ def acceptance_by_position(rows: list[dict[str, Any]], bench: Bench, client: str
     return {v: r for v, (_, r) in sorted(out.items())}
 
 
+def landing_table(rows: list[dict[str, Any]], bench: Bench, client: str) -> list[str]:
+    """The landing page's table: what the decision uses, narrow enough for the column Snakemake's report
+    gives the workflow description beside its DAG (about 450 px at a 1400 px window)."""
+    from draftlab.benchmark.verdict import arm_table
+
+    paired = {(a["row"]["variant"], a["row"]["spec_id"]): a["paired"]
+              for a in arm_table(rows, client, for_client(bench, client))}
+    body = []
+    for r in rows:
+        if r["client"] != client:
+            continue
+        p = paired.get((r["variant"], r["spec_id"])) or {}
+        if r["variant"] == "baseline":
+            speed = "1 (reference)"
+        elif p.get("paired"):
+            speed = f"{p['speedup']:.2f}x {_ci(p.get('ci95'))}"
+        else:
+            speed = "–"
+        status = "" if r["status"] == "ok" else " (skipped)"
+        body.append([r["variant"] + status, r["spec_id"], speed, _fmt(r["tps_median"], "{:.1f}"),
+                     _fmt(r["accept_length"])])
+    return _table(["variant", "spec", "paired speedup [95% CI]", "tok/s", "accept"], body)
+
+
 def goal_cell(goal: dict[str, Any], measured: float | None) -> str:
     """A requirement and whether it was *measured* as met (never assumed from the accept length)."""
     need = float(goal["required_accept_length"])
@@ -634,7 +658,7 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
                                              html_view.markdown_to_html("\n".join(md), out_dir)),
         "decision_fragment": _write(out_dir / "decision-fragment.html", html_view.decision_fragment(
             deploy + decision_lines[:1],
-            comparison_table([r for r in rows if r["client"] == client], compact=True))),
+            landing_table(rows, results, client) if rows else [])),
         "records_html": html_view.write_page(out_dir / "records.html", "records",
                                              html_view.records_html(records_csv, RECORD_VIEW_COLUMNS)),
         "static_html": html_view.write_page(out_dir / "static.html", "static analysis",

@@ -130,8 +130,9 @@ def page(title: str, body: str) -> str:
 
 # The landing fragment lands inside Snakemake's report page, without our STYLE: its table is styled
 # inline, cells unwrapped so the page cannot squeeze it to a narrow column (it scrolls instead).
-_LANDING_TABLE = ('<table style="border-collapse:collapse;width:max-content;max-width:none;font-size:.9em">')
-_LANDING_CELL = 'style="border:1px solid #ccc;padding:.25em .6em;white-space:nowrap;text-align:left"'
+_LANDING_TABLE = ('<table style="border-collapse:collapse;width:max-content;max-width:none;font-size:.85em">')
+_LANDING_CELL = 'style="border:1px solid #ccc;padding:.2em .45em;white-space:nowrap;text-align:left"'
+_LANDING_CODE = 'style="font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:.9em;background:#f4f4f4;padding:0 .2em"'
 
 
 def decision_fragment(decision_lines: Sequence[str], comparison_lines: Sequence[str]) -> str:
@@ -140,6 +141,10 @@ def decision_fragment(decision_lines: Sequence[str], comparison_lines: Sequence[
     table = markdown_to_html("\n".join(comparison_lines))
     table = (table.replace("<table>", _LANDING_TABLE).replace("<th>", f"<th {_LANDING_CELL}>")
              .replace("<td>", f"<td {_LANDING_CELL}>"))
+    # Snakemake's page styles <code> with typographic backticks around it (::before/::after), so the
+    # landing text shows code as monospace spans instead
+    paras, table = ((x.replace("<code>", f"<span {_LANDING_CODE}>").replace("</code>", "</span>"))
+                    for x in (paras, table))
     return (f'<div class="decision" style="max-width:1350px">{paras}</div>\n'
             f'<div style="overflow-x:auto;max-width:100%">{table}</div>')
 
