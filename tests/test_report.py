@@ -296,3 +296,12 @@ def test_landing_table_keeps_its_width_inside_the_report_page():
 
     frag = decision_fragment(["**Deploy:** `keep`"], ["| variant | tok/s [95% CI] |", "|---|---|", "| keep | 1.0 |"])
     assert "width:max-content" in frag and "white-space:nowrap" in frag and "overflow-x:auto" in frag
+
+
+def test_serving_acceptance_by_position_is_taken_at_each_drafters_longest_chain():
+    from draftlab.experiment.report import acceptance_by_position
+
+    res = lambda rates: {"summary": {"accepted_per_position_rate": rates}, "rows": []}  # noqa: E731
+    bench = {("probe", "s2-k1-d3", "default"): res([0.5, 0.2]), ("probe", "s4-k1-d5", "default"): res([0.5, 0.2, 0.1, 0.0]),
+             ("finetune-keep", "s2-k1-d3", "other"): res([0.9, 0.8]), ("baseline", "plain", "default"): res(None)}
+    assert acceptance_by_position([], bench, "default") == {"probe": [0.5, 0.2, 0.1, 0.0]}

@@ -256,14 +256,12 @@ def chain_section(preds: dict[tuple[str, str], dict[str, Any]], rows: list[dict[
 
 def acceptance_by_position(rows: list[dict[str, Any]], bench: Bench, client: str) -> dict[str, list[float]]:
     """Serving acceptance by draft position per drafter, at its chain setting with the most steps."""
-    out: dict[str, tuple[float, list[float]]] = {}
+    out: dict[str, list[float]] = {}
     for (v, spec, c), res in bench.items():
         rates = (res.get("summary") or {}).get("accepted_per_position_rate")
-        if c != client or v == "baseline" or not rates:
-            continue
-        if v not in out or len(rates) > len(out[v][1]):
-            out[v] = (0.0, [float(x) for x in rates])
-    return {v: r for v, (_, r) in sorted(out.items())}
+        if c == client and v != "baseline" and rates and len(rates) > len(out.get(v, [])):
+            out[v] = [float(x) for x in rates]
+    return dict(sorted(out.items()))
 
 
 def landing_table(rows: list[dict[str, Any]], bench: Bench, client: str) -> list[str]:
