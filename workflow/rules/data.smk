@@ -10,10 +10,10 @@ if S.data.generated and S.data.engine == "server":
         log:
             L.log("generate_server.log"),
         localrule: True
-        params:
-            value=get_generate_server,
         conda:
             "../../envs/analysis.yaml"
+        params:
+            value=get_generate_server,
         script:
             "../scripts/params_json.py"
 

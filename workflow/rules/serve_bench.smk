@@ -9,10 +9,10 @@ rule bench_plan:
     log:
         L.log("bench_plan", "{variant}-{spec}.log"),
     localrule: True
-    params:
-        value=get_plan,
     conda:
         "../../envs/analysis.yaml"
+    params:
+        value=get_plan,
     script:
         "../scripts/params_json.py"
 

@@ -17,10 +17,10 @@ rule experiment_config:
         L.config_json,
     log:
         L.log("experiment_config.log"),
-    params:
-        training=get_training_settings,
     conda:
         "../../envs/analysis.yaml"
+    params:
+        training=get_training_settings,
     script:
         "../scripts/experiment_config.py"
 
