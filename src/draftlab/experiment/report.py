@@ -460,7 +460,7 @@ def plot_ttt(curves: dict[str, list[float]], path: Path, serving: dict[str, list
         ax.set_xlabel("TTT step / draft position (0 = first drafted token)")
         ax.set_ylabel("validation accuracy (solid)\nserving acceptance (dashed)")
         ax.set_ylim(0, 1)
-        ax.set_title("Per-step accuracy of the trained drafters and acceptance by position when served")
+        ax.set_title("TTT accuracy per step (solid), served acceptance by position (dashed)", fontsize=10)
         if curves or serving:
             ax.legend(fontsize=7)
 
