@@ -13,7 +13,7 @@ if S.data.generated and S.data.engine == "server":
         conda:
             "../../envs/analysis.yaml"
         params:
-            value=get_generate_server,
+            server=get_generate_server,
         script:
             "../scripts/params_json.py"
 

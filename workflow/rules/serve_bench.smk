@@ -12,7 +12,7 @@ rule bench_plan:
     conda:
         "../../envs/analysis.yaml"
     params:
-        value=get_plan,
+        plan=get_plan,
     script:
         "../scripts/params_json.py"
 

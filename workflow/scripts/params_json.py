@@ -8,6 +8,6 @@ from draftlab.fsutil import write_json, write_text
 
 sm = snakemake  # noqa: F821 - injected by Snakemake
 
-write_json(sm.output[0], sm.params.value)
+write_json(sm.output[0], sm.params[0])  # the rule's one param (plan, server), names kept from the run: blocks
 if sm.log:
     write_text(sm.log[0], f"wrote {sm.output[0]}\n")
