@@ -201,7 +201,7 @@ def test_snakemake_html_report(smoke):
     decision = next(line for line in summary.splitlines() if line.startswith("**Decision:**"))
     # the landing page shows the decision sentence and the comparison table, no click needed
     assert decision.replace("**", "").replace("`", "")[:60] in text
-    assert "tok/s [95% CI]" in text and "1. Decision" in text and "2. Plots" in text
+    assert "paired speedup [95% CI]" in text and "1. Decision" in text and "2. Plots" in text
 
 
 def test_clean_rerun_is_reproducible(smoke, smoke_demo, tmp_path):

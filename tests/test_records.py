@@ -35,11 +35,30 @@ def _bench(path: Path, tps: list[float], accept: float | None, cycle_ms: float |
                "output_tps_ci95": [min(tps), max(tps)], "accept_length": accept, "cycle_ms": cycle_ms,
                "cycle_time_source": cycle_source if cycle_ms is not None else None, "ttft_s_median": 0.05, "latency_s_median": 0.4, "speculation_active": accept is not None}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"summary": summary, "rows": [], "config": {},
+    summary["output_tps_per_repeat"] = tps
+    path.write_text(json.dumps({"summary": summary, "rows": bench_rows(tps, accept, fingerprint),
+                                "config": {"max_new_tokens": 48, "ignore_eos": False, "limit": None},
                                 "prompt_set": {"path": "prompts.jsonl", "sha256": "ab" * 32, "count": 8},
                                 "server": {"fingerprint": fingerprint}}))
     (path.parent / "serve.json").write_text(json.dumps({"fingerprint": fingerprint, "launches": 1, "started_at":
                                                          1_700_000_000.0, "finished_at": 1_700_000_060.0, "ready_s": 3.0}))
+
+
+def bench_rows(tps: list[float], accept: float | None, fingerprint: str, prompts: int = 8) -> list[dict]:
+    """Per-request rows whose seconds per token are 1 / the pass's tok/s, times a per-prompt factor
+    (the prompts differ, the same way for every arm, plus a small wobble of this arm's own)."""
+    import math
+
+    rows = []
+    for rep, rate in enumerate(tps):
+        for j in range(prompts):
+            wobble = 1 + 0.02 * math.sin(3 * j + len(fingerprint))
+            decode = 48 / rate * (1 + 0.1 * j) * wobble
+            rows.append({"phase": "measure", "repeat": rep, "prompt_id": f"p{j}", "category": ("chat", "code")[j % 2],
+                         "completion_tokens": 48, "verify_ct": round(48 / accept) if accept else None,
+                         "decode_time_s": decode, "decode_time_source": "draft_time+verify_time",
+                         "latency_s": decode + 0.01})
+    return rows
 
 
 def _weights(folder: Path, seed: int) -> str:
@@ -193,12 +212,30 @@ def test_a_new_measurement_of_the_same_experiment_adds_rows(tmp_path):
     cfg = experiment_config()
     exp = make_experiment(tmp_path / "runs", cfg)
     write_records(build_records(exp, cfg, servers=SERVERS, clients=["default"]), exp / "r1.csv")
-    serve = exp / "bench/probe/s2-k1-d3/serve.json"
-    serve.write_text(json.dumps({**json.loads(serve.read_text()), "finished_at": 1_700_000_999.0}))
+    _bench(exp / "bench/probe/s2-k1-d3/default.json", [119.0, 117.0, 122.0], 1.6, 13.0, "f-probe")  # re-measured
     write_records(build_records(exp, cfg, servers=SERVERS, clients=["default"]), exp / "r2.csv")
     merge_into_global(exp / "r1.csv", tmp_path / "results")
     info = merge_into_global(exp / "r2.csv", tmp_path / "results")
     assert info["appended"] == 1  # only the re-measured probe is new
+
+
+def test_a_rerun_that_did_not_re_measure_adds_no_row(tmp_path):
+    """Issue 22: after `--config train='{steps: 90}'` the baseline and probe rows were appended again
+    (new config hash, same measurements): 3 baseline rows from 2 measurements."""
+    cfg = experiment_config()
+    exp = make_experiment(tmp_path / "runs", cfg)
+    write_records(build_records(exp, cfg, servers=SERVERS, clients=["default"]), exp / "r1.csv")
+    changed = experiment_config(train={"steps": 90})
+    assert config_hash(changed) != config_hash(cfg)
+    # the arms were retrained and re-measured; baseline and probe results are the files they were
+    _bench(exp / "bench/finetune-keep/s2-k1-d3/default.json", [150.0, 151.0, 149.0], 2.0, 14.0, "f-finetune-keep")
+    _bench(exp / "bench/scratch/s2-k1-d3/default.json", [131.0, 130.0, 133.0], 1.7, 14.0, "f-scratch")
+    write_records(build_records(exp, changed, servers=SERVERS, clients=["default"]), exp / "r2.csv")
+    merge_into_global(exp / "r1.csv", tmp_path / "results")
+    info = merge_into_global(exp / "r2.csv", tmp_path / "results")
+    assert info["appended"] == 2 and info["total"] == 6
+    merged = pd.read_csv(tmp_path / "results" / "records.csv")
+    assert (merged["variant"] == "baseline").sum() == 1 and (merged["variant"] == "probe").sum() == 1
 
 
 def _merge(args):

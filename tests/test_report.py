@@ -52,10 +52,18 @@ def test_summary_has_every_section_and_the_decision(tmp_path):
                     "## d2t: transferred mapping vs the fine-tune data's", "## Doctor findings", "## Probe gate"):
         assert heading in md, heading
     # decision in words: best drafter, transfer vs scratch, what to serve
-    assert "Best fine-tuned drafter by accept length: finetune-keep" in md
-    assert "Transfer beats training from scratch on the same data: best fine-tuned `finetune-keep` at s2-k1-d3 " \
-           "reaches accept length 2.10 vs 1.70" in md
-    assert "**Decision:** serve `finetune-keep` at s2-k1-d3: 160.0 tok/s [158.0, 162.0], 1.60x" in md
+    assert "Best fine-tuned drafter by paired throughput: `finetune-keep` at s2-k1-d3, 1.60x" in md
+    assert "Transfer vs training from scratch on the same data, both at s2-k1-d3: `finetune-keep` is faster than " \
+           "`scratch`" in md and "accept length 2.10 vs 1.70" in md
+    assert "**Decision:** serve `finetune-keep` at s2-k1-d3: 1.60x [" in md
+    # the recommendation comes first, and as a file
+    assert md.split("## Decision\n\n")[1].startswith("**Deploy:** `finetune-keep` at s2-k1-d3: expected 1.60x")
+    rec = json.loads(Path(out["recommendation"]).read_text())
+    assert rec["winner"] == "finetune-keep" and rec["setting"] == "s2-k1-d3"
+    assert rec["speedup_ci95"][0] > 1.0 and rec["expected_tps"] == pytest.approx(100.0 * rec["speedup"])
+    for heading in ("## Paired speedup against plain decoding", "### Host stability", "## Results per category",
+                    "## Every shorter chain, predicted from one launch"):
+        assert heading in md, heading
     # comparison table row: variant, tok/s [CI], accept length, val acc, speedup
     assert "| finetune-keep | s2-k1-d3 | default | 160.0 [158.0, 162.0] | 2.10 | 14.0 | 0.450 | 1.60 |" in md
     # break-even from the breakeven rule's standing file: 100 tok/s x 14 ms / 1000 = 1.40; 50 tok/s needs
@@ -257,12 +265,43 @@ def test_html_views_show_the_decision_in_a_real_browser(tmp_path):
     exp, out, md = _report(tmp_path)
     text = visible_text(Path(out["summary_html"]))
     assert "Decision: serve finetune-keep at s2-k1-d3" in text
-    assert "Transfer beats training from scratch" in text and "tok/s median [95% CI]" in text
+    assert "Transfer vs training from scratch" in text and "tok/s median [95% CI]" in text
+    assert "`" not in text  # code spans are code, not backticks (issue 22)
     html = Path(out["summary_html"]).read_text()
     assert html.count('src="data:image/png;base64,') == 3  # the plots travel inside the page
     frag = Path(out["decision_fragment"]).read_text()
-    assert "<strong>Decision:</strong>" in frag and "<th>tok/s [95% CI]</th>" in frag and "<html>" not in frag
+    assert "<strong>Decision:</strong>" in frag and "paired speedup [95% CI]</th>" in frag and "<html>" not in frag
+    assert "<code>" not in frag  # Snakemake's page draws backticks around <code>: monospace spans instead
+    assert frag.index("<strong>Deploy:</strong>") < frag.index("<strong>Decision:</strong>")
     records = visible_text(Path(out["records_html"]))
     assert "finetune-keep" in records and "train_settings_sha256" in records
     static = visible_text(Path(out["static_html"]))
     assert "doctor: probe" in static and "aux-layers-unusual" in static
+
+
+def test_code_spans_render_as_code_without_backticks():
+    """Issue 22: literal backticks showed in the HTML (a double-backtick span, a pipe inside code in a table)."""
+    from draftlab.experiment.report_html import _inline, markdown_to_html, rounded
+
+    assert _inline("serve `keep` with ``--flag `x` y``") == "serve <code>keep</code> with <code>--flag `x` y</code>"
+    assert _inline("`**not bold**` **bold** `<b>`") == "<code>**not bold**</code> <strong>bold</strong> <code>&lt;b&gt;</code>"
+    table = markdown_to_html("| a | b |\n|---|---|\n| `x | y` | z |")
+    assert "<td><code>x | y</code></td><td>z</td>" in table and "`" not in table
+    assert [rounded(c) for c in ("161.23456", "1.565217391", "0.5", "2", "abc.def", "3.0")] == \
+        ["161.2", "1.565", "0.5", "2", "abc.def", "3"]
+
+
+def test_landing_table_keeps_its_width_inside_the_report_page():
+    from draftlab.experiment.report_html import decision_fragment
+
+    frag = decision_fragment(["**Deploy:** `keep`"], ["| variant | tok/s [95% CI] |", "|---|---|", "| keep | 1.0 |"])
+    assert "width:max-content" in frag and "white-space:nowrap" in frag and "overflow-x:auto" in frag
+
+
+def test_serving_acceptance_by_position_is_taken_at_each_drafters_longest_chain():
+    from draftlab.experiment.report import acceptance_by_position
+
+    res = lambda rates: {"summary": {"accepted_per_position_rate": rates}, "rows": []}  # noqa: E731
+    bench = {("probe", "s2-k1-d3", "default"): res([0.5, 0.2]), ("probe", "s4-k1-d5", "default"): res([0.5, 0.2, 0.1, 0.0]),
+             ("finetune-keep", "s2-k1-d3", "other"): res([0.9, 0.8]), ("baseline", "plain", "default"): res(None)}
+    assert acceptance_by_position([], bench, "default") == {"probe": [0.5, 0.2, 0.1, 0.0]}

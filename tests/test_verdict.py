@@ -1,100 +1,135 @@
-"""The report's decision names a winner only where the measurements separate (issue 18)."""
+"""The report's decision: paired per prompt, like for like, a winner only where the data separate (issues 18, 22)."""
 
 from __future__ import annotations
 
-from draftlab.benchmark.bench import mean_ci95, summarize
+import math
+
+from draftlab.benchmark.recommend import recommendation
+from draftlab.benchmark.verdict import decide
 from draftlab.experiment.report import decision_text
-from draftlab.benchmark.verdict import compare_tps, decide
+
+PROMPTS = [f"p{i}" for i in range(24)]
 
 
-def row(variant, tps, ci, accept=None, val=None, spec="s2-k1-d3", status="ok"):
+def row(variant, spec="s2-k1-d3", accept=None, val=None, tps=100.0, status="ok"):
     """One records.csv row as csv.DictReader gives it (strings, empty for missing)."""
     s = lambda v: "" if v is None else str(v)  # noqa: E731
+    steps = "" if variant == "baseline" else spec.split("-")[0][1:]
     return {"variant": variant, "spec_id": "plain" if variant == "baseline" else spec, "client": "default",
-            "status": status, "tps_median": s(tps), "tps_ci_low": s(ci[0] if ci else None),
-            "tps_ci_high": s(ci[1] if ci else None), "accept_length": s(accept), "val_acc_mean": s(val),
-            "speedup": s(tps / 260.0 if tps else None), "cycle_ms": "14.0", "repeats": "3", "max_new_tokens": "48"}
+            "status": status, "tps_median": s(tps), "tps_ci_low": "", "tps_ci_high": "", "accept_length": s(accept),
+            "val_acc_mean": s(val), "speedup": "", "cycle_ms": "14.0", "repeats": "3", "max_new_tokens": "48",
+            "num_steps": steps, "topk": "" if variant == "baseline" else "1",
+            "num_draft_tokens": "" if variant == "baseline" else str(int(steps) + 1)}
 
 
-# The README run of issue 18: baseline [221.7, 300.3], keep [235.1, 303.2] -> 1.03x on overlap.
-OVERLAP = [
-    row("baseline", 261.0, (221.7, 300.3)),
-    row("probe", 250.0, (230.0, 270.0), accept=1.47),
-    row("finetune-keep", 269.0, (235.1, 303.2), accept=1.49, val=0.31),
-    row("finetune-remap", 262.0, (230.0, 295.0), accept=1.51, val=0.33),
-    row("finetune-regenerate", 252.0, (-4.6, 508.6), accept=1.25, val=0.0),
-    row("scratch", 240.0, (220.0, 260.0), accept=1.27, val=0.2),
-]
+def bench(speed: float, spread: float = 0.02, phase: float = 0.0, max_new: int = 48) -> dict:
+    """Per-request rows: prompt i takes (1 + i/10) s per 48 tokens on the baseline; this arm is ``speed``
+    times faster on each prompt, wobbling by ``spread`` (deterministic, shifted by ``phase``)."""
+    rows = []
+    for i, p in enumerate(PROMPTS):
+        ratio = speed * (1 + spread * math.sin(2.0 * i + phase))
+        for rep in range(3):
+            rows.append({"phase": "measure", "repeat": rep, "prompt_id": p, "category": "chat",
+                         "completion_tokens": 48, "decode_time_s": (1 + i / 10) / ratio,
+                         "decode_time_source": "draft_time+verify_time", "latency_s": (1 + i / 10) / ratio})
+    return {"rows": rows, "config": {"max_new_tokens": max_new, "ignore_eos": False, "limit": None},
+            "prompt_set": {"sha256": "ab"}, "summary": {"output_tps_per_repeat": [100.0, 100.0, 100.0]}}
 
 
-def test_overlapping_intervals_give_no_winner_and_say_what_would_tell():
-    d = decide(OVERLAP, "default")
+def case(*arms):
+    """``arms``: (records row, speed or a bench result); the baseline is added at speed 1."""
+    rows = [row("baseline")] + [r for r, _ in arms]
+    results = {("baseline", "plain"): bench(1.0, spread=0.0)}
+    for r, b in arms:
+        results[(r["variant"], r["spec_id"])] = b if isinstance(b, dict) else bench(b, phase=len(results))
+    return rows, results
+
+
+def test_the_best_setting_is_chosen_by_paired_throughput_not_accept_length():
+    """Issue 22 on CPU: keep at s4 had the highest accept length (1.66) and ran 0.67x plain decoding;
+    keep at s2 ran 1.17x. Scratch at s2 compared on like terms."""
+    rows, results = case((row("probe", accept=1.40), 1.05),
+                         (row("finetune-keep", "s4-k1-d5", accept=1.66, val=0.4), 0.67),
+                         (row("finetune-keep", accept=1.50, val=0.4), 1.17),
+                         (row("scratch", accept=1.30, val=0.3), 0.98),
+                         (row("scratch", "s4-k1-d5", accept=1.35, val=0.3), 0.60))
+    d = decide(rows, "default", results)
+    assert d["verdict"] == "serve"
+    assert (d["winner"]["variant"], d["winner"]["spec_id"]) == ("finetune-keep", "s2-k1-d3")
+    assert [(a["row"]["variant"], a["row"]["spec_id"]) for a in d["arms"]][0] == ("finetune-keep", "s2-k1-d3")
+    text = " ".join(d["lines"])
+    assert "Transfer vs training from scratch on the same data, both at s2-k1-d3: `finetune-keep` is faster than " \
+           "`scratch`" in text
+    assert "Fine-tuning vs the transferred drafter as is, both at s2-k1-d3" in text
+    assert "s4-k1-d5" not in d["lines"][-1]
+    rec = recommendation(d, rows[0], None)
+    assert rec["winner"] == "finetune-keep" and rec["setting"] == "s2-k1-d3" and rec["num_steps"] == 2
+    assert 1.1 < rec["speedup_ci95"][0] < rec["speedup"] < rec["speedup_ci95"][1] < 1.25
+    assert rec["expected_tps"] == rec["speedup"] * 100.0
+
+
+def test_no_winner_while_the_runner_up_is_not_separated():
+    rows, results = case((row("probe", accept=1.4), bench(1.50, spread=0.1, phase=1)),
+                         (row("finetune-keep", accept=1.6, val=0.4), bench(1.52, spread=0.1, phase=2)))
+    d = decide(rows, "default", results)
     assert d["verdict"] == "cannot-tell" and d["winner"] is None
+    last = d["lines"][-1]
+    assert "speculation beats plain decoding" in last and "cannot tell `finetune-keep` at s2-k1-d3 from the " \
+           "runner-up `probe` at s2-k1-d3" in last and "head to head" in last and "What would tell: about" in last
+    assert recommendation(d, rows[0], None) == {"winner": None, "verdict": "cannot-tell",
+                                                "reason": last.replace("**", "").replace("`", "")}
+
+
+def test_an_interval_that_holds_one_cannot_tell_and_says_how_many_prompts_would():
+    rows, results = case((row("probe", accept=1.2), bench(1.03, spread=0.2)))
+    d = decide(rows, "default", results)
+    assert d["verdict"] == "cannot-tell"
+    last = d["lines"][-1]
+    assert "cannot tell whether speculation beats plain decoding" in last and "holds 1.0" in last
+    n = d["paired"]["prompts_needed"]
+    assert n > len(PROMPTS) and f"about {n} prompts (now {len(PROMPTS)})" in last
+
+
+def test_every_arm_clearly_slower_keeps_plain_decoding():
+    rows, results = case((row("probe", accept=1.1), 0.8), (row("finetune-keep", accept=1.2, val=0.3), 0.9))
+    assert decide(rows, "default", results)["verdict"] == "plain"
+
+
+def test_results_on_another_budget_are_not_paired_and_not_decided_on():
+    rows, results = case((row("probe", accept=1.4), bench(2.0, max_new=64)),
+                         (row("finetune-keep", accept=1.5, val=0.4), 1.3))
+    d = decide(rows, "default", results)
     text = " ".join(d["lines"])
-    assert "cannot tell" in text and "more repeats" in text and "longer answers" in text
-    assert "not run concurrently" in text
-    assert "**Decision:** serve" not in text
-    # the deterministic number still points somewhere, said as such
-    assert "By accept length (deterministic), the best candidate is `finetune-remap` at s2-k1-d3 at 1.51" in text
-
-
-def test_arms_that_learnt_nothing_or_draft_worse_than_the_probe_are_never_the_decision():
-    rows = [r.copy() for r in OVERLAP]
-    # regenerate now has the highest median and an interval clear of the baseline's: still excluded
-    rows[4].update(tps_median="400.0", tps_ci_low="390.0", tps_ci_high="410.0")
-    d = decide(rows, "default")
-    assert d["winner"] is None or d["winner"]["variant"] != "finetune-regenerate"
-    text = " ".join(d["lines"])
-    assert "`finetune-regenerate` at s2-k1-d3 is not a candidate: validation accuracy 0" in text
-    assert "`scratch` at s2-k1-d3 is not a candidate: accept length 1.27 below the probe's 1.47" in text
-
-
-def test_separated_intervals_name_the_winner():
-    rows = [row("baseline", 100.0, (98.0, 102.0)), row("probe", 120.0, (118.0, 121.0), accept=1.6),
-            row("finetune-keep", 160.0, (158.0, 162.0), accept=2.1, val=0.45),
-            row("scratch", 130.0, (129.0, 131.0), accept=1.7, val=0.3)]
-    d = decide(rows, "default")
+    assert "`probe` at s2-k1-d3 is not compared: different max_new_tokens (48 vs 64)" in text
     assert d["verdict"] == "serve" and d["winner"]["variant"] == "finetune-keep"
-    assert "the intervals do not overlap" in d["lines"][-1]
 
 
-def test_two_winners_that_do_not_separate_are_split_by_accept_length():
-    rows = [row("baseline", 100.0, (98.0, 102.0)), row("probe", 150.0, (140.0, 170.0), accept=1.6),
-            row("finetune-keep", 160.0, (150.0, 168.0), accept=2.1, val=0.45)]
-    d = decide(rows, "default")
-    assert d["verdict"] == "serve" and d["winner"]["variant"] == "finetune-keep"
-    assert "not each other" in d["lines"][-1]
+def test_an_arm_that_learnt_nothing_is_never_the_decision():
+    rows, results = case((row("probe", accept=1.4), 1.2), (row("finetune-regenerate", accept=1.1, val=0.0), 3.0))
+    d = decide(rows, "default", results)
+    assert d["winner"]["variant"] == "probe"
+    assert "`finetune-regenerate` at s2-k1-d3 is not a candidate: validation accuracy 0" in " ".join(d["lines"])
 
 
-def test_every_drafter_clearly_slower_keeps_plain_decoding():
-    rows = [row("baseline", 100.0, (98.0, 102.0)), row("probe", 80.0, (78.0, 82.0), accept=1.2)]
-    assert decide(rows, "default")["verdict"] == "plain"
+def test_without_per_request_results_nothing_is_decided():
+    rows, _ = case((row("probe", accept=1.4), 1.2))
+    d = decide(rows, "default", {})
+    assert d["verdict"] == "cannot-tell" and "no drafter result pairs with the baseline" in d["lines"][-1]
 
 
-def test_accept_length_ties_are_said_as_ties():
-    rows = [row("baseline", 100.0, (90.0, 110.0)), row("probe", 101.0, (95.0, 105.0), accept=1.161),
-            row("finetune-keep", 99.0, (90.0, 108.0), accept=1.163, val=0.3)]
-    text = decide(rows, "default")["lines"][-1]
-    assert "`probe` at s2-k1-d3, `finetune-keep` at s2-k1-d3 tie at 1.16" in text
+def test_decision_text_puts_the_decision_first():
+    rows, results = case((row("probe", accept=1.4), 1.2), (row("finetune-keep", accept=1.5, val=0.4), 1.6))
+    text = decision_text(rows, {"pass": True, "reason": "ok"}, {(v, s, "default"): r for (v, s), r in results.items()})
+    assert text[0].startswith("**Decision:** serve `finetune-keep` at s2-k1-d3: 1.60x")
+    assert any(t.startswith("Best fine-tuned drafter by paired throughput: `finetune-keep` at s2-k1-d3") for t in text)
 
 
-def test_one_repeat_has_no_interval_so_the_run_cannot_tell():
-    rows = [row("baseline", 100.0, None), row("probe", 130.0, None, accept=1.6)]
-    assert compare_tps(rows[1], rows[0]) is None
-    d = decide(rows, "default")
-    assert d["verdict"] == "cannot-tell" and "no interval (1 repeat)" in d["lines"][-1]
-
-
-def test_transfer_vs_scratch_agrees_with_the_table():
-    """Issue 18: 'does not beat ... 1.25 vs 1.27' beside a table with keep/remap at 1.49/1.51."""
-    text = " ".join(decision_text(OVERLAP, {"pass": True, "reason": "ok"}))
-    assert "Transfer beats training from scratch on the same data: best fine-tuned `finetune-remap` at " \
-           "s2-k1-d3 reaches accept length 1.51 vs 1.27" in text
-
-
-def test_throughput_interval_never_goes_negative():
-    low, high = mean_ci95([0.5, 500.0, 10.0], floor=0.0)
-    assert low == 0.0 and high > 0
-    rows = [{"phase": "measure", "repeat": i, "completion_tokens": c, "prompt_tokens": 4, "latency_s": 0.1} for i, c in enumerate([1, 400, 9])]
-    s = summarize(rows, [1.0, 1.0, 1.0], api="sglang")
-    assert s["output_tps_ci95"][0] == 0.0 and "clamped at 0" in s["output_tps_ci_method"]
+def test_a_noisy_host_is_said_beside_the_decision():
+    rows, results = case((row("probe", accept=1.4), 1.2))
+    calm = decision_text(rows, None, {(v, s, "default"): r for (v, s), r in results.items()})
+    assert not any("Noisy host" in t for t in calm)
+    shaky = results[("probe", "s2-k1-d3")]
+    for r in shaky["rows"]:
+        r["decode_time_s"] *= (1.0, 1.3, 0.8)[r["repeat"]]
+    text = decision_text(rows, None, {(v, s, "default"): r for (v, s), r in results.items()})
+    assert any(t.startswith("**Noisy host:** the repeats of `probe` at s2-k1-d3 disagree") for t in text)

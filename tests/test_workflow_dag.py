@@ -159,6 +159,14 @@ def test_report_is_handed_exactly_the_configured_arms(workdir, tmp_path):
     assert doctor == [f"{exp}/static/doctor-probe.json", f"{exp}/static/doctor-finetune-keep.json"]
     assert train == [f"{exp}/train/finetune-keep"] and "scratch" not in report
     assert job_counts(out)["train"] == 1
+    # issue 22: the per-request results (paired speedups) and the plans (the recommendation's launch
+    # command) of exactly the configured servers; the recommendation is the rule's output
+    bench = report.split("--bench ", 1)[1].split(" --", 1)[0].split()
+    plans = report.split("--plans ", 1)[1].split(" >", 1)[0].split()
+    assert f"{exp}/bench/baseline/plain/default.json" in bench and all("scratch" not in b for b in bench)
+    assert f"{exp}/bench/finetune-keep/s2-k1-d3/plan.json" in plans and all("baseline" not in p for p in plans)
+    job = next(b for b in job_blocks(out) if "rule report:" in b)
+    assert f"{exp}/report/recommendation.json" in job
 
 
 def test_unknown_config_key_stops_the_workflow(workdir, tmp_path):

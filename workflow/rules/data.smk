@@ -10,12 +10,12 @@ if S.data.generated and S.data.engine == "server":
         log:
             L.log("generate_server.log"),
         localrule: True
+        conda:
+            "../../envs/analysis.yaml"
         params:
             server=get_generate_server,
-        run:
-            from draftlab.fsutil import write_json
-
-            write_json(output.server, params.server)
+        script:
+            "../scripts/params_json.py"
 
 
 if S.data.generated:

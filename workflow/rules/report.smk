@@ -42,10 +42,15 @@ rule report:
         standing=get_standing_files(),
         static_md=get_static_summaries(),
         data_stats=[L.generate_stats] if S.data.generated else [],
+        # per-request rows: paired speedups, per-category results, chain predictions
+        bench=get_bench_results(),
+        # the servers' plans: the recommendation's launch command comes from the same builder
+        plans=[L.bench_plan(v, s) for v, s in get_server_jobs() if v != "baseline"],
     output:
         # snakemake --report shows PNG and HTML inline, Markdown/CSV/JSON only as dead data: links,
         # so what a person reads there is HTML (rendered from the Markdown) with captions
         summary=L.summary,
+        recommendation=L.recommendation,
         summary_html=report(
             L.report_file("summary.html"),
             caption="../report/summary.rst",
@@ -96,4 +101,5 @@ rule report:
         " --target-tps {params.target_tps} --standing {input.standing}"
         " --gate {input.gate} --doctor {input.doctor} --train {input.train}"
         " --d2t-diff {input.d2t} --d2t-coverage {input.coverage}"
-        " --static-md {input.static_md} {params.data_stats} > {log} 2>&1"
+        " --static-md {input.static_md} {params.data_stats}"
+        " --bench {input.bench} --plans {input.plans} > {log} 2>&1"

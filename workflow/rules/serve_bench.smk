@@ -9,12 +9,12 @@ rule bench_plan:
     log:
         L.log("bench_plan", "{variant}-{spec}.log"),
     localrule: True
+    conda:
+        "../../envs/analysis.yaml"
     params:
         plan=get_plan,
-    run:
-        from draftlab.fsutil import write_json
-
-        write_json(output.plan, params.plan)
+    script:
+        "../scripts/params_json.py"
 
 
 rule serve_bench:

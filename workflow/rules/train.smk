@@ -17,13 +17,12 @@ rule experiment_config:
         L.config_json,
     log:
         L.log("experiment_config.log"),
+    conda:
+        "../../envs/analysis.yaml"
     params:
         training=get_training_settings,
-    run:
-        from draftlab.fsutil import write_text
-
-        S.write(output[0])
-        write_text(log[0], f"wrote {output[0]}\n")
+    script:
+        "../scripts/experiment_config.py"
 
 
 rule train:

@@ -237,6 +237,24 @@ def accept_count_keys(meta: dict) -> tuple[str, str] | None:
     return next(((a, p) for a, p in ACCEPT_COUNT_KEYS if a in meta or p in meta), None)
 
 
+def at_least_counts(histogram: Any) -> list[int] | None:
+    """SGLang 0.5.23's ``spec_correct_drafts_histogram`` as accepts per draft position.
+
+    Entry j of the histogram counts the verify cycles with exactly j correct drafts (SGLang's
+    ``io_struct``: "histogram[3] = 10 means 10 steps with 3 accepted tokens"); in a chain, draft i was
+    accepted in every cycle with at least i correct, so position i counts sum_{j>=i} histogram[j]
+    (the builtin server's ``spec_accept_by_position``). None when absent or malformed.
+    """
+    if isinstance(histogram, list) and len(histogram) == 1 and isinstance(histogram[0], list):
+        histogram = histogram[0]  # a batch-shaped answer to one prompt
+    if not isinstance(histogram, list) or len(histogram) < 2:
+        return None
+    counts = [_int_or_none(x) for x in histogram]
+    if any(c is None or c < 0 for c in counts):
+        return None
+    return [sum(counts[i:]) for i in range(1, len(counts))]
+
+
 def parse_sglang_meta(meta: dict) -> dict[str, Any]:
     """Raw counts from an SGLang/builtin ``meta_info``, tolerating every known field naming."""
     accepted = proposed = None
@@ -255,6 +273,8 @@ def parse_sglang_meta(meta: dict) -> dict[str, Any]:
     else:
         decode, source = None, None
     by_pos = meta.get("spec_accept_by_position")  # draftlab's builtin server: accepts per draft position
+    if not isinstance(by_pos, list):
+        by_pos = at_least_counts(meta.get("spec_correct_drafts_histogram"))  # SGLang 0.5.23
     return {
         "prompt_tokens": _int_or_none(meta.get("prompt_tokens")),
         "completion_tokens": _int_or_none(meta.get("completion_tokens")),

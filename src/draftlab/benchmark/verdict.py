@@ -1,22 +1,28 @@
-"""The decision a report states, only as far as the measurements separate.
+"""The decision a report states, only as far as paired measurements separate.
 
-Two kinds of numbers, two rules. Accept length is a count (completion tokens / verify cycles) and,
-for greedy decoding of the same prompts, a deterministic function of the outputs: two arms compare
-directly. Throughput is timed on a shared machine and varies from run to run: one arm is faster than
-another only when their 95% intervals do not overlap. Where they overlap, or an arm has no interval
-(one repeat), the report says the run cannot tell and what would (more repeats, longer answers, no
-concurrent benchmarks), instead of naming a winner by a noisy median.
+Every arm answers the same prompts with the same greedy budget as the baseline, so arms are compared
+prompt by prompt (draftlab.benchmark.paired): speedup = geometric mean over prompts of the baseline's
+seconds per output token / the arm's, with a seeded bootstrap 95% interval over prompts. Each arm
+(variant) stands at its best setting by that paired speedup; accept length never picks a setting or
+an arm (a long chain can accept more and still run slower than plain decoding).
 
-A trained arm that learnt nothing (validation accuracy 0) or drafts worse than the untouched probe
-is never "the decision", whatever its median says.
+A winner is named only where its paired interval excludes 1.0 against the baseline *and* the paired
+comparison with the runner-up (the next arm, on the same prompts) excludes 1.0; otherwise the report
+says the run cannot tell, with the numbers and how many prompts would. Results that cannot be paired
+(other prompts or budget than the baseline's) are listed and left out. Transfer vs scratch and
+fine-tuned vs probe are compared at one setting. A trained arm that learnt nothing (validation
+accuracy 0) is never the decision.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
+from draftlab.benchmark import paired as pairing
 from draftlab.textsafe import code, md
+
+Bench = Mapping[tuple[str, str], Mapping[str, Any]]  # (variant, spec) -> bench result JSON, one client
 
 
 def num(v: Any) -> float | None:
@@ -40,24 +46,12 @@ def interval(row: dict[str, Any]) -> tuple[float, float] | None:
     return None if lo is None or hi is None else (lo, hi)
 
 
-def compare_tps(a: dict[str, Any], b: dict[str, Any]) -> int | None:
-    """+1 when a's interval lies wholly above b's, -1 wholly below, 0 overlap, None without intervals."""
-    ia, ib = interval(a), interval(b)
-    if ia is None or ib is None:
-        return None
-    if ia[0] > ib[1]:
-        return 1
-    if ia[1] < ib[0]:
-        return -1
-    return 0
-
-
 def ci_text(row: dict[str, Any]) -> str:
     iv = interval(row)
     return "no interval (1 repeat)" if iv is None else f"[{iv[0]:.1f}, {iv[1]:.1f}]"
 
 
-def label(row: dict[str, Any]) -> str:
+def label(row: Mapping[str, Any]) -> str:
     return f"{code(row['variant'])} at {md(row['spec_id'])}"
 
 
@@ -70,95 +64,167 @@ def baseline_row(rows: Sequence[dict[str, Any]], client: str) -> dict[str, Any] 
 
 
 def best_by_accept(rows: Sequence[dict[str, Any]], variants: Sequence[str], client: str) -> dict[str, Any] | None:
-    """The arm with the highest accept length (a deterministic count, so compared directly)."""
+    """The row with the highest accept length: for display (the probe's level in a plot), never a decider."""
     cands = [r for r in ok_rows(rows, client) if r["variant"] in variants and num(r["accept_length"]) is not None]
     return max(cands, key=lambda r: num(r["accept_length"])) if cands else None
 
 
-def disqualified(row: dict[str, Any], probe_accept: float | None) -> str | None:
+def speedup_text(p: Mapping[str, Any]) -> str:
+    """``1.23x [1.10, 1.37] (37 prompts)`` (or why there is no paired number)."""
+    if not p.get("paired"):
+        return f"not paired: {p.get('reason')}"
+    ci = p.get("ci95")
+    iv = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else " (no interval: one prompt)"
+    return f"{p['speedup']:.2f}x{iv} ({p['prompts']} prompts)"
+
+
+def _needed(p: Mapping[str, Any]) -> str:
+    n = p.get("prompts_needed")
+    return f"about {n} prompts (now {p['prompts']})" if n else f"more prompts than {p.get('prompts')}"
+
+
+def disqualified(row: Mapping[str, Any]) -> str | None:
     """Why a trained arm cannot be the decision, or None."""
     if row["variant"] in ("probe", "reference"):
         return None
     acc = num(row.get("val_acc_mean"))
     if acc is not None and acc <= 0.0:
         return "validation accuracy 0"
-    length = num(row["accept_length"])
-    if probe_accept is not None and length is not None and length < probe_accept:
-        return f"accept length {length:.2f} below the probe's {probe_accept:.2f}"
     return None
 
 
-def what_would_tell(rows: Sequence[dict[str, Any]]) -> str:
-    reps = sorted({md(r.get("repeats"), 20) for r in rows if r.get("repeats") not in (None, "")})
-    toks = sorted({md(r.get("max_new_tokens"), 20) for r in rows if r.get("max_new_tokens") not in (None, "")})
-    return ("more repeats (`bench.clients[].repeats`, now " + "/".join(reps or ["?"]) + "), longer answers "
-            "(`max_new_tokens`, now " + "/".join(toks or ["?"]) + "), and benchmarks not run concurrently "
-            "(one `bench_slot`, the default) on an otherwise idle machine")
+def arm_table(rows: Sequence[dict[str, Any]], client: str, bench: Bench) -> list[dict[str, Any]]:
+    """Every measured drafter row with its paired speedup against the baseline (same client)."""
+    base = baseline_row(rows, client)
+    base_res = bench.get(("baseline", "plain")) if base else None
+    out = []
+    for r in ok_rows(rows, client):
+        if r["variant"] == "baseline" or num(r.get("accept_length")) is None:
+            continue
+        res = bench.get((r["variant"], r["spec_id"]))
+        if base_res is None or res is None:
+            p = {"paired": False, "reason": "no per-request results for the baseline or this arm", "speedup": None,
+                 "prompts": 0}
+        else:
+            p = pairing.paired_speedup(base_res, res)
+        out.append({"row": r, "paired": p})
+    return out
 
 
-def transfer_vs_scratch(rows: Sequence[dict[str, Any]], client: str) -> str | None:
-    """One sentence from accept lengths, the same numbers as the comparison table."""
-    trained = sorted({r["variant"] for r in rows if r["variant"].startswith("finetune-")})
-    ft, sc = best_by_accept(rows, trained, client), best_by_accept(rows, ["scratch"], client)
-    if not ft or not sc:
-        return None
-    a, b = num(ft["accept_length"]), num(sc["accept_length"])
-    if round(a, 2) == round(b, 2):
-        verb = "ties with"
-    else:
-        verb = "beats" if a > b else "does not beat"
-    return (f"Transfer {verb} training from scratch on the same data: best fine-tuned {label(ft)} reaches "
-            f"accept length {a:.2f} vs {b:.2f} for the control arm {label(sc)}.")
+def best_settings(arms: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per variant, the paired arm with the highest paired speedup; fastest first."""
+    best: dict[str, dict[str, Any]] = {}
+    for a in arms:
+        if not a["paired"].get("paired"):
+            continue
+        v = a["row"]["variant"]
+        if v not in best or a["paired"]["speedup"] > best[v]["paired"]["speedup"]:
+            best[v] = a
+    return sorted(best.values(), key=lambda a: -a["paired"]["speedup"])
 
 
-def decide(rows: Sequence[dict[str, Any]], client: str) -> dict[str, Any]:
-    """``{"verdict": serve|plain|cannot-tell|none, "winner": row|None, "lines": [...]}``."""
+def head_to_head(bench: Bench, a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """``a``'s paired speedup over ``b`` (rows), on the prompts both answered."""
+    ra, rb = bench.get((a["variant"], a["spec_id"])), bench.get((b["variant"], b["spec_id"]))
+    if ra is None or rb is None:
+        return {"paired": False, "reason": "no per-request results", "speedup": None, "prompts": 0}
+    return pairing.paired_speedup(rb, ra, by_category=False)
+
+
+def what_would_tell(p: Mapping[str, Any]) -> str:
+    return (f"{_needed(p)} (`bench.clients[].limit` or a larger prompt file), on an otherwise idle host "
+            "(one `bench_slot`, the default)")
+
+
+def like_for_like(rows: Sequence[dict[str, Any]], client: str, bench: Bench,
+                  best: Sequence[dict[str, Any]]) -> list[str]:
+    """Transfer vs scratch and fine-tuned vs probe, each pair at one setting (the fine-tuned arm's best)."""
+    tuned = [a for a in best if a["row"]["variant"].startswith("finetune-")]
+    if not tuned:
+        return []
+    ft = tuned[0]["row"]
+    lines = []
+    for other, what in (("scratch", "Transfer vs training from scratch on the same data"),
+                        ("probe", "Fine-tuning vs the transferred drafter as is")):
+        peer = next((r for r in ok_rows(rows, client) if r["variant"] == other and r["spec_id"] == ft["spec_id"]), None)
+        if peer is None:
+            continue
+        p = head_to_head(bench, ft, peer)
+        if not p.get("paired"):
+            lines.append(f"{what}, at {ft['spec_id']}: {speedup_text(p)}.")
+            continue
+        ci = p.get("ci95")
+        if ci and ci[0] > 1.0:
+            verb = "faster than"
+        elif ci and ci[1] < 1.0:
+            verb = "slower than"
+        else:
+            verb = "not separable from"
+        lines.append(f"{what}, both at {md(ft['spec_id'])}: {code(ft['variant'])} is {verb} {code(other)} ({speedup_text(p)}, "
+                     f"paired; accept length {fmt(ft['accept_length'])} vs {fmt(peer['accept_length'])}).")
+    return lines
+
+
+def decide(rows: Sequence[dict[str, Any]], client: str, bench: Bench | None = None) -> dict[str, Any]:
+    """``{"verdict": serve|plain|cannot-tell|none, "winner": row|None, "paired": {...}|None, "lines": [...]}``.
+
+    ``bench`` maps (variant, spec) to that result's bench JSON for ``client`` (per-request rows); the
+    last line is the decision sentence. Also returned: ``arms`` (best setting per variant, fastest first,
+    with paired numbers), ``runner_up`` and ``versus_runner_up``.
+    """
+    bench = bench or {}
     base = baseline_row(rows, client)
     drafted = [r for r in ok_rows(rows, client) if r["variant"] != "baseline" and num(r["accept_length"]) is not None]
+    empty = {"winner": None, "paired": None, "arms": [], "runner_up": None, "versus_runner_up": None}
     if not drafted:
-        return {"verdict": "none", "winner": None, "lines": ["**Decision:** no drafter was measured."]}
-    probe = best_by_accept(rows, ["probe"], client)
-    probe_accept = num(probe["accept_length"]) if probe else None
-    lines, eligible = [], []
-    for r in drafted:
-        why = disqualified(r, probe_accept)
-        if why:
-            lines.append(f"{label(r)} is not a candidate: {why}.")
-        else:
-            eligible.append(r)
-    if not eligible:
-        return {"verdict": "plain", "winner": None,
-                "lines": lines + ["**Decision:** keep serving without speculation: no drafter qualifies."]}
+        return {**empty, "verdict": "none", "lines": ["**Decision:** no drafter was measured."]}
     if base is None:
-        return {"verdict": "cannot-tell", "winner": None,
-                "lines": lines + ["**Decision:** the run cannot tell: no baseline was measured."]}
-    vs_base = [(r, compare_tps(r, base)) for r in eligible]
-    faster = [r for r, c in vs_base if c == 1]
-    slower = [r for r, c in vs_base if c == -1]
-    base_txt = f"the baseline's {fmt(base['tps_median'], '{:.1f}')} tok/s {ci_text(base)}"
-    if faster:
-        top = max(faster, key=lambda r: num(r["tps_median"]) or 0.0)
-        rivals = [r for r in faster if r is not top and compare_tps(top, r) != 1]
-        if rivals:
-            by_acc = max([top] + rivals, key=lambda r: num(r["accept_length"]))
-            names = ", ".join(label(r) for r in [top] + rivals)
-            lines.append(f"**Decision:** serve {label(by_acc)}. {names} all beat plain decoding ({base_txt}) with "
-                         f"intervals that do not overlap it, but not each other; among them {label(by_acc)} has the "
-                         f"highest accept length ({fmt(by_acc['accept_length'])}).")
-            return {"verdict": "serve", "winner": by_acc, "lines": lines}
-        lines.append(f"**Decision:** serve {label(top)}: {fmt(top['tps_median'], '{:.1f}')} tok/s {ci_text(top)}, "
-                     f"{fmt(top['speedup'])}x {base_txt} (client {code(client)}); the intervals do not overlap.")
-        return {"verdict": "serve", "winner": top, "lines": lines}
-    if len(slower) == len(eligible):
-        lines.append(f"**Decision:** keep serving without speculation: every candidate drafter is slower than "
-                     f"{base_txt}, with intervals that do not overlap it.")
-        return {"verdict": "plain", "winner": None, "lines": lines}
-    top = max(round(num(r["accept_length"]), 2) for r in eligible)
-    best = [r for r in eligible if round(num(r["accept_length"]), 2) == top]
-    hint = (f" By accept length (deterministic), the best candidate is {label(best[0])} at {top:.2f}." if len(best) == 1
-            else f" By accept length (deterministic), {', '.join(label(r) for r in best)} tie at {top:.2f}.")
-    unclear = [r for r, c in vs_base if c != -1]
-    detail = "; ".join(f"{label(r)} {fmt(r['tps_median'], '{:.1f}')} tok/s {ci_text(r)}" for r in unclear)
-    lines.append(f"**Decision:** this run cannot tell whether speculation beats plain decoding: {detail} against "
-                 f"{base_txt} (intervals overlap or are missing).{hint} What would tell: {what_would_tell(rows)}.")
-    return {"verdict": "cannot-tell", "winner": None, "lines": lines}
+        return {**empty, "verdict": "cannot-tell",
+                "lines": ["**Decision:** the run cannot tell: no baseline was measured."]}
+    lines = []
+    arms = []
+    for a in arm_table(rows, client, bench):
+        why = disqualified(a["row"])
+        if why:
+            lines.append(f"{label(a['row'])} is not a candidate: {why}.")
+        elif not a["paired"].get("paired"):
+            lines.append(f"{label(a['row'])} is not compared: {a['paired']['reason']} (no pairing with the baseline).")
+        else:
+            arms.append(a)
+    best = best_settings(arms)
+    if not best:
+        return {**empty, "verdict": "cannot-tell",
+                "lines": lines + ["**Decision:** the run cannot tell: no drafter result pairs with the baseline's."]}
+    lines += like_for_like(rows, client, bench, best)
+    top, runner = best[0], (best[1] if len(best) > 1 else None)
+    p = top["paired"]
+    res = {**empty, "arms": best, "paired": p, "runner_up": runner["row"] if runner else None}
+    standing = "; ".join(f"{label(a['row'])} {speedup_text(a['paired'])}" for a in best)
+    ci = p.get("ci95")
+    if all(a["paired"].get("ci95") and a["paired"]["ci95"][1] < 1.0 for a in best):
+        lines.append(f"**Decision:** keep serving without speculation: every drafter, at its best setting, is slower "
+                     f"than plain decoding on the same prompts ({standing}).")
+        return {**res, "verdict": "plain", "lines": lines}
+    if not ci or ci[0] <= 1.0:
+        lines.append(f"**Decision:** this run cannot tell whether speculation beats plain decoding: the fastest arm, "
+                     f"{label(top['row'])}, runs {speedup_text(p)} against the baseline on the same prompts, an "
+                     f"interval that holds 1.0 (all arms at their best setting: {standing}). What would tell: "
+                     f"{what_would_tell(p)}.")
+        return {**res, "verdict": "cannot-tell", "lines": lines}
+    if runner is not None:
+        h2h = head_to_head(bench, top["row"], runner["row"])
+        res["versus_runner_up"] = h2h
+        hci = h2h.get("ci95")
+        if not h2h.get("paired") or not hci or hci[0] <= 1.0:
+            lines.append(f"**Decision:** speculation beats plain decoding ({label(top['row'])} {speedup_text(p)}), but "
+                         f"this run cannot tell {label(top['row'])} from the runner-up {label(runner['row'])} "
+                         f"({speedup_text(runner['paired'])}): head to head {speedup_text(h2h)}. What would tell: "
+                         f"{what_would_tell(h2h) if h2h.get('paired') else 'results on the same prompts'}.")
+            return {**res, "verdict": "cannot-tell", "lines": lines}
+        vs = f"; {speedup_text(h2h)} over the runner-up {label(runner['row'])}, same prompts"
+    else:
+        vs = ""
+    lines.append(f"**Decision:** serve {label(top['row'])}: {speedup_text(p)} over plain decoding, paired per "
+                 f"prompt{vs} (median {fmt(top['row']['tps_median'], '{:.1f}')} tok/s against the baseline's "
+                 f"{fmt(base['tps_median'], '{:.1f}')}, client {code(client)}).")
+    return {**res, "verdict": "serve", "winner": top["row"], "lines": lines}

@@ -38,6 +38,12 @@ def register(sub) -> None:
     p.add_argument("--d2t-coverage", metavar="JSON", help="d2t coverage (default <exp-dir>/static/d2t-coverage.json)")
     p.add_argument("--data-stats", metavar="JSON",
                    help="generate_data's stats (the fine-tune data section); left out: the data was a given file")
+    p.add_argument("--bench", nargs="*", metavar="JSON",
+                   help="bench results with per-request rows (bench/<variant>/<spec>/<client>.json), for the paired "
+                        "speedups and the chain predictions (default: those of the records' rows)")
+    p.add_argument("--plans", nargs="*", metavar="JSON",
+                   help="server plans (bench/<variant>/<spec>/plan.json) the recommendation's launch command is "
+                        "built from (default: those of the records' drafter rows)")
     add_json_flag(p)
     p.set_defaults(func=_report)
 
@@ -61,7 +67,8 @@ def _report(args: argparse.Namespace) -> int:
 
     out = write_report(args.exp_dir, args.out_dir, args.records, target_tps=args.target_tps, standing=args.standing,
                        static_md=args.static_md, gate=args.gate, doctor=args.doctor, train=args.train,
-                       d2t_diff=args.d2t_diff, d2t_coverage=args.d2t_coverage, data_stats=args.data_stats)
+                       d2t_diff=args.d2t_diff, d2t_coverage=args.d2t_coverage, data_stats=args.data_stats,
+                       bench=args.bench, plans=args.plans)
     emit(args, out, lambda o: f"report: {o['summary']}")
     return 0
 

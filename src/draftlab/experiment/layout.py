@@ -215,6 +215,11 @@ class Layout:
     def summary(self) -> str:
         return self.report_file("summary.md")
 
+    @property
+    def recommendation(self) -> str:
+        """The deploy recommendation: winning drafter, setting, launch command, expected speedup."""
+        return self.report_file("recommendation.json")
+
     def standing(self, spec: str, client: str) -> str:
         """The breakeven rule's standing of every drafter at one setting and client."""
         return self._p("report", "breakeven", spec, f"{client}.json")

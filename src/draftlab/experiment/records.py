@@ -1,7 +1,7 @@
 """Records: one row per benchmark result, and the append-only global tables.
 
 Per experiment, :func:`build_records` reads the result layout under ``results/<experiment>/`` and
-makes a table (``records/records.csv`` + ``.parquet``, outputs of a Snakemake rule). Then
+makes a table (a row's ``row_id`` hashes the benchmark result file it reports: one row per measurement) (``records/records.csv`` + ``.parquet``, outputs of a Snakemake rule). Then
 :func:`merge_into_global` appends its rows to ``results/records.csv`` and ``results/records.parquet``
 by key (``row_id``): rows already there are never rewritten, a new experiment or a new measurement
 adds rows, and merging the same table twice adds nothing. The global files are not Snakemake outputs
@@ -30,7 +30,7 @@ from draftlab.fsutil import atomic_path, locked, named_digest, read_json, sha256
 # Columns that legitimately differ between two identical runs (clock, machine load, run identity).
 TIMING_COLUMNS = ("tps_median", "tps_mean", "tps_ci_low", "tps_ci_high", "cycle_ms", "speedup",
                   "ttft_s", "latency_s_median", "bench_seconds", "server_ready_s", "created_at")
-RUN_COLUMNS = ("row_id", "draftlab_commit")
+RUN_COLUMNS = ("row_id", "draftlab_commit", "measurement_sha256")
 INT_COLUMNS = ("tp", "num_steps", "topk", "num_draft_tokens", "prompt_count", "max_new_tokens", "concurrency",
                "repeats", "requests", "completion_tokens", "verify_ct")
 VARIANT_ORDER = ("baseline", "probe", "reference", "finetune-keep", "finetune-remap", "finetune-regenerate", "scratch")
@@ -264,8 +264,11 @@ def build_records(exp_dir: str | os.PathLike, cfg: Mapping[str, Any], *, servers
                 "server_ready_s": serve.get("ready_s"),
                 "created_at": pd.Timestamp(created, unit="s", tz="UTC").isoformat() if created else None,
             }
-            row["row_id"] = _row_id([row["experiment"], variant, sid, client, chash, dinfo["drafter_weights_sha256"],
-                                     row["created_at"]])
+            # a row is a measurement: keyed by the result file's bytes, not by the config that asked for it,
+            # so a rerun that did not re-measure (a train.* change leaves the baseline's result as it was)
+            # adds no row to the global tables
+            row["measurement_sha256"] = sha256_file(path)
+            row["row_id"] = _row_id([row["experiment"], variant, sid, client, row["measurement_sha256"]])
             rows.append(row)
     base = {r["client"]: r["tps_median"] for r in rows if r["variant"] == "baseline" and r["tps_median"]}
     for r in rows:

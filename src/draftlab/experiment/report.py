@@ -22,7 +22,10 @@ from draftlab.errors import DraftlabError
 from draftlab.experiment import report_html as html_view
 from draftlab.fsutil import atomic_path, write_text
 from draftlab.textsafe import code, md as esc
-from draftlab.benchmark.verdict import baseline_row, best_by_accept, ci_text, decide, fmt, num, transfer_vs_scratch
+from draftlab.benchmark import chain as chains
+from draftlab.benchmark import paired as pairing
+from draftlab.benchmark import recommend
+from draftlab.benchmark.verdict import baseline_row, best_by_accept, ci_text, decide, fmt, label, num, speedup_text
 
 PLOTS = {"accept": "accept_length.png", "tps": "throughput.png", "ttt": "ttt_accuracy.png"}
 
@@ -56,38 +59,59 @@ def _ok(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if r["status"] == "ok"]
 
 
-def decision_text(rows: list[dict[str, Any]], gate: dict[str, Any] | None) -> list[str]:
-    """The outcome in plain sentences, the decision first, from the main (first) client's numbers
-    (see draftlab.benchmark.verdict); one paragraph each."""
+Bench = dict[tuple[str, str, str], dict[str, Any]]  # (variant, spec, client) -> bench result JSON
+
+
+def load_bench(paths: Sequence[str | os.PathLike]) -> Bench:
+    """Bench results by (variant, spec, client), from their place in the layout
+    (``bench/<variant>/<spec>/<client>.json``); skipped or unreadable results are left out."""
+    out: Bench = {}
+    for p in map(Path, paths):
+        res = _read_json(p)
+        if isinstance(res, dict) and not res.get("skipped") and res.get("rows") is not None:
+            out[(p.parent.parent.name, p.parent.name, p.stem)] = res
+    return out
+
+
+def for_client(bench: Bench, client: str) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(v, s): r for (v, s, c), r in bench.items() if c == client}
+
+
+def decision_text(rows: list[dict[str, Any]], gate: dict[str, Any] | None, bench: Bench | None = None,
+                  decision: dict[str, Any] | None = None) -> list[str]:
+    """The outcome in plain sentences, the decision first, from the main (first) client's numbers,
+    compared per prompt (see draftlab.benchmark.verdict); one paragraph each."""
     if not rows:
         return ["No benchmark results were recorded."]
     client = rows[0]["client"]
+    d = decision or decide(rows, client, for_client(bench or {}, client))
     out = []
-    probe = best_by_accept(rows, ["probe"], client)
-    if probe:
-        out.append(
-            f"The transferred drafter, served as is (config patched), reaches accept length "
-            f"{_fmt(probe['accept_length'])} at {esc(probe['spec_id'])} ({_fmt(probe['tps_median'], '{:.1f}')} tok/s "
-            f"{ci_text(probe)}, {_fmt(probe['speedup'])}x plain decoding)."
-        )
+    arms = {a["row"]["variant"]: a for a in d.get("arms", [])}
+    if "probe" in arms:
+        probe = arms["probe"]["row"]
+        out.append(f"The transferred drafter, served as is (config patched), runs at {speedup_text(arms['probe']['paired'])} "
+                   f"the speed of plain decoding at its best setting {esc(probe['spec_id'])} (accept length {_fmt(probe['accept_length'])}).")
     if gate:
         verdict = "passed" if gate.get("pass") else "failed"
         out.append(f"Probe gate {verdict}: {esc(gate.get('reason'), 500)}.")
-    trained = sorted({r["variant"] for r in rows if r["variant"].startswith("finetune-")})
     if gate and not gate.get("pass"):
         out.append("Fine-tuning and the from-scratch control arm were skipped, so their rows are marked `skipped`.")
-    else:
-        ft = best_by_accept(rows, trained, client)
-        if ft:
-            out.append(f"Best fine-tuned drafter by accept length: {esc(ft['variant'])} at {esc(ft['spec_id'])}: accept length "
-                       f"{_fmt(ft['accept_length'])}, {_fmt(ft['speedup'])}x plain decoding.")
-        vs = transfer_vs_scratch(rows, client)
-        if vs:
-            out.append(vs)
-    out.append("Accept lengths are counts (tokens per verify cycle) and compare directly; throughput differences "
-               "count only where the 95% intervals do not overlap.")
-    d = decide(rows, client)["lines"]
-    return [d[-1]] + out + d[:-1]  # the decision first, then what it rests on
+    tuned = [a for a in d.get("arms", []) if a["row"]["variant"].startswith("finetune-")]
+    if tuned:
+        ft = tuned[0]
+        out.append(f"Best fine-tuned drafter by paired throughput: {label(ft['row'])}, {speedup_text(ft['paired'])} "
+                   f"the speed of plain decoding (accept length {_fmt(ft['row']['accept_length'])}).")
+    noisy = [f"{code(v)} at {esc(sp)}" for (v, sp, c), res in sorted((bench or {}).items())
+             if c == client and pairing.host_stability(res)["noisy"]]
+    if noisy:
+        out.append(f"**Noisy host:** the repeats of {', '.join(noisy)} disagree by more than "
+                   f"{pairing.NOISY_SPREAD:.0%} per prompt on identical greedy answers (see Host stability); the "
+                   "paired intervals are over prompts, so rerun on an idle machine before trusting a close call.")
+    out.append("Speedups are paired: per prompt, the baseline's seconds per output token over the drafter's on the same "
+               "prompt, geometric mean over prompts with a seeded bootstrap 95% interval (prompts resampled); each arm "
+               "stands at its best setting by that number, never by accept length.")
+    lines = d["lines"]
+    return [lines[-1]] + out + lines[:-1]  # the decision first, then what it rests on
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -137,6 +161,144 @@ def comparison_table(rows: list[dict[str, Any]], compact: bool = False) -> list[
         return _table(["variant", "spec", "tok/s [95% CI]", "accept length", "val. acc", "speedup"], body)
     return _table(["variant", "spec", "client", "tok/s median [95% CI]", "accept length", "cycle ms",
                    "val. acc (mean over TTT steps)", "speedup"], body) + _e2e_note(rows)
+
+
+def _ci(ci: Sequence[float] | None, spec: str = "{:.2f}") -> str:
+    return "–" if not ci else f"[{spec.format(ci[0])}, {spec.format(ci[1])}]"
+
+
+def paired_section(rows: list[dict[str, Any]], bench: Bench, client: str) -> list[str]:
+    """Every drafter row's paired speedup against the baseline (same client, same prompts)."""
+    base = bench.get(("baseline", "plain", client))
+    body = []
+    for r in _ok(rows):
+        if r["client"] != client or r["variant"] == "baseline":
+            continue
+        res = bench.get((r["variant"], r["spec_id"], client))
+        if base is None or res is None:
+            body.append([r["variant"], r["spec_id"], _fmt(r["accept_length"]), "–", "–", "no per-request results"])
+            continue
+        p = pairing.paired_speedup(base, res, by_category=False)
+        if not p["paired"]:
+            body.append([r["variant"], r["spec_id"], _fmt(r["accept_length"]), "–", "–", f"not paired: {p['reason']}"])
+            continue
+        note = "excludes 1.0" if p["excludes_one"] else (
+            f"holds 1.0; about {p['prompts_needed']} prompts would tell" if p.get("prompts_needed") else "holds 1.0")
+        body.append([r["variant"], r["spec_id"], _fmt(r["accept_length"]), f"{p['speedup']:.2f}", _ci(p["ci95"]),
+                     f"{p['prompts']} prompts, {p['time_field']}; {note}"])
+    if not body:
+        return ["(no drafter results)"]
+    return _table(["variant", "spec", "accept length", "paired speedup", "95% CI (bootstrap over prompts)", "note"],
+                  body)
+
+
+def stability_section(bench: Bench, client: str) -> list[str]:
+    """How much each server's repeats disagree; a noisy host is flagged here, not folded into intervals."""
+    body, noisy = [], []
+    for (v, s, c), res in sorted(bench.items()):
+        if c != client:
+            continue
+        h = pairing.host_stability(res)
+        spread = lambda x: "–" if x is None else f"{x:.1%}"  # noqa: E731
+        body.append([v, s, str(h["repeats"]), spread(h["pass_spread"]), spread(h["prompt_spread"]),
+                     "**noisy**" if h["noisy"] else "ok"])
+        if h["noisy"]:
+            noisy.append(f"`{v}` at {s}")
+    if not body:
+        return ["(no per-request results)"]
+    lines = _table(["variant", "spec", "repeats", "pass tok/s range / median",
+                    "per-prompt s/token range / median (median over prompts)", "host"], body)
+    if noisy:
+        lines += ["", f"**Noisy host:** the repeats of {', '.join(noisy)} disagree by more than "
+                      f"{pairing.NOISY_SPREAD:.0%} on the same greedy answers; rerun on an idle machine before "
+                      "trusting small differences."]
+    return lines
+
+
+def category_section(decision: dict[str, Any], client: str) -> list[str]:
+    """Accept length and paired speedup per prompt category, each arm at its best setting."""
+    body = []
+    for a in decision.get("arms", []):
+        for cat, c in (a["paired"].get("categories") or {}).items():
+            body.append([a["row"]["variant"], a["row"]["spec_id"], cat, str(c["prompts"]), _fmt(c["accept_length"]),
+                         f"{c['speedup']:.2f}", _ci(c["ci95"])])
+    if not body:
+        return [f"(one category, or no paired results, for client `{client}`)"]
+    return _table(["variant", "spec", "category", "prompts", "accept length", "paired speedup", "95% CI"], body)
+
+
+def chain_predictions(rows: list[dict[str, Any]], bench: Bench, client: str) -> dict[tuple[str, str], dict[str, Any]]:
+    """Per drafter, from its chain setting (topk 1) with the most steps: every shorter chain predicted."""
+    base = bench.get(("baseline", "plain", client))
+    if base is None:
+        return {}
+    best: dict[str, dict[str, Any]] = {}
+    for r in _ok(rows):
+        if r["client"] != client or r["variant"] == "baseline" or _num(r.get("topk")) != 1:
+            continue
+        if r["variant"] not in best or (_num(r["num_steps"]) or 0) > (_num(best[r["variant"]]["num_steps"]) or 0):
+            best[r["variant"]] = r
+    out = {}
+    for v, r in best.items():
+        res = bench.get((v, r["spec_id"], client))
+        pred = chains.predict_chain(res, base) if res else None
+        if pred:
+            out[(v, r["spec_id"])] = pred
+    return out
+
+
+def chain_section(preds: dict[tuple[str, str], dict[str, Any]], rows: list[dict[str, Any]], client: str) -> list[str]:
+    if not preds:
+        return ["(no chain setting with acceptance by position and decode timings)"]
+    measured = {(r["variant"], _num(r["num_steps"])): r for r in _ok(rows) if r["client"] == client}
+    body = []
+    for (v, spec), pred in preds.items():
+        for p in pred["predictions"]:
+            m = measured.get((v, float(p["k"])))
+            body.append([v, f"{p['k']}{' (recommended)' if p['k'] == pred['recommended_k'] else ''}",
+                         f"{p['accept_length']:.2f}", f"{p['tps']:.1f}", _fmt(p["speedup"]),
+                         _fmt(m["accept_length"]) if m else "–", _fmt(m["tps_median"], "{:.1f}") if m else "–"])
+    fits = "; ".join(f"`{v}` from {spec}: t_verify {p['t_verify_ms']:.2f} ms, t_draft {p['t_draft_ms']:.2f} ms"
+                     for (v, spec), p in preds.items())
+    return (["Predicted from one launch per drafter (its chain setting with the most steps): accept length from "
+             "the acceptance by position, E_k = 1 + sum_{i<=k} P(at least i drafts accepted); cycle t(k) = t_verify + "
+             f"k * t_draft ({fits}). Measured columns where that k was run.", ""]
+            + _table(["variant", "k (draft steps)", "accept length (predicted)", "tok/s (predicted)",
+                      "speedup (predicted)", "accept length (measured)", "tok/s (measured)"], body))
+
+
+def acceptance_by_position(rows: list[dict[str, Any]], bench: Bench, client: str) -> dict[str, list[float]]:
+    """Serving acceptance by draft position per drafter, at its chain setting with the most steps."""
+    out: dict[str, list[float]] = {}
+    for (v, spec, c), res in bench.items():
+        rates = (res.get("summary") or {}).get("accepted_per_position_rate")
+        if c == client and v != "baseline" and rates and len(rates) > len(out.get(v, [])):
+            out[v] = [float(x) for x in rates]
+    return dict(sorted(out.items()))
+
+
+def landing_table(rows: list[dict[str, Any]], bench: Bench, client: str) -> list[str]:
+    """The landing page's table: what the decision uses, narrow enough for the column Snakemake's report
+    gives the workflow description beside its DAG (about 450 px at a 1400 px window)."""
+    from draftlab.benchmark.verdict import arm_table
+
+    paired = {(a["row"]["variant"], a["row"]["spec_id"]): a["paired"]
+              for a in arm_table(rows, client, for_client(bench, client))}
+    body = []
+    for r in rows:
+        if r["client"] != client:
+            continue
+        p = paired.get((r["variant"], r["spec_id"])) or {}
+        if r["variant"] == "baseline":
+            speed = "1 (reference)"
+        elif p.get("paired"):
+            speed = f"{p['speedup']:.2f}x {_ci(p.get('ci95'))}"
+        else:
+            speed = "–"
+        status = "" if r["status"] == "ok" else " (skipped)"
+        body.append([r["variant"] + status, r["spec_id"], speed, _fmt(r["tps_median"], "{:.1f}"),
+                     _fmt(r["accept_length"])])
+    return _table(["variant", "spec", "paired speedup [95% CI]", "tok/s", "accept"], body)
 
 
 def goal_cell(goal: dict[str, Any], measured: float | None) -> str:
@@ -286,21 +448,33 @@ def plot_tps(rows: list[dict[str, Any]], path: Path) -> None:
     _plot(path, draw, len(sel))
 
 
-def plot_ttt(curves: dict[str, list[float]], path: Path) -> None:
+def plot_ttt(curves: dict[str, list[float]], path: Path, serving: dict[str, list[float]] | None = None) -> None:
+    """TTT per-step validation accuracy (solid) beside serving acceptance by draft position (dashed).
+
+    Serving position i is the share of verify cycles with at least i+1 drafts accepted, so it is the
+    product of per-step acceptances up to i and sits below a per-step accuracy curve that holds steady.
+    """
+    serving = serving or {}
+
     def draw(ax):
         from matplotlib.ticker import MaxNLocator
 
+        colors = {}
         for name, acc in curves.items():
-            ax.plot(range(len(acc)), acc, marker="o", label=name)
-        if not curves:
+            line, = ax.plot(range(len(acc)), acc, marker="o", label=f"{name}: TTT validation accuracy")
+            colors[name] = line.get_color()
+        for name, rates in serving.items():
+            ax.plot(range(len(rates)), rates, marker="s", ls="--", color=colors.get(name),
+                    label=f"{name}: served, P(draft i accepted)")
+        if not curves and not serving:
             ax.text(0.5, 0.5, "no trained drafters (fine-tuning skipped)", ha="center", va="center",
                     transform=ax.transAxes)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("TTT step (0 = first drafted token)")
-        ax.set_ylabel("validation accuracy\n(draft argmax == target argmax)")
+        ax.set_xlabel("TTT step / draft position (0 = first drafted token)")
+        ax.set_ylabel("validation accuracy (solid)\nserving acceptance (dashed)")
         ax.set_ylim(0, 1)
-        ax.set_title("Per-step accuracy of the trained drafters")
-        if curves:
+        ax.set_title("TTT accuracy per step (solid), served acceptance by position (dashed)", fontsize=10)
+        if curves or serving:
             ax.legend(fontsize=7)
 
     _plot(path, draw)
@@ -389,7 +563,20 @@ def report_inputs(exp_dir: str | os.PathLike, rows: Sequence[dict[str, Any]]) ->
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     return {"gate": layout.gate, "d2t_diff": layout.d2t_diff(), "d2t_coverage": layout.d2t_coverage(),
             "doctor": [layout.doctor(v) for v in variants if v != "baseline"],
-            "train": [layout.train_dir(v) for v in variants if is_trained(v)]}
+            "train": [layout.train_dir(v) for v in variants if is_trained(v)],
+            "bench": [layout.bench_result(r["variant"], r["spec_id"], r["client"]) for r in rows],
+            "plans": list(dict.fromkeys(layout.bench_plan(r["variant"], r["spec_id"]) for r in rows
+                                        if r["variant"] != "baseline"))}
+
+
+def load_plans(paths: Sequence[str | os.PathLike]) -> dict[tuple[str, str], dict[str, Any]]:
+    """Server plans by (variant, spec), from the plans themselves."""
+    out = {}
+    for p in map(Path, paths):
+        plan = _read_json(p)
+        if isinstance(plan, dict) and plan.get("server"):
+            out[(str(plan.get("variant")), str(plan.get("spec_id")))] = plan
+    return out
 
 
 def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records_csv: str | os.PathLike,
@@ -398,20 +585,26 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
                  doctor: Sequence[str | os.PathLike] | None = None, train: Sequence[str | os.PathLike] | None = None,
                  d2t_diff: str | os.PathLike | None = None,
                  d2t_coverage: str | os.PathLike | None = None,
-                 data_stats: str | os.PathLike | None = None) -> dict[str, str]:
-    """Write ``summary.md``, the three plots and the HTML views under ``out_dir``; return their paths.
+                 data_stats: str | os.PathLike | None = None,
+                 bench: Sequence[str | os.PathLike] | None = None,
+                 plans: Sequence[str | os.PathLike] | None = None) -> dict[str, str]:
+    """Write ``summary.md``, ``recommendation.json``, the three plots and the HTML views under ``out_dir``.
 
     HTML views (for ``snakemake --report``, see draftlab.experiment.report_html): ``summary.html`` (plots
-    embedded), ``decision-fragment.html`` (decision + comparison table, a fragment captions include), ``records.html``, ``static.html``
-    (the ``static_md`` summaries of inspect, compare, patch, doctor and d2t).
+    embedded), ``decision-fragment.html`` (recommendation, decision + comparison table, a fragment captions
+    include), ``records.html``, ``static.html`` (the ``static_md`` summaries of inspect, compare, patch,
+    doctor and d2t).
 
     ``standing`` are the ``breakeven`` rule's JSON files; ``target_tps`` is kept for the command
     line's sake (the goals shown are the ones the standing files were computed for). ``gate``,
-    ``doctor`` (one JSON per drafter), ``train`` (one folder per arm), ``d2t_diff`` and
-    ``d2t_coverage`` are the files the rule declares; left out, they are those of the variants in
-    ``records_csv`` (:func:`report_inputs`). ``data_stats`` is generate_data's stats JSON (None: the
-    experiment brought its own data).
+    ``doctor`` (one JSON per drafter), ``train`` (one folder per arm), ``d2t_diff``, ``d2t_coverage``,
+    ``bench`` (the bench results with per-request rows: paired speedups, chain predictions) and
+    ``plans`` (the servers' plans: the recommendation's launch command) are the files the rule
+    declares; left out, they are those of the variants in ``records_csv`` (:func:`report_inputs`).
+    ``data_stats`` is generate_data's stats JSON (None: the experiment brought its own data).
     """
+    from draftlab.experiment.layout import Layout
+
     exp_dir, out_dir = Path(exp_dir), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = load_rows(records_csv)
@@ -419,23 +612,40 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
     gate_path = gate or implied["gate"]
     doctor = implied["doctor"] if doctor is None else doctor
     train = implied["train"] if train is None else train
+    results = load_bench(implied["bench"] if bench is None else bench)
+    server_plans = load_plans(implied["plans"] if plans is None else plans)
     gate = _read_json(Path(gate_path))
+    client = rows[0]["client"] if rows else None
+    decision = decide(rows, client, for_client(results, client)) if rows else {"lines": [], "verdict": "none"}
+    win = decision.get("winner")
+    rec = recommend.recommendation(decision, baseline_row(rows, client) if rows else None,
+                                   server_plans.get((win["variant"], win["spec_id"])) if win else None)
+    rec_path = Path(Layout(exp_dir.name, str(exp_dir.parent)).recommendation).name
+    write_text(out_dir / rec_path, json.dumps(rec, indent=2, default=str) + "\n")
     curves = ttt_curves(train)
     paths = {k: out_dir / v for k, v in PLOTS.items()}
     standing_rows = load_standing(standing)
     plot_accept(rows, paths["accept"], standing_rows)
     plot_tps(rows, paths["tps"])
-    plot_ttt(curves, paths["ttt"])
+    plot_ttt(curves, paths["ttt"], acceptance_by_position(rows, results, client) if rows else {})
     experiment = rows[0]["experiment"] if rows else exp_dir.name
     md = [f"# draftlab report: {esc(experiment)}", ""]
-    decision, comparison = decision_text(rows, gate), comparison_table(rows)
-    md += ["## Decision", ""] + [p for line in decision for p in (line, "")]
+    deploy = recommend.markdown(rec)
+    decision_lines = decision_text(rows, gate, results, decision) if rows else decision_text(rows, gate)
+    comparison = comparison_table(rows)
+    md += ["## Decision", ""] + [p for line in deploy + decision_lines for p in (line, "")]
     md += ["## Comparison", ""] + comparison + [""]
+    if client is not None:
+        md += [f"## Paired speedup against plain decoding (client `{client}`)", ""] + paired_section(rows, results, client)
+        md += ["", "### Host stability (repeats of one server)", ""] + stability_section(results, client) + [""]
+        md += ["## Results per category", ""] + category_section(decision, client) + [""]
+        md += ["## Every shorter chain, predicted from one launch", ""]
+        md += chain_section(chain_predictions(rows, results, client), rows, client) + [""]
     md += ["## Accept length by variant", "", f"![accept length]({PLOTS['accept']})", ""]
     md += ["## Throughput against baseline and break-even", "",
            "Break-even accept length = baseline tok/s x cycle ms / 1000 (the drafter's own measured cycle).", ""]
     md += breakeven_table(standing_rows) + ["", f"![throughput]({PLOTS['tps']})", ""]
-    md += ["## TTT per-step validation accuracy", ""]
+    md += ["## TTT per-step validation accuracy and serving acceptance by position", ""]
     if curves:
         k = max(len(a) for a in curves.values())
         md += _table(["drafter"] + [f"step {i}" for i in range(k)],
@@ -459,13 +669,15 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
                                              html_view.markdown_to_html(
                                                  "\n".join(md), out_dir, {n: paths[k] for k, n in PLOTS.items()})),
         "decision_fragment": _write(out_dir / "decision-fragment.html", html_view.decision_fragment(
-            decision[:1], comparison_table([r for r in rows if r["client"] == rows[0]["client"]], compact=True))),
+            deploy + decision_lines[:1],
+            landing_table(rows, results, client) if rows else [])),
         "records_html": html_view.write_page(out_dir / "records.html", "records",
                                              html_view.records_html(records_csv, RECORD_VIEW_COLUMNS)),
         "static_html": html_view.write_page(out_dir / "static.html", "static analysis",
                                             html_view.static_html(static_md)),
     }
-    return {"summary": str(summary), **{k: str(v) for k, v in paths.items()}, **views}
+    return {"summary": str(summary), "recommendation": str(out_dir / rec_path),
+            **{k: str(v) for k, v in paths.items()}, **views}
 
 
 def _write(path: Path, text: str) -> str:

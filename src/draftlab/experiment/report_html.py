@@ -34,19 +34,37 @@ _HELD = "\ue000"  # private-use character standing in for an escaped one while m
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+# A code span as Markdown has it: a run of N backticks, the code, the same run of N (so ``a`b`` works).
+_CODE = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)")
+
+
 def _inline(text: str) -> str:
-    """Code spans and bold; a backslash-escaped character (draftlab.textsafe.md) is always literal."""
+    """Backslash escapes (draftlab.textsafe.md: always literal), then code spans, then bold.
+
+    Escaped characters and code are cut out first and put back last, so an escaped character never
+    opens markup, ``**`` inside code never turns bold and a double-backtick span leaves no backticks.
+    """
     held: list[str] = []
+    codes: list[str] = []
+    text = text.replace(_HELD, "").replace("\x00", "")  # the placeholders' marks never come from the text
 
     def hold(m: re.Match) -> str:
         held.append(m.group(1))
         return f"{_HELD}{len(held) - 1}{_HELD}"
 
-    out = _ESCAPED.sub(hold, text.replace(_HELD, ""))
+    def unhold(s: str) -> str:
+        return re.sub(f"{_HELD}(\\d+){_HELD}", lambda m: held[int(m.group(1))], s)
+
+    def keep(m: re.Match) -> str:
+        raw = unhold(m.group(2).strip(" ") or m.group(2))
+        codes.append("<code>" + html.escape(raw, quote=False) + "</code>")
+        return f"\x00{len(codes) - 1}\x00"
+
+    out = _CODE.sub(keep, _ESCAPED.sub(hold, text))
     out = html.escape(out, quote=False)
-    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
     out = re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", out)
-    return re.sub(f"{_HELD}(\\d+){_HELD}", lambda m: html.escape(held[int(m.group(1))]), out)
+    out = re.sub(f"{_HELD}(\\d+){_HELD}", lambda m: html.escape(held[int(m.group(1))]), out)
+    return re.sub("\x00(\\d+)\x00", lambda m: codes[int(m.group(1))], out)
 
 
 def _image(alt: str, src: str, images: Mapping[str, Path], base: Path | None) -> str:
@@ -69,12 +87,16 @@ def _image(alt: str, src: str, images: Mapping[str, Path], base: Path | None) ->
 
 
 def _cells(line: str) -> list[str]:
-    """A table row's cells, split on the ``|`` that are not backslash-escaped."""
+    """A table row's cells: split at ``|`` that is neither backslash-escaped nor inside a code span
+    (an escaped value or a command in a cell keeps its pipes)."""
     s = line.strip()
     s = s[1:] if s.startswith("|") else s
     cells, cur, i = [], "", 0
     while i < len(s):
-        if s[i] == "\\" and i + 1 < len(s):
+        m = _CODE.match(s, i) if s[i] == "`" else None
+        if m:
+            cur, i = cur + m.group(0), m.end()
+        elif s[i] == "\\" and i + 1 < len(s):
             cur, i = cur + s[i:i + 2], i + 2
         elif s[i] == "|":
             cells, cur, i = cells + [cur.strip()], "", i + 1
@@ -138,10 +160,39 @@ def page(title: str, body: str) -> str:
             f"<style>{STYLE}</style></head><body>\n{body}\n</body></html>\n")
 
 
+# The landing fragment lands inside Snakemake's report page, without our STYLE: its table is styled
+# inline, cells unwrapped so the page cannot squeeze it to a narrow column (it scrolls instead).
+_LANDING_TABLE = ('<table style="border-collapse:collapse;width:max-content;max-width:none;font-size:.85em">')
+_LANDING_CELL = 'style="border:1px solid #ccc;padding:.2em .45em;white-space:nowrap;text-align:left"'
+_LANDING_CODE = 'style="font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:.9em;background:#f4f4f4;padding:0 .2em"'
+
+
 def decision_fragment(decision_lines: Sequence[str], comparison_lines: Sequence[str]) -> str:
-    """The decision and the comparison table as an HTML fragment (the report's landing text)."""
+    """The recommendation, the decision and the comparison table as an HTML fragment (the landing text)."""
     paras = "".join(f"<p>{_inline(s)}</p>" for s in decision_lines)
-    return f'<div class="decision">{paras}</div>\n' + markdown_to_html("\n".join(comparison_lines))
+    table = markdown_to_html("\n".join(comparison_lines))
+    table = (table.replace("<table>", _LANDING_TABLE).replace("<th>", f"<th {_LANDING_CELL}>")
+             .replace("<td>", f"<td {_LANDING_CELL}>"))
+    # Snakemake's page styles <code> with typographic backticks around it (::before/::after), so the
+    # landing text shows code as monospace spans instead
+    paras, table = ((x.replace("<code>", f"<span {_LANDING_CODE}>").replace("</code>", "</span>"))
+                    for x in (paras, table))
+    return (f'<div class="decision" style="max-width:1350px">{paras}</div>\n'
+            f'<div style="overflow-x:auto;max-width:100%">{table}</div>')
+
+
+def rounded(cell: str) -> str:
+    """A decimal number as a person reads it (3 decimals, 1 from 100 up); anything else as is."""
+    if "." not in cell:
+        return cell
+    try:
+        x = float(cell)
+    except ValueError:
+        return cell
+    if x != x or x in (float("inf"), float("-inf")):
+        return cell
+    text = f"{x:.1f}" if abs(x) >= 100 else f"{x:.3f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
 
 
 def records_html(records_csv: str | os.PathLike, columns: Sequence[str]) -> str:
@@ -150,7 +201,7 @@ def records_html(records_csv: str | os.PathLike, columns: Sequence[str]) -> str:
         rows = list(csv.DictReader(fh))
     cols = [c for c in columns if rows and c in rows[0]]
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(r[c])}</td>" for c in cols) + "</tr>" for r in rows)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(rounded(r[c]))}</td>" for c in cols) + "</tr>" for r in rows)
     return (f"<h1>Records: {len(rows)} rows of {html.escape(str(records_csv))}</h1><p>Every column, with "
             "provenance, is in the CSV and Parquet beside it; this page shows those a comparison needs.</p>"
             f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
