@@ -48,10 +48,13 @@ def _job(tmp_path: Path, **over) -> specforge.SpecForgeJob:
     (tmp_path / "draft").mkdir(exist_ok=True)
     (tmp_path / "draft" / "config.json").write_text(json.dumps(cfg))
     save_mapping(tmp_path / "map.safetensors", _mapping(seed=3))
+    if not (tmp_path / "tokens.jsonl").exists():
+        (tmp_path / "tokens.jsonl").write_text('{"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}\n')
     kw = dict(
         target_model_path=str(_target(tmp_path)),
         draft_model_config=str(tmp_path / "draft" / "config.json"),
         train_data_path=str(tmp_path / "data.jsonl"),
+        prompts_path=str(tmp_path / "tokens.jsonl"),
         output_dir=str(tmp_path / "out"),
         vocab_mapping=str(tmp_path / "map.safetensors"),
         chat_template="kimi-k2-instruct",
@@ -92,6 +95,8 @@ def test_run_config_names_only_specforge_fields_and_its_own_launcher(tmp_path):
     assert cfg["deployment"]["trainer"]["nproc_per_node"] == 8
     assert cfg["deployment"]["disaggregated"]["server_urls"] == ["http://h:30000"]
     assert cfg["data"]["chat_template"] == "kimi-k2-instruct" and cfg["data"]["max_length"] == 2048
+    # the builtin trainer's tokens, pre-tokenized: SpecForge's data.prompts_path, no raw data beside it
+    assert cfg["data"]["prompts_path"] == str(tmp_path / "tokens.jsonl") and "train_data_path" not in cfg["data"]
     # written exactly as returned, and the job file records both
     assert yaml.safe_load((tmp_path / "out" / "draftlab_run.yaml").read_text()) == cfg
     record = json.loads((tmp_path / "out" / "draftlab_specforge_job.json").read_text())
@@ -105,6 +110,21 @@ def test_scratch_has_no_warm_start_and_the_mapping_is_pinned_as_specforge_loads_
     want = _mapping(seed=3)
     assert torch.equal(saved["d2t"], want.d2t) and saved["d2t"].dtype == torch.int64
     assert torch.equal(saved["t2d"], want.t2d) and saved["t2d"].dtype == torch.bool
+
+
+def test_without_tokens_the_conversations_are_rewritten_as_specforges_rows(tmp_path):
+    """SpecForge 0.2.0's build_eagle3_dataset wants a `conversations` column; draftlab's rows say `messages`."""
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    (tmp_path / "data.jsonl").write_text(json.dumps({"messages": turns, "id": 7}) + "\n")
+    r = specforge.prepare(_job(tmp_path, prompts_path=None))
+    data = r["run_config"]["data"]
+    assert data["train_data_path"] == str(tmp_path / "out" / "draftlab_conversations.jsonl")
+    assert "prompts_path" not in data
+    rows = [json.loads(x) for x in Path(data["train_data_path"]).read_text().splitlines()]
+    assert rows == [{"conversations": turns}]
+    (tmp_path / "data.jsonl").write_text('{"text": "plain"}\n')
+    with pytest.raises(DraftlabError, match=r"data.jsonl: record 1 is plain text; SpecForge reads conversations"):
+        specforge.prepare(_job(tmp_path, prompts_path=None))
 
 
 def test_target_keys_of_a_flat_target_and_a_tied_head(tmp_path):
