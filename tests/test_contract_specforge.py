@@ -473,3 +473,61 @@ def _system_prefix(target) -> list[int]:
     tok = AutoTokenizer.from_pretrained(str(target))
     text = tok.apply_chat_template([{"role": "system", "content": "You are a helpful assistant."}], tokenize=False)
     return tok(text, add_special_tokens=False)["input_ids"]
+
+
+OFFLINE = """
+import json, sys
+import torch
+from specforge.config import load_config
+from specforge.runtime.data_plane.feature_store import load_feature_file
+from specforge.algorithms.eagle3.data import normalize_offline_sample
+from specforge.modeling.target.target_head import TargetHead
+job = json.load(sys.stdin)
+cfg = load_config(job["run_config"])
+assert cfg.mode == "offline", cfg.mode
+head = TargetHead.from_pretrained(cfg.model.target_model_path, lm_head_key=cfg.model.lm_head_key).float()
+rows = []
+for path in job["files"]:
+    s = normalize_offline_sample(load_feature_file(path), cfg.data.max_length)
+    with torch.no_grad():
+        logits = head(s["target"].float())
+    rows.append({"input_ids": s["input_ids"][0].tolist(), "loss_mask": s["loss_mask"][0].tolist(),
+                 "aux_shape": list(s["hidden_state"].shape), "argmax": logits[0].argmax(-1).tolist()})
+print(json.dumps({"mode": cfg.mode, "deployment": cfg.deployment.mode, "rows": rows,
+                  "hidden_states_path": cfg.data.hidden_states_path}))
+"""
+
+
+def test_specforge_reads_draftlabs_offline_features_of_the_smoke_target(smoke_run, tmp_path):
+    """SpecForge 0.2.0's offline mode (item 4 of issue 23): no capture server. draftlab dumps the demo target's
+    features, files them as SpecForge's .ckpt samples and writes the offline run config; SpecForge's own config,
+    feature loader, EAGLE-3 normalizer and TargetHead (the target's lm_head over the stored final hidden
+    state, read through the target view's index) take them, and its target logits pick the tokens the
+    target's own forward picks."""
+    from draftlab.cli import main as cli
+    from draftlab.models.target import load_target
+
+    exp = smoke_run / "results/demo-k2-to-k25"
+    target, tokens, patched = exp / "models/target/model", exp / "data/tokens.jsonl", exp / "drafter/patched"
+    assert cli(["dump-hidden-states", "--target", str(target), "--tokens", str(tokens), "--out", str(tmp_path / "dump"),
+                "--drafter", str(patched), "--device", "cpu"]) == 0
+    assert cli(["specforge-features", "--dump", str(tmp_path / "dump"), "--out", str(tmp_path / "feat")]) == 0
+    out = tmp_path / "sf"
+    assert cli(["specforge-command", "--config", str(exp / "config.json"), "--target", str(target),
+                "--draft-config", str(patched / "config.json"), "--data", str(exp / "data/generated.jsonl"),
+                "--tokens", str(tokens), "--mapping", str(patched), "--ckpt-dir", str(patched),
+                "--hidden-states", str(tmp_path / "feat"), "--output-dir", str(out)]) == 0
+    files = sorted(str(p) for p in (tmp_path / "feat").glob("*.ckpt"))
+    res = run_in(specforge_python(), OFFLINE, {"run_config": str(out / "draftlab_run.yaml"), "files": files})
+    assert res["mode"] == "offline" and res["deployment"] == "local_colocated"
+    ours = [json.loads(line) for line in tokens.read_text().splitlines() if line.strip()]
+    model = load_target(target, device="cpu")
+    assert len(res["rows"]) == len(ours) > 0
+    for mine, theirs in zip(ours, res["rows"]):
+        assert theirs["input_ids"] == mine["input_ids"]
+        assert theirs["loss_mask"] == mine["loss_mask"][:-1] + [0]  # SpecForge masks the last position itself
+        assert theirs["aux_shape"][-1] == 3 * model.config.hidden_size
+        with torch.no_grad():
+            want = model(input_ids=torch.tensor([mine["input_ids"]])).logits[0].argmax(-1).tolist()
+        agree = sum(a == b for a, b in zip(theirs["argmax"], want)) / len(want)
+        assert agree >= 0.98, agree  # bf16 features vs the fp32 forward: near-ties may flip

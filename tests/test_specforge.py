@@ -286,3 +286,58 @@ def test_cli_job_file_and_experiment_config(tmp_path, capsys):
     bad.write_text(yaml.safe_dump({"target_model_path": "x", "bogus": 1}))
     assert main(["specforge-command", "--config", str(bad)]) == 2
     assert "unknown key(s) ['bogus']" in capsys.readouterr().err
+
+
+def _fake_dump(folder: Path, n: int = 3, hidden: int = 8) -> Path:
+    """A draftlab dump-hidden-states folder (store last_hidden) with ``n`` samples of random features."""
+    from draftlab.training.hidden_states import FORMAT
+
+    folder.mkdir(parents=True)
+    g = torch.Generator().manual_seed(0)
+    tensors = {}
+    for j in range(n):
+        t = 4 + j
+        tensors[f"{j}.input_ids"] = torch.randint(0, 50, (t,), generator=g)
+        tensors[f"{j}.loss_mask"] = torch.tensor([0] + [1] * (t - 1), dtype=torch.int8)
+        tensors[f"{j}.aux"] = torch.randn(t, 3 * hidden, generator=g).to(torch.bfloat16)
+        tensors[f"{j}.last"] = torch.randn(t, hidden, generator=g).to(torch.bfloat16)
+    save_file(tensors, str(folder / "shard-00000.safetensors"))
+    (folder / "index.json").write_text(json.dumps({
+        "format": FORMAT, "target": "t", "aux_layer_ids": [1, 2, 3], "hidden_size": hidden, "vocab_size": 50,
+        "store": "last_hidden", "samples": n, "tokens": 15, "shards": [{"file": "shard-00000.safetensors",
+                                                                           "samples": [0, n]}]}))
+    return folder
+
+
+def test_offline_features_and_run_config_need_no_capture_server(tmp_path):
+    """SpecForge 0.2.0's offline mode: .ckpt features, data.hidden_states_path, local_colocated, an indexed target."""
+    from draftlab.training.specforge_offline import write_features
+
+    dump = _fake_dump(tmp_path / "dump")
+    assert main(["specforge-features", "--dump", str(dump), "--out", str(tmp_path / "feat")]) == 0
+    files = sorted((tmp_path / "feat").glob("*.ckpt"))
+    assert len(files) == 3
+    row = torch.load(files[1])
+    assert row["input_ids"].dtype == torch.int64 and row["input_ids"].shape == (5,)
+    assert row["hidden_state"].shape == (1, 5, 8) and row["aux_hidden_state"].shape == (1, 5, 24)
+    assert row["loss_mask"].tolist() == [0, 1, 1, 1, 1]
+    target = tmp_path / "single"
+    target.mkdir()
+    (target / "config.json").write_text((Path(_job(tmp_path).target_model_path) / "config.json").read_text())
+    save_file({"model.embed_tokens.weight": torch.zeros(4, 2)}, str(target / "model.safetensors"))
+    job = _job(tmp_path, hidden_states_path=str(tmp_path / "feat"), deployment={})
+    job.target_model_path = str(target)
+    r = specforge.prepare(job)
+    cfg = r["run_config"]
+    assert cfg["data"]["hidden_states_path"] == str(tmp_path / "feat")
+    assert "prompts_path" not in cfg["data"] and "train_data_path" not in cfg["data"]
+    assert cfg["deployment"] == {"mode": "local_colocated", "trainer": {"nnodes": 1, "nproc_per_node": 8}}
+    view = Path(cfg["model"]["target_model_path"])
+    assert view == tmp_path / "out" / "target" and (view / "config.json").resolve() == (target / "config.json")
+    index = json.loads((view / "model.safetensors.index.json").read_text())
+    assert index["weight_map"] == {"model.embed_tokens.weight": "model.safetensors"}
+    assert r["capture_host"] == []
+    (tmp_path / "dump2").mkdir()
+    (tmp_path / "dump2" / "index.json").write_text((dump / "index.json").read_text().replace("last_hidden", "logits"))
+    with pytest.raises(DraftlabError, match="store is 'logits'; SpecForge's offline features need the final hidden"):
+        write_features(tmp_path / "dump2", tmp_path / "f2")

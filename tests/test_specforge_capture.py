@@ -151,8 +151,10 @@ def test_the_cli_reads_the_job_file_and_exits_with_one_line(stack, tmp_path, cap
 
 
 def test_managed_local_asks_nothing():
-    cfg = {"deployment": {"disaggregated": {"managed_local": {"capture_servers": []}}}}
+    cfg = {"deployment": {"mode": "disaggregated", "disaggregated": {"managed_local": {"capture_servers": []}}}}
     assert preflight(cfg, expected_models=[])["managed_local"] is True
+    offline = preflight({"deployment": {"mode": "local_colocated"}}, expected_models=[])
+    assert offline["servers"] == [] and offline["note"].startswith("offline (local_colocated)")
 
 
 def test_capture_host_setup_names_sglang_the_patch_and_the_runs_aux_ids(stack):

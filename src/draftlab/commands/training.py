@@ -166,6 +166,9 @@ def register(sub) -> None:
     s.add_argument("--tokens", help="draftlab tokens.jsonl of the same data: SpecForge's data.prompts_path (the "
                                     "builtin trainer's exact tokens); its sample count sets num_epochs")
     s.add_argument("--mapping", help="vocab mapping to pin through model.vocab_mapping_path (experiment config only)")
+    s.add_argument("--hidden-states", default=None,
+                   help="SpecForge's offline mode: a folder of its .ckpt features (draftlab specforge-features); "
+                        "data.hidden_states_path, deployment local_colocated, no capture server")
     s.add_argument("--output-dir", help="SpecForge output_dir: checkpoints, run config, job file (experiment config only)")
     s.add_argument("--ckpt-dir", help="warm-start drafter folder: model.draft_checkpoint_path (experiment config only)")
     s.add_argument("--specforge-dir", default=None,
@@ -176,6 +179,13 @@ def register(sub) -> None:
     s.add_argument("--dry-run", action="store_true", help="print the command and run config only; write nothing")
     add_json_flag(s)
     s.set_defaults(func=_specforge_command)
+
+    f = sub.add_parser("specforge-features",
+                       help="a draftlab hidden-state dump (--store last_hidden) as SpecForge 0.2.0's offline .ckpt features")
+    f.add_argument("--dump", required=True, help="folder written by draftlab dump-hidden-states")
+    f.add_argument("--out", required=True, help="folder of .ckpt files for data.hidden_states_path")
+    add_json_flag(f)
+    f.set_defaults(func=_specforge_features)
 
     c = sub.add_parser("specforge-preflight",
                        help="before `specforge train`: ask each capture server and the Mooncake master what they are")
@@ -318,11 +328,21 @@ def _specforge_command(args: argparse.Namespace) -> int:
             output_dir=args.output_dir, vocab_mapping=args.mapping, ckpt_dir=args.ckpt_dir,
             num_samples=_count_samples(args.tokens) if args.tokens else None, prompts_path=args.tokens,
         )
+        if args.hidden_states:
+            job.hidden_states_path = args.hidden_states
     else:
         job = specforge.job_from_mapping(data, str(args.config))
     result = specforge.prepare(job, write=not args.dry_run)
     emit(args, result, lambda r: "\n".join([shlex.join(r["argv"])] + [f"warning: {w}" for w in r["warnings"]]
                                            + [f"capture host: {c}" for c in r["capture_host"]]))
+    return 0
+
+
+def _specforge_features(args: argparse.Namespace) -> int:
+    from draftlab.training.specforge_offline import write_features
+
+    r = write_features(args.dump, args.out)
+    emit(args, r, lambda r: f"{r['samples']} samples, {r['tokens']} tokens, aux layers {r['aux_layer_ids']} -> {r['out']}")
     return 0
 
 
@@ -338,7 +358,7 @@ def _specforge_preflight(args: argparse.Namespace) -> int:
     r = specforge_capture.preflight(cfg, expected_models=expected, timeout=args.timeout)
 
     def text(r):
-        if r["managed_local"]:
+        if r.get("note"):
             return r["note"]
         lines = [f"Mooncake master {r['mooncake']['master']} and metadata server {r['mooncake']['metadata_server']}: up"]
         lines += [f"capture server {s['url']}: sglang {s['version']}, {s['model_path']}, capture {s['method']} "

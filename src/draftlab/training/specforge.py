@@ -60,6 +60,9 @@ class SpecForgeJob:
     # as data.prompts_path, so it trains on exactly the builtin trainer's tokens. None: the conversations
     # are rewritten as SpecForge's {"conversations": [...]} rows and rendered by its chat_template.
     prompts_path: str | None = None
+    # SpecForge's offline mode instead (no capture server, no Mooncake): a folder of its .ckpt feature files
+    # (`draftlab specforge-features`), data.hidden_states_path, deployment.mode local_colocated.
+    hidden_states_path: str | None = None
     vocab_mapping: str | None = None  # draftlab mapping file or drafter folder, pinned for SpecForge
     draft_checkpoint: str | None = None  # warm start (fine-tune arms); None = scratch
     # Defaults of the settings an experiment config also has are the schema's (train.<key>), the one set.
@@ -306,7 +309,8 @@ def run_config(job: SpecForgeJob, *, control_dir: str, resume_from: str | None =
         "output_dir": str(out),
         "model": model,
         "data": {
-            **({"prompts_path": job.prompts_path} if job.prompts_path
+            **({"hidden_states_path": job.hidden_states_path} if job.hidden_states_path
+               else {"prompts_path": job.prompts_path} if job.prompts_path
                else {"train_data_path": str(out / CONVERSATIONS_FILE)}),
             "chat_template": job.chat_template,
             "max_length": job.max_length,
@@ -319,6 +323,11 @@ def run_config(job: SpecForgeJob, *, control_dir: str, resume_from: str | None =
             "disaggregated": {"backend": "mooncake", **job.deployment, "control_dir": control_dir},
         },
     }
+    if job.hidden_states_path:  # offline: SpecForge's own colocated trainer reads the features, nothing captures
+        from draftlab.training.specforge_offline import TARGET_VIEW
+
+        cfg["deployment"] = {"mode": "local_colocated", "trainer": {"nnodes": 1, "nproc_per_node": job.nproc}}
+        model["target_model_path"] = str(out / TARGET_VIEW)
     return _deep_merge(cfg, job.overrides), warnings
 
 
@@ -507,7 +516,11 @@ def prepare(job: SpecForgeJob, write: bool = True) -> dict[str, Any]:
     if write:
         out.mkdir(parents=True, exist_ok=True)
         write_mapping(job, out / MAPPING_FILE)
-        if not job.prompts_path:
+        if job.hidden_states_path:
+            from draftlab.training.specforge_offline import write_target_view
+
+            write_target_view(job.target_model_path, out)
+        elif not job.prompts_path:
             write_conversations(job.train_data_path, out / CONVERSATIONS_FILE)
         with atomic_path(out / RUN_CONFIG) as tmp:
             Path(tmp).write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
@@ -520,7 +533,8 @@ def _capture_host(cfg: dict[str, Any]) -> list[str]:
     """The capture host's setup for this run config (none with managed_local: SpecForge starts it)."""
     from draftlab.training.specforge_capture import capture_host_setup
 
-    if (cfg.get("deployment", {}).get("disaggregated") or {}).get("managed_local"):
+    dep = cfg.get("deployment", {})
+    if dep.get("mode") != "disaggregated" or (dep.get("disaggregated") or {}).get("managed_local"):
         return []
     return capture_host_setup(cfg, specforge_version=SPECFORGE_VERSION)
 

@@ -161,6 +161,9 @@ def check_mooncake(metadata_server: str | None, master_addr: str | None, timeout
 
 def preflight(run_config: Mapping[str, Any], *, expected_models: list[str], timeout: float = 10.0) -> dict[str, Any]:
     """Every ``server_urls`` capture server and the Mooncake master of a run config, asked before training."""
+    if (run_config.get("deployment") or {}).get("mode") != "disaggregated":
+        return {"managed_local": False, "servers": [], "mooncake": None,
+                "note": "offline (local_colocated): SpecForge reads precomputed features, nothing to ask"}
     dep = (run_config.get("deployment") or {}).get("disaggregated") or {}
     if dep.get("managed_local"):
         return {"managed_local": True, "servers": [], "mooncake": None,
