@@ -40,8 +40,9 @@ draftlab dump-hidden-states --target $EXP/models/target/model --tokens $EXP/data
 draftlab specforge-features --dump /tmp/sf-dump --out /tmp/sf-features > "$OUT/features.log" 2>&1 || { log "features failed"; exit 1; }
 log "features: $(tail -1 "$OUT/features.log") in $(( $(date +%s) - t0 )) s"
 # keep: warm start from the patched drafter, its own mapping pinned; the merged config's steps, batch, lr, nproc
+# (--data is only fingerprinted in offline mode: the features carry the tokens)
 draftlab specforge-command --config $EXP/config.json --target $EXP/models/target/model \
-  --draft-config $EXP/drafter/patched/config.json --data $EXP/data/generated.jsonl --tokens $EXP/data/tokens.jsonl \
+  --draft-config $EXP/drafter/patched/config.json --data $EXP/data/tokens.jsonl --tokens $EXP/data/tokens.jsonl \
   --mapping $EXP/drafter/patched --ckpt-dir $EXP/drafter/patched --hidden-states /tmp/sf-features \
   --output-dir $SF > "$OUT/prepare.log" 2>&1 || { log "specforge-command failed"; cat "$OUT/prepare.log"; exit 1; }
 cp $SF/draftlab_run.yaml "$OUT/"
