@@ -64,11 +64,40 @@ def test_fed_layers(cfg, ids, fed):
     (LLAMA61, [1, 29, 60], "layer inputs [61] do not exist on a 61-layer target"),
     (KIMI, [2, 30, 61], "layer inputs [61] do not exist"),
     (KIMI, [2, 30, 30], "layers [30] are listed twice"),
-    (QWEN61, [1, 2], "2 ids where draftlab's EAGLE-3 drafter fuses exactly 3"),
+    (QWEN61, [1, 2], "2 ids where the drafter's fc fuses 3 aux states (num_aux_hidden_states"),
 ])
 def test_ids_sglang_cannot_feed_are_refused(cfg, ids, phrase):
+    drafter = {**drafter_with(ids), "num_aux_hidden_states": 3}
     with pytest.raises(DraftlabError, match=r"eagle_aux_hidden_state_layer_ids .*" + re.escape(phrase)):
-        aux_layer_ids_for(drafter_with(ids), cfg)
+        aux_layer_ids_for(drafter, cfg)
+
+
+def test_num_aux_hidden_states_sizes_fc_as_sglang_does():
+    """llama_eagle3.py: an explicit num_aux_hidden_states, else the number of listed ids, else 3."""
+    from draftlab.formats import eagle3_format as fmt
+    from draftlab.training.model import Eagle3Drafter
+
+    base = tiny_drafter_config()
+    ht = fmt.target_hidden_size(base)
+    four = {**drafter_with([1, 5, 9, 13]), "target_hidden_size": ht}
+    assert fmt.num_aux_hidden_states(four) == 4 and aux_layer_ids_for(four, QWEN61) == [1, 5, 9, 13]
+    assert fmt.expected_tensor_shapes(four)["fc.weight"] == (base["hidden_size"], 4 * ht)
+    assert Eagle3Drafter(four).fc.in_features == 4 * ht
+    assert fmt.num_aux_hidden_states({k: v for k, v in base.items() if k != "eagle_config"}) == 3
+    assert fmt.num_aux_hidden_states({**base, "num_aux_hidden_states": 2}) == 2
+    with pytest.raises(DraftlabError, match="num_aux_hidden_states 0: expected a positive integer"):
+        fmt.num_aux_hidden_states({**base, "num_aux_hidden_states": 0})
+
+
+def test_minimax_m3_sparse_adds_one_to_its_default_capture():
+    """minimax_m3_vl.py (MiniMaxM3SparseForConditionalGeneration): without ids the inputs of [3, N//2+1, N-2]."""
+    vl = target_config(num_hidden_layers=62, architectures=["MiniMaxM3SparseForConditionalGeneration"])
+    no_ids = {k: v for k, v in drafter_with([0]).items() if k != "eagle_config"}
+    assert aux_layers.capture_layers(None, vl) == [3, 32, 60]
+    assert aux_layer_ids_for(no_ids, vl) == [2, 31, 59]
+    assert aux_layer_ids_for(drafter_with([2, 31, 59]), vl) == [2, 31, 59]  # listed ids: + 1 like llama.py
+    causal = target_config(num_hidden_layers=62, architectures=["MiniMaxM3SparseForCausalLM"])
+    assert aux_layer_ids_for(no_ids, causal) == [1, 30, 58]
 
 
 @pytest.mark.parametrize("cfg", [target_config(), qwen3_config(), kimi_k25_config(num_hidden_layers=8),

@@ -35,9 +35,20 @@ V, M, LAYERS, H = 163840, 32000, 61, 7168
 
 
 def specforge_python() -> Path:
-    # SpecForge's pin is torch 2.13.0, draftlab's own: linked from this venv, not a second 700 MB install
-    assert metadata.version("torch").split("+")[0] == "2.13.0", metadata.version("torch")
-    return tool_python("specforge", ["pydantic", "pyyaml", "tqdm"], no_deps=["specforge==0.2.0"], link=["torch"])
+    """SpecForge 0.2.0 from its wheel (no deps) with what the code under test imports, at SpecForge's pins where
+    it has them (transformers==5.8.1: the tokenizer its data pipeline runs).
+
+    One substitution: torch. The wheel pins torch==2.11.0, whose only Linux wheel on PyPI is the CUDA build
+    (about 3 GB with its nvidia-* requirements); this venv links draftlab's CPU torch 2.13 instead. Sound for
+    what runs here: the config schema (pydantic), the data pipeline (tokenizer + ``torch.tensor``), the
+    mapping and checkpoint code (``torch.save``/``torch.load``, whose zip format and ``weights_only``
+    semantics are the same in 2.11 and 2.13) and the loss functions (elementwise ops and
+    ``log_softmax``); none of it uses an API added or changed after 2.11. The real run's env
+    (envs/specforge.yaml) resolves to torch 2.11.0 (tests/test_envs_resolve.py).
+    """
+    assert metadata.version("torch").split("+")[0].startswith("2.13"), metadata.version("torch")
+    return tool_python("specforge", ["pydantic", "pyyaml", "tqdm", "transformers==5.8.1", "datasets"],
+                       no_deps=["specforge==0.2.0"], link=["torch"])
 
 
 def _env() -> dict:
@@ -119,7 +130,11 @@ def kimi_runs(tmp_path_factory):
         job = json.loads((out / "draftlab_specforge_job.json").read_text())
         runs[m.group(1)] = (segs, job, yaml.safe_load((out / "draftlab_run.yaml").read_text()), out, d)
     assert sorted(runs) == ["finetune-keep", "finetune-regenerate", "scratch"]
+    PLAN["stdout"] = plan.stdout
     return runs
+
+
+PLAN: dict = {}
 
 
 VALIDATE = """
@@ -139,8 +154,19 @@ def test_specforge_config_validates_the_kimi_arms_the_plan_runs(kimi_runs):
     for arm, (segs, job, written, out, d) in kimi_runs.items():
         cfg = checked[arm]
         # what -n -p printed is what runs, and the job file records exactly that
-        assert segs[1] == job["argv"] == ["specforge", "train", "--config", str(Path(segs[0][segs[0].index(
-            "--output-dir") + 1]) / "draftlab_run.yaml")]
+        out_dir = Path(segs[0][segs[0].index("--output-dir") + 1])
+        assert segs[2] == job["argv"] == ["specforge", "train", "--config", str(out_dir / "draftlab_run.yaml")]
+        # before SpecForge starts, the capture servers and the Mooncake master are asked what they are
+        assert segs[1] == ["draftlab", "specforge-preflight", "--job", str(out_dir / "draftlab_specforge_job.json"),
+                           "--expect-model", "moonshotai/Kimi-K2.5"]
+        # the plan shows the capture host's setup with the aux ids this run config carries
+        ids = " ".join(str(i) for i in written["model"]["aux_hidden_state_layer_ids"])
+        assert f"train {arm} with SpecForge 0.2.0" in PLAN["stdout"]
+        assert "pip install sglang==0.5.14" in PLAN["stdout"]
+        assert "scripts/apply_sglang_spec_capture_patch.sh --target v0.5.14" in PLAN["stdout"]
+        assert (f"--enable-spec-capture --spec-capture-method eagle3 --spec-capture-aux-layer-ids {ids} "
+                in PLAN["stdout"])
+        assert job["capture_host"][-1] in PLAN["stdout"]
         assert job["run_config"] == written
         m, t, dep = cfg["model"], cfg["training"], cfg["deployment"]
         assert m["embedding_key"] == "language_model.model.embed_tokens.weight"
@@ -354,3 +380,154 @@ def test_builtin_ttt_loss_is_specforges_on_one_batch():
     assert ours == pytest.approx(theirs["plosses"], rel=1e-5, abs=1e-6)
     assert float(total) == pytest.approx(theirs["loss"], rel=1e-5) and STEP_WEIGHT == 0.8
     assert float(old) != pytest.approx(theirs["loss"], rel=1e-2)  # the former alignment/normalisation differ
+
+
+DATA = """
+import json, sys
+from datasets import load_dataset
+from transformers import AutoTokenizer
+from specforge.data.preprocessing import build_eagle3_dataset
+from specforge.data.prompt_builder import prepare_prompt_tasks
+from specforge.data.template import TEMPLATE_REGISTRY
+job = json.load(sys.stdin)
+tok = AutoTokenizer.from_pretrained(job["target"])
+out = {"templates": TEMPLATE_REGISTRY.get_all_template_names()}
+# what draftlab hands SpecForge: the tokens file as data.prompts_path, through SpecForge's prompt builder with
+# the eagle3 strategy's minimum of one loss token (training/assembly.py::_prepare_prompt_source)
+tasks = prepare_prompt_tasks(job["tokens"], tok, chat_template=job["template"], max_length=job["max_length"],
+                             is_preformatted=False, train_only_last_turn=False, cache_dir=None, cache_key=None,
+                             num_proc=1, min_loss_tokens=1)
+out["prompts"] = [t["payload"] for t in tasks]
+# SpecForge rendering the same conversations itself (data.train_data_path): build_eagle3_dataset shuffles
+# with shuffle_seed, so the row order is recovered from the same permutation
+ds = load_dataset("json", data_files=job["conversations"], split="train")
+order = ds.add_column("row", list(range(len(ds)))).shuffle(seed=42)["row"]
+built = build_eagle3_dataset(ds, tok, chat_template=job["template"], max_length=job["max_length"], shuffle_seed=42,
+                             num_proc=1)
+rows = [None] * len(ds)
+for i, r in zip(order, built):
+    rows[i] = {"input_ids": r["input_ids"][0].tolist(), "loss_mask": r["loss_mask"][0].tolist()}
+out["rendered"] = rows
+out["vocab"] = len(tok)
+print(json.dumps(out))
+"""
+
+
+def _masked(row: dict) -> list[int]:
+    return [t for t, m in zip(row["input_ids"], row["loss_mask"]) if m]
+
+
+def test_specforges_data_pipeline_reads_the_smoke_runs_data_as_the_builtin_trainer_does(smoke_run, tmp_path):
+    """The data the pipeline really writes, through SpecForge's own loaders with the demo target's tokenizer.
+
+    draftlab hands SpecForge the tokenized file (data.prompts_path): every row is accepted and its tokens and
+    loss mask are the builtin trainer's. The same conversations rendered by SpecForge itself
+    (data.train_data_path, build_eagle3_dataset with the experiment's chat_template "qwen", the demo's
+    <|im_start|> format) are accepted too, with the same loss-masked tokens, but SpecForge's GeneralParser
+    prepends the template's system prompt ("You are a helpful assistant.") when a conversation has none, so
+    every sequence gains that prefix: the target would be captured on other contexts than the builtin
+    trainer's. Hence prompts_path (docs/specforge.md).
+    """
+    from draftlab.experiment.config import load_config
+    from draftlab.training import specforge as sf
+
+    exp = smoke_run / "results/demo-k2-to-k25"
+    cfg = load_config(exp / "config.json")
+    generated, tokens = exp / "data/generated.jsonl", exp / "data/tokens.jsonl"
+    target = exp / "models/target/model"  # model_dir() of the resolve-model record, as the rules pass it
+    n = sf.write_conversations(generated, tmp_path / "conversations.jsonl")  # what prepare() writes without --tokens
+    ours = [json.loads(line) for line in tokens.read_text().splitlines() if line.strip()]
+    assert cfg["train"]["chat_template"] == "qwen"
+    res = run_in(specforge_python(), DATA, {"target": str(target), "tokens": str(tokens),
+                                            "conversations": str(tmp_path / "conversations.jsonl"),
+                                            "template": cfg["train"]["chat_template"],
+                                            "max_length": cfg["train"]["max_length"]})
+    assert "qwen" in res["templates"]
+    # 1. the shape draftlab hands SpecForge: all rows accepted, the builtin trainer's tokens exactly
+    kept = [r for r in ours if any(r["loss_mask"])]
+    assert len(res["prompts"]) == len(kept) == len(ours) > 0
+    assert res["prompts"] == kept
+    # 2. SpecForge rendering the conversations itself: every row accepted, the same tokens learned, one prefix more
+    assert len(res["rendered"]) == n == len(ours)
+    system = [t for t in _system_prefix(target)]
+    limit = cfg["train"]["max_length"]
+    for mine, theirs in zip(ours, res["rendered"]):
+        if len(theirs["input_ids"]) < limit:  # not cut by max_length: the same tokens learned
+            assert _masked(theirs) == _masked(mine)
+        else:  # the prefix pushed the end of the answer past max_length
+            assert _masked(mine)[:len(_masked(theirs))] == _masked(theirs)
+        assert theirs["input_ids"][:len(system)] == system
+        cut = min(len(theirs["input_ids"]) - len(system), len(mine["input_ids"]))
+        assert theirs["input_ids"][len(system):len(system) + cut] == mine["input_ids"][:cut]
+    print(f"\nSpecForge data pipeline on the smoke data: prompts_path {len(res['prompts'])}/{len(ours)} rows accepted, "
+          f"{sum(len(_masked(r)) for r in res['prompts'])} loss tokens, identical to the builtin trainer's; "
+          f"train_data_path ({cfg['train']['chat_template']}) {len(res['rendered'])}/{n} rows, loss-masked tokens equal in "
+          f"{sum(_masked(a) == _masked(b) for a, b in zip(ours, res['rendered']))}, every sequence "
+          f"{len(system)} tokens longer (the template's system turn)")
+
+
+def _system_prefix(target) -> list[int]:
+    """The tokens SpecForge's "qwen" template adds in front: its system turn, rendered by the target's tokenizer."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(target))
+    text = tok.apply_chat_template([{"role": "system", "content": "You are a helpful assistant."}], tokenize=False)
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+OFFLINE = """
+import json, sys
+import torch
+from specforge.config import load_config
+from specforge.runtime.data_plane.feature_store import load_feature_file
+from specforge.algorithms.eagle3.data import normalize_offline_sample
+from specforge.modeling.target.target_head import TargetHead
+job = json.load(sys.stdin)
+cfg = load_config(job["run_config"])
+assert cfg.mode == "offline", cfg.mode
+head = TargetHead.from_pretrained(cfg.model.target_model_path, lm_head_key=cfg.model.lm_head_key).float()
+rows = []
+for path in job["files"]:
+    s = normalize_offline_sample(load_feature_file(path), cfg.data.max_length)
+    with torch.no_grad():
+        logits = head(s["target"].float())
+    rows.append({"input_ids": s["input_ids"][0].tolist(), "loss_mask": s["loss_mask"][0].tolist(),
+                 "aux_shape": list(s["hidden_state"].shape), "argmax": logits[0].argmax(-1).tolist()})
+print(json.dumps({"mode": cfg.mode, "deployment": cfg.deployment.mode, "rows": rows,
+                  "hidden_states_path": cfg.data.hidden_states_path}))
+"""
+
+
+def test_specforge_reads_draftlabs_offline_features_of_the_smoke_target(smoke_run, tmp_path):
+    """SpecForge 0.2.0's offline mode (item 4 of issue 23): no capture server. draftlab dumps the demo target's
+    features, files them as SpecForge's .ckpt samples and writes the offline run config; SpecForge's own config,
+    feature loader, EAGLE-3 normalizer and TargetHead (the target's lm_head over the stored final hidden
+    state, read through the target view's index) take them, and its target logits pick the tokens the
+    target's own forward picks."""
+    from draftlab.cli import main as cli
+    from draftlab.models.target import load_target
+
+    exp = smoke_run / "results/demo-k2-to-k25"
+    target, tokens, patched = exp / "models/target/model", exp / "data/tokens.jsonl", exp / "drafter/patched"
+    assert cli(["dump-hidden-states", "--target", str(target), "--tokens", str(tokens), "--out", str(tmp_path / "dump"),
+                "--drafter", str(patched), "--device", "cpu"]) == 0
+    assert cli(["specforge-features", "--dump", str(tmp_path / "dump"), "--out", str(tmp_path / "feat")]) == 0
+    out = tmp_path / "sf"
+    assert cli(["specforge-command", "--config", str(exp / "config.json"), "--target", str(target),
+                "--draft-config", str(patched / "config.json"), "--data", str(exp / "data/generated.jsonl"),
+                "--tokens", str(tokens), "--mapping", str(patched), "--ckpt-dir", str(patched),
+                "--hidden-states", str(tmp_path / "feat"), "--output-dir", str(out)]) == 0
+    files = sorted(str(p) for p in (tmp_path / "feat").glob("*.ckpt"))
+    res = run_in(specforge_python(), OFFLINE, {"run_config": str(out / "draftlab_run.yaml"), "files": files})
+    assert res["mode"] == "offline" and res["deployment"] == "local_colocated"
+    ours = [json.loads(line) for line in tokens.read_text().splitlines() if line.strip()]
+    model = load_target(target, device="cpu")
+    assert len(res["rows"]) == len(ours) > 0
+    for mine, theirs in zip(ours, res["rows"]):
+        assert theirs["input_ids"] == mine["input_ids"]
+        assert theirs["loss_mask"] == mine["loss_mask"][:-1] + [0]  # SpecForge masks the last position itself
+        assert theirs["aux_shape"][-1] == 3 * model.config.hidden_size
+        with torch.no_grad():
+            want = model(input_ids=torch.tensor([mine["input_ids"]])).logits[0].argmax(-1).tolist()
+        agree = sum(a == b for a, b in zip(theirs["argmax"], want)) / len(want)
+        assert agree >= 0.98, agree  # bf16 features vs the fp32 forward: near-ties may flip

@@ -135,8 +135,9 @@ def test_specforge_prepare_is_handed_the_merged_config_the_run_wrote():
     """Issue 14: the prepare step got only the last --configfile; it must read results/<exp>/config.json."""
     s = Settings.load(KIMI)
     layout = Layout(s.experiment)
-    prepare, train, imp = jobs.train_commands(s, layout, "finetune-keep")
+    prepare, check, train, imp = jobs.train_commands(s, layout, "finetune-keep")
     assert prepare[:4] == ["draftlab", "specforge-command", "--config", layout.config_json]
+    assert check[:2] == ["draftlab", "specforge-preflight"] and train[:2] == ["specforge", "train"]
     assert "--expect-steps" in imp and imp[imp.index("--expect-steps") + 1] == str(s.train.steps)
 
 

@@ -48,10 +48,13 @@ def _job(tmp_path: Path, **over) -> specforge.SpecForgeJob:
     (tmp_path / "draft").mkdir(exist_ok=True)
     (tmp_path / "draft" / "config.json").write_text(json.dumps(cfg))
     save_mapping(tmp_path / "map.safetensors", _mapping(seed=3))
+    if not (tmp_path / "tokens.jsonl").exists():
+        (tmp_path / "tokens.jsonl").write_text('{"input_ids": [1, 2, 3], "loss_mask": [0, 1, 1]}\n')
     kw = dict(
         target_model_path=str(_target(tmp_path)),
         draft_model_config=str(tmp_path / "draft" / "config.json"),
         train_data_path=str(tmp_path / "data.jsonl"),
+        prompts_path=str(tmp_path / "tokens.jsonl"),
         output_dir=str(tmp_path / "out"),
         vocab_mapping=str(tmp_path / "map.safetensors"),
         chat_template="kimi-k2-instruct",
@@ -92,6 +95,8 @@ def test_run_config_names_only_specforge_fields_and_its_own_launcher(tmp_path):
     assert cfg["deployment"]["trainer"]["nproc_per_node"] == 8
     assert cfg["deployment"]["disaggregated"]["server_urls"] == ["http://h:30000"]
     assert cfg["data"]["chat_template"] == "kimi-k2-instruct" and cfg["data"]["max_length"] == 2048
+    # the builtin trainer's tokens, pre-tokenized: SpecForge's data.prompts_path, no raw data beside it
+    assert cfg["data"]["prompts_path"] == str(tmp_path / "tokens.jsonl") and "train_data_path" not in cfg["data"]
     # written exactly as returned, and the job file records both
     assert yaml.safe_load((tmp_path / "out" / "draftlab_run.yaml").read_text()) == cfg
     record = json.loads((tmp_path / "out" / "draftlab_specforge_job.json").read_text())
@@ -105,6 +110,21 @@ def test_scratch_has_no_warm_start_and_the_mapping_is_pinned_as_specforge_loads_
     want = _mapping(seed=3)
     assert torch.equal(saved["d2t"], want.d2t) and saved["d2t"].dtype == torch.int64
     assert torch.equal(saved["t2d"], want.t2d) and saved["t2d"].dtype == torch.bool
+
+
+def test_without_tokens_the_conversations_are_rewritten_as_specforges_rows(tmp_path):
+    """SpecForge 0.2.0's build_eagle3_dataset wants a `conversations` column; draftlab's rows say `messages`."""
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    (tmp_path / "data.jsonl").write_text(json.dumps({"messages": turns, "id": 7}) + "\n")
+    r = specforge.prepare(_job(tmp_path, prompts_path=None))
+    data = r["run_config"]["data"]
+    assert data["train_data_path"] == str(tmp_path / "out" / "draftlab_conversations.jsonl")
+    assert "prompts_path" not in data
+    rows = [json.loads(x) for x in Path(data["train_data_path"]).read_text().splitlines()]
+    assert rows == [{"conversations": turns}]
+    (tmp_path / "data.jsonl").write_text('{"text": "plain"}\n')
+    with pytest.raises(DraftlabError, match=r"data.jsonl: record 1 is plain text; SpecForge reads conversations"):
+        specforge.prepare(_job(tmp_path, prompts_path=None))
 
 
 def test_target_keys_of_a_flat_target_and_a_tied_head(tmp_path):
@@ -266,3 +286,58 @@ def test_cli_job_file_and_experiment_config(tmp_path, capsys):
     bad.write_text(yaml.safe_dump({"target_model_path": "x", "bogus": 1}))
     assert main(["specforge-command", "--config", str(bad)]) == 2
     assert "unknown key(s) ['bogus']" in capsys.readouterr().err
+
+
+def _fake_dump(folder: Path, n: int = 3, hidden: int = 8) -> Path:
+    """A draftlab dump-hidden-states folder (store last_hidden) with ``n`` samples of random features."""
+    from draftlab.training.hidden_states import FORMAT
+
+    folder.mkdir(parents=True)
+    g = torch.Generator().manual_seed(0)
+    tensors = {}
+    for j in range(n):
+        t = 4 + j
+        tensors[f"{j}.input_ids"] = torch.randint(0, 50, (t,), generator=g)
+        tensors[f"{j}.loss_mask"] = torch.tensor([0] + [1] * (t - 1), dtype=torch.int8)
+        tensors[f"{j}.aux"] = torch.randn(t, 3 * hidden, generator=g).to(torch.bfloat16)
+        tensors[f"{j}.last"] = torch.randn(t, hidden, generator=g).to(torch.bfloat16)
+    save_file(tensors, str(folder / "shard-00000.safetensors"))
+    (folder / "index.json").write_text(json.dumps({
+        "format": FORMAT, "target": "t", "aux_layer_ids": [1, 2, 3], "hidden_size": hidden, "vocab_size": 50,
+        "store": "last_hidden", "samples": n, "tokens": 15, "shards": [{"file": "shard-00000.safetensors",
+                                                                           "samples": [0, n]}]}))
+    return folder
+
+
+def test_offline_features_and_run_config_need_no_capture_server(tmp_path):
+    """SpecForge 0.2.0's offline mode: .ckpt features, data.hidden_states_path, local_colocated, an indexed target."""
+    from draftlab.training.specforge_offline import write_features
+
+    dump = _fake_dump(tmp_path / "dump")
+    assert main(["specforge-features", "--dump", str(dump), "--out", str(tmp_path / "feat")]) == 0
+    files = sorted((tmp_path / "feat").glob("*.ckpt"))
+    assert len(files) == 3
+    row = torch.load(files[1])
+    assert row["input_ids"].dtype == torch.int64 and row["input_ids"].shape == (5,)
+    assert row["hidden_state"].shape == (1, 5, 8) and row["aux_hidden_state"].shape == (1, 5, 24)
+    assert row["loss_mask"].tolist() == [0, 1, 1, 1, 1]
+    target = tmp_path / "single"
+    target.mkdir()
+    (target / "config.json").write_text((Path(_job(tmp_path).target_model_path) / "config.json").read_text())
+    save_file({"model.embed_tokens.weight": torch.zeros(4, 2)}, str(target / "model.safetensors"))
+    job = _job(tmp_path, hidden_states_path=str(tmp_path / "feat"), deployment={})
+    job.target_model_path = str(target)
+    r = specforge.prepare(job)
+    cfg = r["run_config"]
+    assert cfg["data"]["hidden_states_path"] == str(tmp_path / "feat")
+    assert "prompts_path" not in cfg["data"] and "train_data_path" not in cfg["data"]
+    assert cfg["deployment"] == {"mode": "local_colocated", "trainer": {"nnodes": 1, "nproc_per_node": 8}}
+    view = Path(cfg["model"]["target_model_path"])
+    assert view == tmp_path / "out" / "target" and (view / "config.json").resolve() == (target / "config.json")
+    index = json.loads((view / "model.safetensors.index.json").read_text())
+    assert index["weight_map"] == {"model.embed_tokens.weight": "model.safetensors"}
+    assert r["capture_host"] == []
+    (tmp_path / "dump2").mkdir()
+    (tmp_path / "dump2" / "index.json").write_text((dump / "index.json").read_text().replace("last_hidden", "logits"))
+    with pytest.raises(DraftlabError, match="store is 'logits'; SpecForge's offline features need the final hidden"):
+        write_features(tmp_path / "dump2", tmp_path / "f2")

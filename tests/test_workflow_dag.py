@@ -108,6 +108,7 @@ def test_kimi_dag_on_gpu8_prints_real_sglang_and_training_commands():
                 "--target results/kimi-k25/models/target/model "
                 "--draft-config results/kimi-k25/drafter/patched/config.json ") in l
         assert f"--output-dir {out}" in l and "--tokens results/kimi-k25/data/tokens.jsonl" in l
+        assert f"-- draftlab specforge-preflight --job {out}/draftlab_specforge_job.json --expect-model " in l
         assert f"-- specforge train --config {out}/draftlab_run.yaml &&" in l
         assert (f"-- draftlab import-specforge {out} --out results/kimi-k25/train/{arm}/drafter "
                 "--expect-mapping ") in l and "--expect-steps 20000" in l

@@ -198,6 +198,12 @@ def get_gated_train_shell(wildcards):
     return jobs.gated_train_shell(S, L, wildcards.arm)
 
 
+def get_train_capture_note(wildcards):
+    """A SpecForge arm's capture-host setup as comment lines after its command (`-n -p` prints them,
+    bash skips them); nothing for the builtin trainer."""
+    return jobs.specforge_capture_note(S, L, wildcards.arm)
+
+
 def get_doctor_gate(wildcards):
     """A trained arm's doctor job is skipped (explicit skip files) when its training was skipped."""
     v = wildcards.variant

@@ -25,6 +25,8 @@ rule experiment_config:
         "../scripts/experiment_config.py"
 
 
+# A SpecForge arm's capture-host setup follows its command as comment lines (`-n -p` prints them, bash
+# skips them); only SpecForge arms get the param, so a builtin arm's params stay as they were (no rerun).
 rule train:
     input:
         gate=ancient(L.gate),
@@ -46,8 +48,17 @@ rule train:
     resources:
         gpu=TRAIN_GPUS,
     params:
+        **(
+            {"capture": get_train_capture_note}
+            if S.train.backend == "specforge"
+            else {}
+        ),
         command=get_gated_train_shell,
         settings=get_train_settings,
         min_accept_length=S.gate.min_accept_length,
     shell:
-        "{params.command} > {log} 2>&1"
+        (
+            "{params.command} > {log} 2>&1{params.capture}"
+            if S.train.backend == "specforge"
+            else "{params.command} > {log} 2>&1"
+        )

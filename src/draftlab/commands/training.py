@@ -163,8 +163,12 @@ def register(sub) -> None:
     s.add_argument("--target", help="target model path as SpecForge sees it (experiment config only)")
     s.add_argument("--draft-config", help="drafter config.json (experiment config only)")
     s.add_argument("--data", help="training JSONL conversations (experiment config only)")
-    s.add_argument("--tokens", help="draftlab tokens.jsonl of the same data: its sample count sets num_epochs")
+    s.add_argument("--tokens", help="draftlab tokens.jsonl of the same data: SpecForge's data.prompts_path (the "
+                                    "builtin trainer's exact tokens); its sample count sets num_epochs")
     s.add_argument("--mapping", help="vocab mapping to pin through model.vocab_mapping_path (experiment config only)")
+    s.add_argument("--hidden-states", default=None,
+                   help="SpecForge's offline mode: a folder of its .ckpt features (draftlab specforge-features); "
+                        "data.hidden_states_path, deployment local_colocated, no capture server")
     s.add_argument("--output-dir", help="SpecForge output_dir: checkpoints, run config, job file (experiment config only)")
     s.add_argument("--ckpt-dir", help="warm-start drafter folder: model.draft_checkpoint_path (experiment config only)")
     s.add_argument("--specforge-dir", default=None,
@@ -175,6 +179,22 @@ def register(sub) -> None:
     s.add_argument("--dry-run", action="store_true", help="print the command and run config only; write nothing")
     add_json_flag(s)
     s.set_defaults(func=_specforge_command)
+
+    f = sub.add_parser("specforge-features",
+                       help="a draftlab hidden-state dump (--store last_hidden) as SpecForge 0.2.0's offline .ckpt features")
+    f.add_argument("--dump", required=True, help="folder written by draftlab dump-hidden-states")
+    f.add_argument("--out", required=True, help="folder of .ckpt files for data.hidden_states_path")
+    add_json_flag(f)
+    f.set_defaults(func=_specforge_features)
+
+    c = sub.add_parser("specforge-preflight",
+                       help="before `specforge train`: ask each capture server and the Mooncake master what they are")
+    c.add_argument("--job", required=True, help="draftlab_specforge_job.json written by specforge-command")
+    c.add_argument("--expect-model", action="append", default=[],
+                   help="another name the capture server's model_path may give the target (hub id, local folder)")
+    c.add_argument("--timeout", type=float, default=10.0, help="seconds per question")
+    add_json_flag(c)
+    c.set_defaults(func=_specforge_preflight)
 
     i = sub.add_parser("import-specforge", help="turn a SpecForge checkpoint into a draftlab drafter folder")
     i.add_argument("src", help="SpecForge output_dir (latest <run_id>-step<N>/), one step folder, or an export")
@@ -306,12 +326,46 @@ def _specforge_command(args: argparse.Namespace) -> int:
         job = specforge.job_from_experiment(
             cfg, target_model_path=args.target, draft_model_config=args.draft_config, train_data_path=args.data,
             output_dir=args.output_dir, vocab_mapping=args.mapping, ckpt_dir=args.ckpt_dir,
-            num_samples=_count_samples(args.tokens) if args.tokens else None,
+            num_samples=_count_samples(args.tokens) if args.tokens else None, prompts_path=args.tokens,
         )
+        if args.hidden_states:
+            job.hidden_states_path = args.hidden_states
     else:
         job = specforge.job_from_mapping(data, str(args.config))
     result = specforge.prepare(job, write=not args.dry_run)
-    emit(args, result, lambda r: "\n".join([shlex.join(r["argv"])] + [f"warning: {w}" for w in r["warnings"]]))
+    emit(args, result, lambda r: "\n".join([shlex.join(r["argv"])] + [f"warning: {w}" for w in r["warnings"]]
+                                           + [f"capture host: {c}" for c in r["capture_host"]]))
+    return 0
+
+
+def _specforge_features(args: argparse.Namespace) -> int:
+    from draftlab.training.specforge_offline import write_features
+
+    r = write_features(args.dump, args.out)
+    emit(args, r, lambda r: f"{r['samples']} samples, {r['tokens']} tokens, aux layers {r['aux_layer_ids']} -> {r['out']}")
+    return 0
+
+
+def _specforge_preflight(args: argparse.Namespace) -> int:
+    from draftlab.fsutil import read_json
+    from draftlab.training import specforge_capture
+
+    job = read_json(args.job)
+    cfg = job.get("run_config") if isinstance(job, dict) else None
+    if not isinstance(cfg, dict):
+        raise DraftlabError(f"{args.job}: key 'run_config' missing (expected the job file of draftlab specforge-command)")
+    expected = [str(cfg.get("model", {}).get("target_model_path", ""))] + list(args.expect_model)
+    r = specforge_capture.preflight(cfg, expected_models=expected, timeout=args.timeout)
+
+    def text(r):
+        if r.get("note"):
+            return r["note"]
+        lines = [f"Mooncake master {r['mooncake']['master']} and metadata server {r['mooncake']['metadata_server']}: up"]
+        lines += [f"capture server {s['url']}: sglang {s['version']}, {s['model_path']}, capture {s['method']} "
+                  f"aux ids {s['aux_layer_ids']}" for s in r["servers"]]
+        return "\n".join(lines)
+
+    emit(args, r, text)
     return 0
 
 

@@ -114,7 +114,7 @@ def builtin_train_command(settings: Settings, layout: Layout, arm: str) -> list[
 
 
 def train_commands(settings: Settings, layout: Layout, arm: str) -> list[list[str]]:
-    """The commands of one arm, in order: one for the builtin trainer, three for SpecForge.
+    """The commands of one arm, in order: one for the builtin trainer, four for SpecForge.
 
     SpecForge is handed the merged config the run wrote (``layout.config_json``: every --configfile and
     every --config override), never one of the config files it was merged from.
@@ -126,6 +126,48 @@ def train_commands(settings: Settings, layout: Layout, arm: str) -> list[list[st
                                   train_data(settings, layout), layout.vocab_mapping, layout.train_dir(arm),
                                   layout.config_json, layout.tokens, layout.train_state(arm))
     return [builtin_train_command(settings, layout, arm)]
+
+
+def specforge_capture_note(settings: Settings, layout: Layout, arm: str) -> str:
+    """What a SpecForge arm needs on its capture host, as shell comment lines after the arm's command:
+    ``snakemake -n -p`` prints them, bash skips them. Empty for the builtin trainer.
+
+    The aux ids are the ones the arm's run config will carry, computed now when the patched drafter and
+    the target's config are already there (else named as what the first command computes).
+    """
+    import os
+
+    from draftlab.fsutil import read_json
+    from draftlab.training import specforge, specforge_capture
+
+    if settings.train.backend != "specforge":
+        return ""
+    deployment = dict(settings.config["train"].get("specforge", {}).get("deployment") or {})
+    if deployment.get("managed_local"):
+        return (f"\n# train {arm} (SpecForge {specforge.SPECFORGE_VERSION}, managed_local): SpecForge starts Mooncake "
+                f"and sglang {specforge_capture.SGLANG_CAPTURE_VERSION} capture servers patched by "
+                f"{specforge_capture.PATCH_SCRIPT} itself; that patch must be applied in this env")
+    model: dict = {"target_model_path": layout.target_model,
+                   "trust_remote_code": bool(settings.target.trust_remote_code)}
+    drafter_cfg = os.path.join(layout.patched, "config.json")
+    target_cfg = os.path.join(layout.target_model, "config.json")
+    ids = "<aux ids from the drafter config, see the run config>"
+    if os.path.isfile(drafter_cfg) and os.path.isfile(target_cfg):
+        from draftlab.formats.target_config import load_json_config
+
+        try:
+            model["aux_hidden_state_layer_ids"] = specforge.specforge_aux_ids(read_json(drafter_cfg),
+                                                                              load_json_config(target_cfg))
+            ids = ""
+        except Exception:  # noqa: BLE001 - the plan only describes; the prepare step refuses bad configs
+            pass
+    setup = specforge_capture.capture_host_setup({"model": model, "deployment": {"disaggregated": deployment}},
+                                                 specforge_version=specforge.SPECFORGE_VERSION)
+    if ids:
+        setup[-1] += f" {ids}"
+    urls = ", ".join(deployment.get("server_urls") or []) or "none set"
+    return (f"\n# train {arm} with SpecForge {specforge.SPECFORGE_VERSION}; its capture host ({urls}) runs, before "
+            "this job (the job's specforge-preflight asks it):\n#   " + "\n#   ".join(setup))
 
 
 def gated_train_shell(settings: Settings, layout: Layout, arm: str) -> str:

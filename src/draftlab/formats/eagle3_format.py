@@ -4,7 +4,9 @@ One place that says which tensors a drafter folder holds and what shape each mus
 ``config.json``; the model, the doctor, the trainer's exporter and the tests all read it from here.
 
 Facts encoded (see docs and ../shared/FIELD-NOTES.md):
-- ``fc.weight [H, 3*H_target]`` fuses three target aux hidden states;
+- ``fc.weight [H, n*H_target]`` fuses n target aux hidden states, n = :func:`num_aux_hidden_states`
+  (SGLang's ``llama_eagle3.py``: the config's ``num_aux_hidden_states``, else the number of listed aux
+  ids, else 3);
 - the single decoder layer's q/k/v take ``2*H`` (normed token embedding || normed fused hidden);
 - ``d2t [draft_vocab]`` int64 offsets, target_id = draft_id + d2t[draft_id]; ``t2d [vocab]`` bool;
 - ``embed_tokens.weight`` is optional: serving takes the target's embeddings, except when the
@@ -55,6 +57,19 @@ def aux_layer_ids(cfg: dict[str, Any]) -> list[int] | None:
     eagle = cfg.get("eagle_config") or {}
     ids = eagle.get("eagle_aux_hidden_state_layer_ids")
     return [int(i) for i in ids] if ids is not None else None
+
+
+def num_aux_hidden_states(cfg: dict[str, Any]) -> int:
+    """How many aux hidden states ``fc`` fuses, as SGLang 0.5.23's ``llama_eagle3.py`` sizes it: an explicit
+    ``num_aux_hidden_states``, else the length of ``eagle_config.eagle_aux_hidden_state_layer_ids``, else 3.
+    (vLLM 0.34 also reads ``eagle_config.layer_ids``; docs/serving.md.)"""
+    n = cfg.get("num_aux_hidden_states")
+    if n is None:
+        ids = aux_layer_ids(cfg)
+        n = len(ids) if ids else 3
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise DraftlabError(f"drafter config: num_aux_hidden_states {n!r}: expected a positive integer")
+    return n
 
 
 # Keys every EAGLE-3 drafter config.json must have (the rest have defaults SGLang also applies).
@@ -163,7 +178,7 @@ def expected_tensor_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     ht = target_hidden_size(cfg)
     opts = options(cfg)
     shapes: dict[str, tuple[int, ...]] = {
-        "fc.weight": (h, 3 * ht),
+        "fc.weight": (h, num_aux_hidden_states(cfg) * ht),
         "midlayer.input_layernorm.weight": (h,),
         "midlayer.hidden_norm.weight": (h,),
         "midlayer.self_attn.q_proj.weight": (heads * hd, 2 * h),
@@ -184,9 +199,9 @@ def expected_tensor_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     if opts["o_proj_bias"]:
         shapes["midlayer.self_attn.o_proj.bias"] = (h,)
     if opts["fc_norm"]:
-        shapes.update({f"fc_norm.{i}.weight": (ht,) for i in range(3)})
+        shapes.update({f"fc_norm.{i}.weight": (ht,) for i in range(num_aux_hidden_states(cfg))})
     if opts["norm_before_fc"]:
-        shapes["input_norm.weight"] = (3 * ht,)
+        shapes["input_norm.weight"] = (num_aux_hidden_states(cfg) * ht,)
     if opts["own_embeddings"]:
         shapes["embed_tokens.weight"] = (vocab, h)
     for i in range(1, int(cfg.get("num_hidden_layers") or 1)):  # SGLang's later layers read H, not 2H

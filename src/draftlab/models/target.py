@@ -74,7 +74,8 @@ def aux_layer_ids_for(drafter_config: dict[str, Any] | None, target_config: dict
     Read the way the target's SGLang model class reads the drafter's
     ``eagle_config.eagle_aux_hidden_state_layer_ids`` (or its default capture without them).
     """
-    return aux_layers.fed_output_ids(fmt.aux_layer_ids(drafter_config or {}), target_config)
+    cfg = drafter_config or {}
+    return aux_layers.fed_output_ids(fmt.aux_layer_ids(cfg), target_config, fmt.num_aux_hidden_states(cfg))
 
 
 def aux_hidden(hidden_states: Sequence[Tensor], layer_ids: Sequence[int]) -> Tensor:

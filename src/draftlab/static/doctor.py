@@ -207,10 +207,12 @@ def check_hidden_size(s: Subject) -> list[Finding]:
     h = int(s.target["hidden_size"])
     out: list[Finding] = []
     fc = s.tensors.get("fc.weight")
-    if s.eagle3_layout and fc is not None and len(fc.shape) == 2 and fc.shape[1] != 3 * h:
+    n = fmt.num_aux_hidden_states(s.cfg)  # what SGLang's llama_eagle3.py sizes fc with
+    if s.eagle3_layout and fc is not None and len(fc.shape) == 2 and fc.shape[1] != n * h:
         out.append(_err("hidden-size-mismatch", (
-            f"fc.weight takes {fc.shape[1]} inputs but 3 aux hidden states of this target are 3 x {h} = "
-            f"{3 * h}: the drafter was built for a target with hidden size {fc.shape[1] / 3:g}"
+            f"fc.weight takes {fc.shape[1]} inputs but {n} aux hidden states of this target are {n} x {h} = "
+            f"{n * h}: the drafter was built for a target with hidden size {fc.shape[1] / n:g}"
+            + ("" if fc.shape[1] % h else f", or for {fc.shape[1] // h} aux states (num_aux_hidden_states)")
         )))
     declared = s.cfg.get("target_hidden_size")
     if declared is not None and int(declared) != h:
@@ -244,7 +246,8 @@ def _aux_capture(s: Subject) -> tuple[list[int], list[int], list[str]] | None:
     if ids is None:
         return None
     capture = aux_layers.capture_layers(ids, s.target_arch)
-    return ids, capture, aux_layers.capture_problems(capture, int(s.target["num_hidden_layers"]))
+    return ids, capture, aux_layers.capture_problems(capture, int(s.target["num_hidden_layers"]),
+                                                     fmt.num_aux_hidden_states(s.cfg))
 
 
 def _reader(s: Subject) -> str:

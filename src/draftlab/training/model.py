@@ -187,9 +187,10 @@ class Eagle3Drafter(nn.Module):
         vocab, draft = spec.vocab_size, spec.draft_vocab_size
         self.embed_tokens = nn.Embedding(vocab, h)  # frozen: the target's, or (own_embeddings) the drafter's own
         self.embed_tokens.weight.requires_grad_(False)
-        self.input_norm = RMSNorm(3 * ht, eps) if self.opts["norm_before_fc"] else None
-        self.fc_norm = nn.ModuleList(RMSNorm(ht, eps) for _ in range(3)) if self.opts["fc_norm"] else None
-        self.fc = nn.Linear(3 * ht, h, bias=self.opts["fc_bias"])
+        self.num_aux = fmt.num_aux_hidden_states(dict(config))  # SGLang's llama_eagle3.py sizes fc the same way
+        self.input_norm = RMSNorm(self.num_aux * ht, eps) if self.opts["norm_before_fc"] else None
+        self.fc_norm = nn.ModuleList(RMSNorm(ht, eps) for _ in range(self.num_aux)) if self.opts["fc_norm"] else None
+        self.fc = nn.Linear(self.num_aux * ht, h, bias=self.opts["fc_bias"])
         self.midlayer = MidLayer(spec, self.opts["o_proj_bias"])
         self.norm = RMSNorm(h, eps)
         self.lm_head = nn.Linear(h, draft, bias=False)
@@ -211,12 +212,12 @@ class Eagle3Drafter(nn.Module):
         return self.lm_head.out_features
 
     def fuse(self, aux_hidden: Tensor) -> Tensor:
-        """Three concatenated target aux hidden states [B, T, 3*Ht] -> the drafter's hidden [B, T, H]."""
+        """``num_aux`` (3 by default) concatenated target aux hidden states [B, T, n*Ht] -> the drafter's hidden [B, T, H]."""
         x = aux_hidden.to(self.fc.weight.dtype)
         if self.input_norm is not None:
             x = self.input_norm(x)
         if self.fc_norm is not None:
-            x = torch.cat([norm(c) for norm, c in zip(self.fc_norm, x.chunk(3, dim=-1))], dim=-1)
+            x = torch.cat([norm(c) for norm, c in zip(self.fc_norm, x.chunk(self.num_aux, dim=-1))], dim=-1)
         return self.fc(x)
 
     def rope(self, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:

@@ -42,6 +42,7 @@ RUN_CONFIG = "draftlab_run.yaml"
 MAPPING_FILE = "draftlab_vocab_mapping.pt"
 IDENTITY_FILE = "draftlab_run_identity.json"
 JOB_FILE = "draftlab_specforge_job.json"
+CONVERSATIONS_FILE = "draftlab_conversations.jsonl"  # without prompts_path: the data as SpecForge's rows
 STEP_RE = re.compile(rf"^{RUN_ID}-step(\d+)$")
 # Keys of the run config that name an attempt, not the run: left out of the run identity.
 VOLATILE = (("deployment", "disaggregated", "control_dir"), ("training", "resume_from"))
@@ -53,8 +54,15 @@ class SpecForgeJob:
 
     target_model_path: str
     draft_model_config: str  # the drafter's config.json (a folder holding one is accepted)
-    train_data_path: str  # JSONL conversations
+    train_data_path: str  # JSONL conversations (draftlab's {"messages": [...]} rows)
     output_dir: str
+    # The same data tokenized by `draftlab tokenize` ({"input_ids", "loss_mask"} rows): handed to SpecForge
+    # as data.prompts_path, so it trains on exactly the builtin trainer's tokens. None: the conversations
+    # are rewritten as SpecForge's {"conversations": [...]} rows and rendered by its chat_template.
+    prompts_path: str | None = None
+    # SpecForge's offline mode instead (no capture server, no Mooncake): a folder of its .ckpt feature files
+    # (`draftlab specforge-features`), data.hidden_states_path, deployment.mode local_colocated.
+    hidden_states_path: str | None = None
     vocab_mapping: str | None = None  # draftlab mapping file or drafter folder, pinned for SpecForge
     draft_checkpoint: str | None = None  # warm start (fine-tune arms); None = scratch
     # Defaults of the settings an experiment config also has are the schema's (train.<key>), the one set.
@@ -99,7 +107,8 @@ def job_from_mapping(data: dict[str, Any], source: str = "job") -> SpecForgeJob:
 
 def job_from_experiment(cfg: dict[str, Any], *, target_model_path: str, draft_model_config: str,
                         train_data_path: str, output_dir: str, vocab_mapping: str | None,
-                        ckpt_dir: str | None = None, num_samples: int | None = None) -> SpecForgeJob:
+                        ckpt_dir: str | None = None, num_samples: int | None = None,
+                        prompts_path: str | None = None) -> SpecForgeJob:
     """The job for a validated experiment config (its ``train`` and ``target`` sections) and the pipeline's paths.
 
     ``cfg`` is what :func:`draftlab.experiment.config.load_config` returns (the merged config the pipeline wrote,
@@ -114,6 +123,7 @@ def job_from_experiment(cfg: dict[str, Any], *, target_model_path: str, draft_mo
         target_model_path=target_model_path,
         draft_model_config=draft_model_config,
         train_data_path=train_data_path,
+        prompts_path=prompts_path,
         output_dir=output_dir,
         vocab_mapping=vocab_mapping,
         draft_checkpoint=ckpt_dir,
@@ -299,7 +309,9 @@ def run_config(job: SpecForgeJob, *, control_dir: str, resume_from: str | None =
         "output_dir": str(out),
         "model": model,
         "data": {
-            "train_data_path": job.train_data_path,
+            **({"hidden_states_path": job.hidden_states_path} if job.hidden_states_path
+               else {"prompts_path": job.prompts_path} if job.prompts_path
+               else {"train_data_path": str(out / CONVERSATIONS_FILE)}),
             "chat_template": job.chat_template,
             "max_length": job.max_length,
             "cache_dir": str(out / "cache"),
@@ -311,6 +323,11 @@ def run_config(job: SpecForgeJob, *, control_dir: str, resume_from: str | None =
             "disaggregated": {"backend": "mooncake", **job.deployment, "control_dir": control_dir},
         },
     }
+    if job.hidden_states_path:  # offline: SpecForge's own colocated trainer reads the features, nothing captures
+        from draftlab.training.specforge_offline import TARGET_VIEW
+
+        cfg["deployment"] = {"mode": "local_colocated", "trainer": {"nnodes": 1, "nproc_per_node": job.nproc}}
+        model["target_model_path"] = str(out / TARGET_VIEW)
     return _deep_merge(cfg, job.overrides), warnings
 
 
@@ -350,7 +367,7 @@ def run_identity(job: SpecForgeJob, cfg: dict[str, Any]) -> dict[str, Any]:
 
     settings = _drop(cfg, VOLATILE)
     settings["model"].pop("draft_checkpoint_path", None)
-    inputs = {"train_data": job.train_data_path, "draft_config": job.draft_config_file(),
+    inputs = {"train_data": job.train_data_path, "prompts": job.prompts_path, "draft_config": job.draft_config_file(),
               "vocab_mapping": job.vocab_mapping, "draft_checkpoint": job.draft_checkpoint,
               "target_config": str(Path(job.target_model_path) / "config.json")}
     ident = {"config": {"run_config": settings, "specforge": SPECFORGE_VERSION},
@@ -418,6 +435,27 @@ def write_mapping(job: SpecForgeJob, path: Path) -> None:
         torch.save({"d2t": mapping.d2t.to(torch.int64), "t2d": mapping.t2d.to(torch.bool)}, tmp)
 
 
+def write_conversations(src: str | os.PathLike, dst: Path) -> int:
+    """draftlab's conversation rows as SpecForge 0.2.0's loader wants them: ``{"conversations": [...]}``.
+
+    ``build_eagle3_dataset`` (``data/preprocessing.py``) refuses any other column set without
+    ``data.is_preformatted``; plain-text rows have no assistant turn to mask, so they are refused here.
+    """
+    import json
+
+    from draftlab.formats.data import read_records
+
+    n = 0
+    with atomic_path(dst) as tmp, open(tmp, "w", encoding="utf-8") as fh:
+        for i, rec in enumerate(read_records(src), 1):
+            if "messages" not in rec:
+                raise DraftlabError(f"{src}: record {i} is plain text; SpecForge reads conversations (or give "
+                                    "--tokens: the tokenized data goes through data.prompts_path)")
+            fh.write(json.dumps({"conversations": rec["messages"]}, ensure_ascii=False) + "\n")
+            n += 1
+    return n
+
+
 def _attempt_dir(out: Path) -> str:
     """A fresh control folder per attempt: SpecForge refuses to reuse one (``_claim_fresh_control_path``,
     managed_local's "requires a fresh control_dir"), and creates it itself, so the last job file counts too."""
@@ -471,17 +509,34 @@ def prepare(job: SpecForgeJob, write: bool = True) -> dict[str, Any]:
         "specforge_version": SPECFORGE_VERSION,
         "resume_from": resume_from,
         "warnings": warnings,
+        "capture_host": _capture_host(cfg),
         "identity": ident,
         "job": dataclasses.asdict(job),
     }
     if write:
         out.mkdir(parents=True, exist_ok=True)
         write_mapping(job, out / MAPPING_FILE)
+        if job.hidden_states_path:
+            from draftlab.training.specforge_offline import write_target_view
+
+            write_target_view(job.target_model_path, out)
+        elif not job.prompts_path:
+            write_conversations(job.train_data_path, out / CONVERSATIONS_FILE)
         with atomic_path(out / RUN_CONFIG) as tmp:
             Path(tmp).write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
         write_json(out / IDENTITY_FILE, ident)
         write_json(out / JOB_FILE, result)
     return result
+
+
+def _capture_host(cfg: dict[str, Any]) -> list[str]:
+    """The capture host's setup for this run config (none with managed_local: SpecForge starts it)."""
+    from draftlab.training.specforge_capture import capture_host_setup
+
+    dep = cfg.get("deployment", {})
+    if dep.get("mode") != "disaggregated" or (dep.get("disaggregated") or {}).get("managed_local"):
+        return []
+    return capture_host_setup(cfg, specforge_version=SPECFORGE_VERSION)
 
 
 def read_job_file(path: str | os.PathLike) -> dict[str, Any]:
@@ -500,7 +555,8 @@ def read_job_file(path: str | os.PathLike) -> dict[str, Any]:
 
 def specforge_commands(cfg: Mapping[str, Any], arm: str, target: str, patched: str, data: str, mapping: str,
                        run: str, configfile: str, tokens: str, state_dir: str) -> list[list[str]]:
-    """The three commands of a SpecForge arm: write its run config, ``specforge train``, import the checkpoint.
+    """The commands of a SpecForge arm: write its run config, ask its capture servers and Mooncake master what
+    they are (:mod:`draftlab.training.specforge_capture`), ``specforge train``, import the checkpoint.
 
     ``configfile`` is the merged experiment config the pipeline wrote (every --configfile and --config),
     so SpecForge gets the trainer's max length and settings. keep: warm start, the drafter's own
@@ -522,7 +578,22 @@ def specforge_commands(cfg: Mapping[str, Any], arm: str, target: str, patched: s
                "--output-dir", out]
     if mode:
         prepare += ["--ckpt-dir", patched]
+    check = ["draftlab", "specforge-preflight", "--job", f"{out}/{JOB_FILE}"]
+    for name in expected_model_names(cfg):
+        check += ["--expect-model", name]
     train = ["specforge", "train", "--config", f"{out}/{RUN_CONFIG}"]
     imp = ["draftlab", "import-specforge", out, "--out", f"{run}/drafter", "--expect-mapping", pinned,
            "--draft-config", draft_config, "--expect-steps", str(int(cfg["train"]["steps"]))]
-    return [prepare, train, imp]
+    return [prepare, check, train, imp]
+
+
+def expected_model_names(cfg: Mapping[str, Any]) -> list[str]:
+    """What a capture server's ``model_path`` may say for this experiment's target: its hub id, its local folder."""
+    t = cfg.get("target") or {}
+    names = []
+    source = str(t.get("source") or "")
+    if source.startswith("hf:"):
+        names.append(source[3:])
+    if t.get("model_path"):
+        names.append(str(t["model_path"]))
+    return names
