@@ -32,6 +32,9 @@ def register(sub) -> None:
                         "keep-alive limit (default 30)")
     p.add_argument("--max-batch-size", type=int, default=8,
                    help="requests decoded together (continuous batching; 1 serves one at a time; default 8)")
+    p.add_argument("--cuda-graph-max-bs", type=int, default=None,
+                   help="on CUDA: the largest batch decoded by a captured CUDA graph (SGLang's meaning; larger "
+                        "batches run eagerly; 0: no graphs; default: --max-batch-size)")
     p.set_defaults(func=_serve)
 
 
@@ -45,6 +48,8 @@ def _serve(args: argparse.Namespace) -> int:
         raise DraftlabError(f"--num-steps: expected an integer >= 1, got {args.num_steps}")
     if args.max_batch_size < 1:
         raise DraftlabError(f"--max-batch-size: expected an integer >= 1, got {args.max_batch_size}")
+    if args.cuda_graph_max_bs is not None and args.cuda_graph_max_bs < 0:
+        raise DraftlabError(f"--cuda-graph-max-bs: expected an integer >= 0, got {args.cuda_graph_max_bs}")
     for flag, value in (("--health-timeout", args.health_timeout), ("--read-timeout", args.read_timeout)):
         if not value > 0:
             raise DraftlabError(f"{flag}: expected a number of seconds > 0, got {value}")
@@ -57,7 +62,8 @@ def _serve(args: argparse.Namespace) -> int:
           file=sys.stderr, flush=True)
     state = load_state(args.target, args.drafter, num_steps=args.num_steps, device=args.device, dtype=args.dtype,
                        trust_remote_code=args.trust_remote_code, health_timeout_s=args.health_timeout,
-                       read_timeout_s=args.read_timeout, max_batch_size=args.max_batch_size)
+                       read_timeout_s=args.read_timeout, max_batch_size=args.max_batch_size,
+                       cuda_graph_max_bs=args.cuda_graph_max_bs)
     code = serve(state, args.host, args.port)
     # Skip the interpreter's teardown (torch/transformers finalization takes seconds on a busy host):
     # a stopped server must be gone within seconds, and it has no files to flush.

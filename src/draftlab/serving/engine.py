@@ -152,6 +152,7 @@ class Engine:
             # draft id -> target id in one gather: hot[i] = i + d2t[i] (SGLang's hot_token_id)
             self._hot = drafter.d2t + torch.arange(drafter.d2t.numel(), device=drafter.d2t.device)
         self.trace: list[dict[str, Any]] | None = None  # set to [] to record every cycle (tests, debugging)
+        self.static_decoder = None  # the server's static-cache decoder on CUDA (serving.static_decode)
         self._sync = self.device.type == "cuda"
 
     @classmethod
