@@ -18,7 +18,9 @@ concurrency 8 equal those at concurrency 1, and prints / writes one JSON documen
 by round, through: ``engine`` (``Engine.generate``, the path before the batching scheduler),
 ``scheduler_masked`` (the scheduler with a lone row masked like a batch: issue 17's path),
 ``scheduler`` (today's: a lone row runs unmasked) and ``scheduler_static`` (the static-slot decoder;
-on CUDA with its graphs). Prefill included; median of ``--rounds``; ratios against ``engine``. With
+on CUDA with its graphs). Prefill included; median of ``--rounds``; ratios against ``engine`` (also the
+median of per-round ratios, ``paired_ratio_vs_engine``); on the
+CPU the time is the process's CPU time (all its threads), so a busy shared host does not skew it. With
 ``--device cuda`` it also prints the memory floor of a plain decode step (weight + KV bytes / 4.3 TB/s).
 
 The demo pair is built with ``draftlab demo-models --out DIR --size SIZE`` when ``DIR/demo.json``
@@ -161,20 +163,31 @@ def single_stream(pair: dict, args) -> dict:
             return eng.generate(ids, args.max_new, ignore_eos=True).output_ids
 
         arms = {"engine": engine_arm, **{name: through(make) for name, make in decoders.items() if name in args.arms}}
+        # CPU: process time (all threads: the scheduler's too), so that other load on a shared host
+        # does not count; CUDA: wall clock. Arms alternate prompt by prompt against drift.
+        clock = time.perf_counter if eng.device.type == "cuda" else time.process_time
         outputs = {name: [] for name in arms}
         times = {name: [] for name in arms}
         for rnd in range(args.rounds + 1):  # round 0 warms up
-            for name, run in arms.items():
-                t0 = time.perf_counter()
-                outs = [run(ids) for ids in texts]
-                if not rnd:
-                    outputs[name] = outs
-                if rnd:
-                    times[name].append(time.perf_counter() - t0)
+            spent = dict.fromkeys(arms, 0.0)
+            for ids in texts:
+                for name, run in arms.items():
+                    t0 = clock()
+                    out = run(ids)
+                    spent[name] += clock() - t0
+                    if not rnd:
+                        outputs[name].append(out)
+            if rnd:
+                for name in arms:
+                    times[name].append(spent[name])
         tokens = len(texts) * args.max_new
         rates = {name: tokens / statistics.median(ts) for name, ts in times.items()}
+        # paired: each round's engine time over the arm's (the same prompts, minutes apart at most)
+        paired = {name: statistics.median(e / t for e, t in zip(times["engine"], ts)) for name, ts in times.items()}
         entry = {name: {"tok_per_s": round(r, 2), "ratio_vs_engine": round(r / rates["engine"], 3),
+                        "paired_ratio_vs_engine": round(paired[name], 3),
                         "round_s": [round(t, 3) for t in times[name]]} for name, r in rates.items()}
+        entry["clock"] = "wall" if clock is time.perf_counter else "process CPU time"
         entry["static"] = static.info()
         entry["outputs_identical"] = {n: outputs[n] == outputs["engine"] for n in arms}
         if eng.device.type == "cuda" and mode == "plain":
@@ -189,7 +202,7 @@ def single_stream(pair: dict, args) -> dict:
                               "floor_ms_per_token": round(per_token / 4.3e12 * 1e3, 4),
                               "ceiling_tok_per_s": round(4.3e12 / per_token, 1)}
         report["modes"][mode] = entry
-        print(f"{mode}: " + ", ".join(f"{n} {entry[n]['tok_per_s']} tok/s (x{entry[n]['ratio_vs_engine']})"
+        print(f"{mode}: " + ", ".join(f"{n} {entry[n]['tok_per_s']} tok/s (x{entry[n]['paired_ratio_vs_engine']} paired)"
                                       for n in arms), file=sys.stderr, flush=True)
     return report
 
