@@ -17,7 +17,7 @@ import torch
 
 from draftlab.serving.batch_decode import BatchDecoder
 from draftlab.serving.engine import Engine
-from draftlab.serving.static_decode import StaticDecoder
+from draftlab.serving.static_decode import StaticDecoder, graph_buckets
 from test_engine import VOCAB, world  # noqa: F401 (the module fixture)
 
 FIELDS = ("output_ids", "finish_reason", "spec_verify_ct", "accept_histogram", "accept_by_position",
@@ -185,3 +185,8 @@ def test_scheduler_queues_beyond_max_batch_size_and_drops_cancelled(world):  # n
     assert sched.peak_rows == 2  # never more rows than allowed, and really two at a time
     assert endless.done.wait(30) and isinstance(endless.error, GenerationStopped) and endless.error.tokens < 250
     assert never.done.wait(30) and isinstance(never.error, GenerationStopped) and not never.started
+
+
+def test_graph_buckets_are_sglang_shaped():
+    assert graph_buckets(0) == [] and graph_buckets(1) == [1] and graph_buckets(3) == [1, 2, 3]
+    assert graph_buckets(8) == [1, 2, 4, 8] and graph_buckets(20) == [1, 2, 4, 8, 16, 20]
