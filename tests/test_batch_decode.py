@@ -162,11 +162,14 @@ def test_static_decoder_moves_rows_down_and_refuses_other_models(world):  # noqa
         eng.target.config.model_type = "llama"
 
 
-def test_scheduler_queues_beyond_max_batch_size_and_drops_cancelled(world):  # noqa: F811
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_scheduler_queues_beyond_max_batch_size_and_drops_cancelled(world, static):  # noqa: F811
     from draftlab.serving.engine import GenerationStopped
     from draftlab.serving.scheduler import Scheduler
 
     eng = Engine(world["v1"], world["trained"], num_steps=3, eos_token_ids=())
+    if static:  # what enable_static gives the engine on CUDA (here eager): the scheduler takes it
+        eng.static_decoder = StaticDecoder(eng, max_rows=2)
     reqs = _requests(5, seed=3)
     alone = _alone(eng, reqs, lambda i: [])
     sched = Scheduler(eng, max_batch_size=2)

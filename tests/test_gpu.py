@@ -207,3 +207,27 @@ def test_static_cache_cuda_graphs_replay_exactly(engine_pair, dtype):
     else:
         assert outs["spec"] == outs["plain"]
         assert sum(a == b for a, b in zip(outs["plain"], ref)) >= len(ref) - 2
+
+
+def test_static_server_state_reports_graphs_and_serves_identically(engine_pair):
+    """The server's own wiring on CUDA: graphs captured at start, reported, and its answers = the engine's."""
+    import copy
+
+    from draftlab.models.target import load_target
+    from draftlab.serving.engine import Engine
+    from draftlab.serving.server import ServerState
+
+    target = load_target(engine_pair["dir"], dtype=torch.float32, device="cuda")
+    drafter = copy.deepcopy(engine_pair["drafter"]).to(device="cuda", dtype=torch.float32)
+    eng = Engine(target, drafter, num_steps=3, eos_token_ids=())
+    prompts = engine_pair["prompts"][:5]
+    ref = [Engine(target, None, eos_token_ids=()).generate(p, 20).output_ids for p in prompts]
+    state = ServerState(eng, model_path="t", max_batch_size=4, cuda_graph_max_bs=2)
+    info = state.server_info()
+    assert info["static_cache"] and info["cuda_graph"] and info["cuda_graph_bs"] == [1, 2], info
+    assert info["cuda_graph_max_bs"] == 2 and info["cuda_graph_reason"] is None
+    got = state.run_many(prompts, 20, ignore_eos=True, stop_ids=[])
+    assert [r.output_ids for r in got] == ref
+    off = ServerState(Engine(target, None, eos_token_ids=()), model_path="t", max_batch_size=2, cuda_graph_max_bs=0)
+    assert off.server_info()["cuda_graph"] is False and off.server_info()["static_cache"] is True
+    assert off.run(prompts[0], 20, ignore_eos=True, stop_ids=[]).output_ids == ref[0]

@@ -397,12 +397,13 @@ def enable_static(engine: Engine, max_rows: int, cuda_graph_max_bs: int | None =
     ``max_rows``; 0: static cache, no graphs) and capture them now. Returns what ``/get_server_info`` reports."""
     log = log or (lambda msg: print(f"draftlab-serve: {msg}", file=sys.stderr, flush=True))
     if engine.device.type != "cuda":
-        return {"static_cache": False, "cuda_graph": False, "cuda_graph_reason": "not on CUDA"}
+        return {"static_cache": False, "cuda_graph": False, "cuda_graph_bs": [], "cuda_graph_reason": "not on CUDA"}
     try:
         dec = StaticDecoder(engine, max_rows, max_rows if cuda_graph_max_bs is None else cuda_graph_max_bs, log)
-    except ValueError as exc:
+    except (ValueError, RuntimeError) as exc:  # refused (static_refusal, size) or out of memory
         log(f"static KV cache and CUDA graphs off, decoding with the dynamic cache ({exc})")
-        return {"static_cache": False, "cuda_graph": False, "cuda_graph_reason": f"static cache refused: {exc}"}
+        return {"static_cache": False, "cuda_graph": False, "cuda_graph_bs": [],
+                "cuda_graph_reason": f"static cache refused: {exc}"}
     dec.capture()
     engine.static_decoder = dec
     return dec.info()
