@@ -1,5 +1,8 @@
 """Batched decoding (issue 17): every row's greedy output and counters equal serving it alone.
 
+Both decoders: ``BatchDecoder`` (dynamic cache, slot masks; one row alone runs unmasked) and the
+static-slot ``StaticDecoder`` (issue 26; eager on the CPU, the same function its CUDA graphs capture).
+
 Float64 tiny Llama targets and EAGLE-3 drafters (the trained-ish and random ones of test_engine),
 prompts of different lengths, per-request ``max_new_tokens`` and stop ids, requests joining the
 batch while others decode, and rows leaving as they finish.
@@ -14,6 +17,7 @@ import torch
 
 from draftlab.serving.batch_decode import BatchDecoder
 from draftlab.serving.engine import Engine
+from draftlab.serving.static_decode import StaticDecoder, graph_buckets
 from test_engine import VOCAB, world  # noqa: F401 (the module fixture)
 
 FIELDS = ("output_ids", "finish_reason", "spec_verify_ct", "accept_histogram", "accept_by_position",
@@ -35,9 +39,9 @@ def _alone(eng: Engine, reqs, stops_of) -> list:
     return [eng.generate(p, n, stop_token_ids=stops_of(i)) for p, n, i in reqs]
 
 
-def _batched(eng: Engine, reqs, stops_of, join_every: int = 0, compact: bool = False) -> list:
+def _batched(eng: Engine, reqs, stops_of, join_every: int = 0, compact: bool = False, static: bool = False) -> list:
     """Decode ``reqs`` together; with ``join_every`` = j, one request joins every j steps."""
-    dec = BatchDecoder(eng)
+    dec = StaticDecoder(eng, max_rows=16) if static else BatchDecoder(eng)
     results: dict[int, object] = {}
     waiting = list(reqs)
     while waiting or len(dec):
@@ -50,7 +54,7 @@ def _batched(eng: Engine, reqs, stops_of, join_every: int = 0, compact: bool = F
         for _ in range(max(1, join_every)):
             for row in dec.step():
                 results[row.tag] = row.res
-            if compact and len(dec):
+            if compact and len(dec) and not static:
                 dec.compact(force=True)
     return [results[i] for _, _, i in reqs]
 
@@ -63,7 +67,7 @@ def _same(alone, batched):
 
 
 @pytest.mark.parametrize("drafter, k", [(None, 0), ("trained", 1), ("trained", 3), ("trained", 5), ("random", 3)])
-@pytest.mark.parametrize("mode", ["together", "joining", "compacting"])
+@pytest.mark.parametrize("mode", ["together", "joining", "compacting", "static-together", "static-joining"])
 def test_batched_rows_equal_each_request_alone(world, drafter, k, mode):  # noqa: F811
     eng = Engine(world["v1"], world[drafter] if drafter else None, num_steps=max(k, 1), eos_token_ids=())
     reqs = _requests(8, seed=11) + [(p, 20, 8 + j) for j, p in enumerate(world["train_prompts"][:3])]
@@ -72,7 +76,8 @@ def test_batched_rows_equal_each_request_alone(world, drafter, k, mode):  # noqa
     stops_of = lambda i: [first[i][3]] if i % 3 == 0 else []  # noqa: E731
     alone = _alone(eng, reqs, stops_of)
     assert any(r.finish_reason == "stop" for r in alone) and any(r.finish_reason == "length" for r in alone)
-    batched = _batched(eng, reqs, stops_of, join_every=2 if mode != "together" else 0, compact=mode == "compacting")
+    batched = _batched(eng, reqs, stops_of, join_every=0 if mode.endswith("together") else 2,
+                       compact=mode == "compacting", static=mode.startswith("static"))
     assert _same(alone, batched)
     if drafter == "trained" and k > 1:
         assert sum(sum(r.accept_histogram[1:]) for r in batched) > 0  # acceptance really happened in the batch
@@ -100,17 +105,71 @@ def test_rows_leave_and_the_cache_shrinks(world):  # noqa: F811
     assert len(dec) == 1 and dec.mask.shape[0] == 1 and dec.pending.shape == (1, 1)
     for _ in range(6):
         dec.step()
-    # rejected drafts are masked, then squeezed out: the cache stays near the row's real length
-    slots = dec.cache.get_seq_length()
-    assert slots - dec.rows[0].length < max(16, slots // 3) and dec.dcache.length < dec.rows[0].length + 16
-    assert int(dec.mask.sum()) == dec.rows[0].length
+    # one row left: squeezed to its own slots and decoded unmasked, rejected drafts cropped
+    assert dec.mask is None and dec.dmask is None
+    assert dec.cache.get_seq_length() == dec.dcache.length == dec.rows[0].length
 
 
-def test_scheduler_queues_beyond_max_batch_size_and_drops_cancelled(world):  # noqa: F811
+@pytest.mark.parametrize("drafter", [None, "trained"])
+def test_one_row_pays_nothing_for_batching(world, drafter, monkeypatch):  # noqa: F811
+    """Alone, a row runs the one-request engine's forwards (no mask, no position ids); a second row
+    joining and leaving switches masking on and off, and every output equals ``Engine.generate``."""
+    eng = Engine(world["v1"], world[drafter] if drafter else None, num_steps=3, eos_token_ids=())
+    p0, p1 = world["train_prompts"][0], world["train_prompts"][1]
+    alone = [eng.generate(p0, 30), eng.generate(p1, 6)]
+    seen = []
+    forward = type(world["v1"]).forward
+    monkeypatch.setattr(type(world["v1"]), "forward", lambda self, *a, **kw: seen.append(
+        ("attention_mask" in kw, "position_ids" in kw)) or forward(self, *a, **kw))
+    dec = BatchDecoder(eng)
+    r0 = dec.add(p0, 30, set())
+    dec.step()
+    assert dec.mask is None and seen[-1] == (False, False)  # prefill and the step: the engine's calls
+    r1 = dec.add(p1, 6, set())
+    dec.step()
+    assert dec.mask is not None and seen[-1] == (True, True)
+    while not r1.done:
+        dec.step()
+    dec.step()
+    assert dec.mask is None and seen[-1] == (False, False)
+    while not r0.done:
+        dec.step()
+    assert _same(alone, [r0.res, r1.res])
+
+
+def test_static_decoder_moves_rows_down_and_refuses_other_models(world):  # noqa: F811
+    eng = Engine(world["v1"], world["trained"], num_steps=3, eos_token_ids=())
+    reqs = _requests(5, seed=5)
+    alone = _alone(eng, reqs, lambda i: [])
+    dec = StaticDecoder(eng, max_rows=3)
+    assert dec.info() == {"static_cache": True, "cuda_graph": False, "cuda_graph_bs": [],
+                          "cuda_graph_reason": "not on CUDA"}
+    results, waiting = {}, list(reqs)
+    while waiting or len(dec):
+        while waiting and len(dec) < 3:  # a row finishing in the middle frees a slot the last row moves into
+            p, n, i = waiting.pop(0)
+            row = dec.add(p, n, set(), tag=i)
+            if row.done:
+                results[i] = row.res
+        for row in dec.step():
+            results[row.tag] = row.res
+    assert _same(alone, [results[i] for _, _, i in reqs])
+    eng.target.config.model_type = "gpt2"
+    try:
+        with pytest.raises(ValueError, match="model_type 'gpt2'"):
+            StaticDecoder(eng, max_rows=2)
+    finally:
+        eng.target.config.model_type = "llama"
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_scheduler_queues_beyond_max_batch_size_and_drops_cancelled(world, static):  # noqa: F811
     from draftlab.serving.engine import GenerationStopped
     from draftlab.serving.scheduler import Scheduler
 
     eng = Engine(world["v1"], world["trained"], num_steps=3, eos_token_ids=())
+    if static:  # what enable_static gives the engine on CUDA (here eager): the scheduler takes it
+        eng.static_decoder = StaticDecoder(eng, max_rows=2)
     reqs = _requests(5, seed=3)
     alone = _alone(eng, reqs, lambda i: [])
     sched = Scheduler(eng, max_batch_size=2)
@@ -129,3 +188,8 @@ def test_scheduler_queues_beyond_max_batch_size_and_drops_cancelled(world):  # n
     assert sched.peak_rows == 2  # never more rows than allowed, and really two at a time
     assert endless.done.wait(30) and isinstance(endless.error, GenerationStopped) and endless.error.tokens < 250
     assert never.done.wait(30) and isinstance(never.error, GenerationStopped) and not never.started
+
+
+def test_graph_buckets_are_sglang_shaped():
+    assert graph_buckets(0) == [] and graph_buckets(1) == [1] and graph_buckets(3) == [1, 2, 3]
+    assert graph_buckets(8) == [1, 2, 4, 8] and graph_buckets(20) == [1, 2, 4, 8, 16, 20]

@@ -142,3 +142,92 @@ def test_engine_greedy_identity_on_cuda(world):
     for seed in range(3):
         p = torch.randint(1, 300, (10,), generator=torch.Generator().manual_seed(seed)).tolist()
         assert spec.generate(p, 24).output_ids == plain.generate(p, 24).output_ids
+
+
+@pytest.fixture(scope="module")
+def engine_pair(tmp_path_factory):
+    """A tiny Llama target and a drafter fitted to it (test_engine's, float64 on the CPU), both moved to CUDA."""
+    from test_engine import VOCAB, _prompts, fit_drafter
+
+    from draftlab.models.target import load_target
+
+    root = tmp_path_factory.mktemp("static")
+    tiny_target(root / "v1", vocab_size=VOCAB, seed=0, tokenizer=False)
+    tcfg = read_config(root / "v1")
+    prompts = _prompts(12, seed=100)
+    drafter = fit_drafter(load_target(root / "v1", dtype=torch.float64), tcfg, prompts)
+    return {"dir": root / "v1", "drafter": drafter, "prompts": prompts}
+
+
+def _decode_together(dec, reqs):
+    """Requests join two steps apart (so batch sizes grow and shrink through the buckets)."""
+    out, waiting = {}, list(enumerate(reqs))
+    while waiting or len(dec):
+        if waiting and len(dec) < dec.max_rows:
+            i, (p, n) = waiting.pop(0)
+            row = dec.add(p, n, set(), tag=i)
+            if row.done:
+                out[i] = row.res
+        for _ in range(2):
+            for row in dec.step():
+                out[row.tag] = row.res
+    return [out[i].output_ids for i in range(len(reqs))], [out[i] for i in range(len(reqs))]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_static_cache_cuda_graphs_replay_exactly(engine_pair, dtype):
+    """Issue 26: graphs are captured per bucket and replayed; their tokens equal the engine's.
+
+    float32: graph replay (plain and speculative) = ``Engine.generate`` plain decoding. bfloat16:
+    speculative graphs = the static plain graphs, which = the engine's own bf16 plain path on most
+    prompts (a (k+1)-token verify and a 1-token step may round differently after a near-tie)."""
+    import copy
+
+    from draftlab.models.target import load_target
+    from draftlab.serving.engine import Engine
+    from draftlab.serving.static_decode import StaticDecoder
+
+    target = load_target(engine_pair["dir"], dtype=dtype, device="cuda")
+    drafter = copy.deepcopy(engine_pair["drafter"]).to(device="cuda", dtype=dtype)
+    plain, spec = Engine(target, None, eos_token_ids=()), Engine(target, drafter, num_steps=3, eos_token_ids=())
+    g = torch.Generator().manual_seed(1)
+    reqs = [(p, n) for p, n in zip(engine_pair["prompts"][:6] + [torch.randint(1, 300, (9,), generator=g).tolist()
+                                                                  for _ in range(4)], [24, 5, 17, 24, 1, 9, 30, 12, 24, 3])]
+    ref = [plain.generate(p, n).output_ids for p, n in reqs]
+    outs = {}
+    for name, eng in (("plain", plain), ("spec", spec)):
+        dec = StaticDecoder(eng, max_rows=8, graph_max_bs=4)
+        dec.capture()
+        assert dec.cuda_graph and sorted(dec.graphs) == [1, 2, 4], dec.graph_reason  # 8 rows: above 4 runs eagerly
+        outs[name], results = _decode_together(dec, reqs)
+        if name == "spec":
+            assert sum(sum(r.accept_histogram[1:]) for r in results) > 0  # drafts were really accepted
+    if dtype == torch.float32:
+        assert outs["plain"] == ref and outs["spec"] == ref
+    else:
+        assert outs["spec"] == outs["plain"]
+        assert sum(a == b for a, b in zip(outs["plain"], ref)) >= len(ref) - 2
+
+
+def test_static_server_state_reports_graphs_and_serves_identically(engine_pair):
+    """The server's own wiring on CUDA: graphs captured at start, reported, and its answers = the engine's."""
+    import copy
+
+    from draftlab.models.target import load_target
+    from draftlab.serving.engine import Engine
+    from draftlab.serving.server import ServerState
+
+    target = load_target(engine_pair["dir"], dtype=torch.float32, device="cuda")
+    drafter = copy.deepcopy(engine_pair["drafter"]).to(device="cuda", dtype=torch.float32)
+    eng = Engine(target, drafter, num_steps=3, eos_token_ids=())
+    prompts = engine_pair["prompts"][:5]
+    ref = [Engine(target, None, eos_token_ids=()).generate(p, 20).output_ids for p in prompts]
+    state = ServerState(eng, model_path="t", max_batch_size=4, cuda_graph_max_bs=2)
+    info = state.server_info()
+    assert info["static_cache"] and info["cuda_graph"] and info["cuda_graph_bs"] == [1, 2], info
+    assert info["cuda_graph_max_bs"] == 2 and info["cuda_graph_reason"] is None
+    got = state.run_many(prompts, 20, ignore_eos=True, stop_ids=[])
+    assert [r.output_ids for r in got] == ref
+    off = ServerState(Engine(target, None, eos_token_ids=()), model_path="t", max_batch_size=2, cuda_graph_max_bs=0)
+    assert off.server_info()["cuda_graph"] is False and off.server_info()["static_cache"] is True
+    assert off.run(prompts[0], 20, ignore_eos=True, stop_ids=[]).output_ids == ref[0]

@@ -95,9 +95,18 @@ def test_sglang_speculative_numbers_all_or_none():
 
 
 def test_cuda_graph_max_bs_is_refused_where_it_would_be_ignored():
-    for backend in ("vllm", "builtin"):
-        with pytest.raises(DraftlabError, match="'cuda_graph_max_bs': only the sglang backend"):
-            ServerSpec(backend=backend, target="t", cuda_graph_max_bs=16)
+    with pytest.raises(DraftlabError, match="'cuda_graph_max_bs': only the sglang and builtin backends"):
+        ServerSpec(backend="vllm", target="t", cuda_graph_max_bs=16)
+
+
+def test_cuda_graph_max_bs_reaches_the_builtin_server():
+    argv = ServerSpec(backend="builtin", target="t", device="cuda", cuda_graph_max_bs=4).argv()
+    assert argv[argv.index("--cuda-graph-max-bs") + 1] == "4"
+    assert "--cuda-graph-max-bs" not in ServerSpec(backend="builtin", target="t").argv()
+    from draftlab.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "--target", "t", "--cuda-graph-max-bs", "4"])
+    assert args.cuda_graph_max_bs == 4
 
 
 def test_vllm_argv_has_speculative_config_json():

@@ -83,6 +83,9 @@ def test_plain_and_speculative_agree_and_report_counters(servers):
     plain_info = call(servers["plain"] + "/get_server_info")[1]
     assert plain_info["speculative_algorithm"] is None
     assert "avg_spec_accept_length" not in plain_info["internal_states"][0]
+    # issue 26: whether CUDA graphs decode, and why not (the CPU keeps the dynamic cache)
+    assert {k: plain_info[k] for k in ("static_cache", "cuda_graph", "cuda_graph_reason", "cuda_graph_max_bs")} \
+        == {"static_cache": False, "cuda_graph": False, "cuda_graph_reason": "not on CUDA", "cuda_graph_max_bs": 8}
 
 
 def test_input_ids_batch_and_stop_token(servers):

@@ -34,6 +34,9 @@ def register(sub) -> None:
                    help="requests decoded together (continuous batching; 1 serves one at a time; default 8)")
     p.add_argument("--max-prompts-per-request", type=int, default=256,
                    help="prompts one /generate or /v1/completions request may carry (413 above; default 256)")
+    p.add_argument("--cuda-graph-max-bs", type=int, default=None,
+                   help="on CUDA: the largest batch decoded by a captured CUDA graph (SGLang's meaning; larger "
+                        "batches run eagerly; 0: no graphs; default: --max-batch-size)")
     p.set_defaults(func=_serve)
 
 
@@ -49,6 +52,8 @@ def _serve(args: argparse.Namespace) -> int:
                                                                      args.max_prompts_per_request)):
         if value < 1:
             raise DraftlabError(f"{flag}: expected an integer >= 1, got {value}")
+    if args.cuda_graph_max_bs is not None and args.cuda_graph_max_bs < 0:
+        raise DraftlabError(f"--cuda-graph-max-bs: expected an integer >= 0, got {args.cuda_graph_max_bs}")
     for flag, value in (("--health-timeout", args.health_timeout), ("--read-timeout", args.read_timeout)):
         if not value > 0:
             raise DraftlabError(f"{flag}: expected a number of seconds > 0, got {value}")
@@ -62,7 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
     state = load_state(args.target, args.drafter, num_steps=args.num_steps, device=args.device, dtype=args.dtype,
                        trust_remote_code=args.trust_remote_code, health_timeout_s=args.health_timeout,
                        read_timeout_s=args.read_timeout, max_batch_size=args.max_batch_size,
-                       max_prompts=args.max_prompts_per_request)
+                       max_prompts=args.max_prompts_per_request, cuda_graph_max_bs=args.cuda_graph_max_bs)
     code = serve(state, args.host, args.port)
     # Skip the interpreter's teardown (torch/transformers finalization takes seconds on a busy host):
     # a stopped server must be gone within seconds, and it has no files to flush.

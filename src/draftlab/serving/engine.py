@@ -153,6 +153,7 @@ class Engine:
             self._hot = drafter.d2t + torch.arange(drafter.d2t.numel(), device=drafter.d2t.device)
             _check_hot_ids(self._hot, int(target.get_output_embeddings().weight.shape[0]))
         self.trace: list[dict[str, Any]] | None = None  # set to [] to record every cycle (tests, debugging)
+        self.static_decoder = None  # the server's static-cache decoder on CUDA (serving.static_decode)
         self._sync = self.device.type == "cuda"
 
     @classmethod

@@ -121,6 +121,8 @@ class ServerSpec:
             cmd += ["--device", self.device]
             if self.max_batch_size is not None:
                 cmd += ["--max-batch-size", str(self.max_batch_size)]
+            if self.cuda_graph_max_bs is not None:  # SGLang's meaning: the largest batch run by a CUDA graph
+                cmd += ["--cuda-graph-max-bs", str(self.cuda_graph_max_bs)]
             if self.dtype:
                 cmd += ["--dtype", self.dtype]
             if self.trust_remote_code:
@@ -241,9 +243,9 @@ def _validate(s: ServerSpec, source: str) -> None:
         raise DraftlabError(f"{source}: key 'tp': the builtin engine runs on one device (tp 1), got {s.tp}")
     if s.backend == "vllm" and s.drafter is not None and s.num_steps is None:
         raise DraftlabError(f"{source}: key 'num_steps' is required for vllm (num_speculative_tokens)")
-    if s.cuda_graph_max_bs is not None and s.backend != "sglang":
-        raise DraftlabError(f"{source}: key 'cuda_graph_max_bs': only the sglang backend takes it "
-                            f"(--cuda-graph-max-bs-decode); {s.backend} would ignore it")
+    if s.cuda_graph_max_bs is not None and s.backend == "vllm":
+        raise DraftlabError(f"{source}: key 'cuda_graph_max_bs': only the sglang and builtin backends take it "
+                            f"(--cuda-graph-max-bs-decode, --cuda-graph-max-bs); vllm would ignore it")
     if s.max_batch_size is not None and s.backend != "builtin":
         raise DraftlabError(f"{source}: key 'max_batch_size': only the builtin backend takes it ({s.backend} "
                             "batches the requests in flight by itself)")

@@ -23,8 +23,8 @@ from typing import Iterable, Sequence
 
 import torch
 
-from draftlab.serving.batch_decode import BatchDecoder
 from draftlab.serving.engine import Engine, GenerationResult, GenerationStopped
+from draftlab.serving.static_decode import make_decoder
 
 DEFAULT_MAX_BATCH_SIZE = 8
 
@@ -66,7 +66,7 @@ class Scheduler:
         self.lock = lock or threading.Lock()
         self._queue: OrderedDict[object, deque[Ticket]] = OrderedDict()  # group -> its waiting tickets
         self._cv = threading.Condition()
-        self._decoder = BatchDecoder(engine)
+        self._decoder = make_decoder(engine)  # the static-cache decoder on CUDA, else BatchDecoder
         self._thread: threading.Thread | None = None
         self.peak_rows = 0  # the most rows one step has decoded together (tests, benchmarks)
 
@@ -114,7 +114,7 @@ class Scheduler:
                     for t in admit + [r.tag for r in self._decoder.rows]:
                         if not t.done.is_set():
                             t._finish(error=exc)
-                    self._decoder = BatchDecoder(self.engine)
+                    self._decoder = make_decoder(self.engine)
 
     def _next_ticket(self) -> Ticket:
         """The first waiting group's next ticket; that group then goes to the back of the line."""

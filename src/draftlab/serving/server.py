@@ -85,7 +85,10 @@ class ServerState:
     def __init__(self, engine: Engine, *, model_path: str, drafter_path: str | None = None, tokenizer=None,
                  device: str = "cpu", dtype: str | None = None, health_timeout_s: float = HEALTH_TIMEOUT_S,
                  read_timeout_s: float = READ_TIMEOUT_S, max_body_bytes: int | None = None,
-                 max_batch_size: int = DEFAULT_MAX_BATCH_SIZE, max_prompts: int = MAX_PROMPTS):
+                 max_batch_size: int = DEFAULT_MAX_BATCH_SIZE, max_prompts: int = MAX_PROMPTS,
+                 cuda_graph_max_bs: int | None = None):
+        from draftlab.serving.static_decode import enable_static
+
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_path = model_path
@@ -101,6 +104,9 @@ class ServerState:
         self._active = 0  # requests being handled, so a shutdown can let their answers go out
         self._idle = threading.Condition()
         self.lock = threading.Lock()  # held by the scheduler around every engine step
+        # on CUDA: static KV cache + CUDA graphs up to cuda_graph_max_bs (issue 26); reported by server_info
+        self.decoding = {**enable_static(engine, max_batch_size, cuda_graph_max_bs), "cuda_graph_max_bs":
+                         max_batch_size if cuda_graph_max_bs is None else cuda_graph_max_bs}
         self.scheduler = Scheduler(engine, max_batch_size, lock=self.lock)
         self._stats = threading.Lock()
         self.started = time.time()
@@ -210,6 +216,7 @@ class ServerState:
             "dtype": self.dtype,
             "tp_size": 1,
             "max_batch_size": self.scheduler.max_batch_size,
+            **self.decoding,
             "backend": "draftlab-builtin",
             "version": f"draftlab {__version__}",
             "internal_states": [state],
@@ -636,7 +643,8 @@ def load_state(target: str | Path, drafter: str | Path | None = None, *, num_ste
                dtype: str | None = None, trust_remote_code: bool = False, **limits: Any) -> ServerState:
     """Load models and tokenizer (if the target folder has one) into a ready ``ServerState``.
 
-    ``limits``: ``health_timeout_s``, ``read_timeout_s``, ``max_body_bytes``, ``max_batch_size``, ``max_prompts``
+    ``limits``: ``health_timeout_s``, ``read_timeout_s``, ``max_body_bytes``, ``max_batch_size``, ``max_prompts``,
+    ``cuda_graph_max_bs``
     (see ``ServerState``).
     """
     from draftlab.models.target import load_tokenizer

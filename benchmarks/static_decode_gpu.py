@@ -1,0 +1,145 @@
+#!/usr/bin/env python
+"""Issue 26 without the demo build: the static decoder's CUDA graphs against ``Engine.generate``.
+
+A Llama of the demo-gpu target's shape (16 x 768, GQA 12/4, MLP 2048, vocab 8192, context 512,
+113M parameters) with random weights (decode speed does not depend on what they mean) and a random
+EAGLE-3 drafter of the demo drafter's shape (draft vocab 4096). Measures decode tokens/s (prefill
+excluded) of plain decoding at concurrency 1 through ``Engine.generate`` (dynamic cache, eager: the
+path before issue 17's scheduler) and through ``StaticDecoder`` with graphs at 1 and 8 rows; the
+speculative cycle time (k=3) at 1 and 8 rows; token identity of every static output with the engine's;
+and the memory floor of a plain step (weight bytes read per token + KV bytes) / 4.3 TB/s.
+A random drafter is rarely accepted, so the speculative speed-up is given as predicted for an accept
+length A: A x t_plain_step / t_cycle (``--accept`` lists the A's; 1.85 is the demo drafter's at issue 17).
+
+    python benchmarks/static_decode_gpu.py --device cuda            # prints one JSON document
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+
+def build(args):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from draftlab.formats.eagle3_format import default_aux_layer_ids, drafter_config
+    from draftlab.training.model import Eagle3Drafter, init_weights
+
+    dtype = getattr(torch, args.dtype)
+    cfg = LlamaConfig(hidden_size=args.hidden, intermediate_size=args.inter, num_hidden_layers=args.layers,
+                      num_attention_heads=args.heads, num_key_value_heads=args.kv_heads, vocab_size=args.vocab,
+                      max_position_embeddings=args.ctx, tie_word_embeddings=False, bos_token_id=0, eos_token_id=0)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(cfg).to(device=args.device, dtype=dtype).eval()
+    dcfg = drafter_config(hidden_size=args.hidden, intermediate_size=args.inter, num_attention_heads=args.heads,
+                          num_key_value_heads=args.kv_heads, vocab_size=args.vocab, draft_vocab_size=args.vocab // 2,
+                          max_position_embeddings=args.ctx, target_hidden_size=args.hidden,
+                          aux_layer_ids=default_aux_layer_ids(args.layers), torch_dtype=args.dtype)
+    drafter = Eagle3Drafter(dcfg)
+    init_weights(drafter, 1)
+    drafter.d2t.zero_()
+    return target, drafter.to(device=args.device, dtype=dtype)
+
+
+def static_run(dec, prompts, max_new):
+    """All prompts as rows of one batch; (outputs, decode seconds, tokens after the first, verifies)."""
+    rows = [dec.add(p, max_new, set(), tag=i) for i, p in enumerate(prompts)]
+    sync = torch.cuda.synchronize if dec.engine.device.type == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    while len(dec):
+        dec.step()
+    sync()
+    wall = time.perf_counter() - t0
+    return ([r.res.output_ids for r in rows], wall, sum(len(r.res.output_ids) - 1 for r in rows),
+            sum(r.res.spec_verify_ct for r in rows))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--hidden", type=int, default=768)
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--inter", type=int, default=2048)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--max-new", type=int, default=128)
+    ap.add_argument("--num-steps", type=int, default=3)
+    ap.add_argument("--accept", type=float, nargs="+", default=[1.85, 2.5, 3.0])
+    args = ap.parse_args()
+
+    from draftlab.serving.engine import Engine
+    from draftlab.serving.static_decode import StaticDecoder
+
+    target, drafter = build(args)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, args.vocab, (args.prompt_len,), generator=g).tolist() for _ in range(8)]
+    plain = Engine(target, None, eos_token_ids=())
+    spec = Engine(target, drafter, num_steps=args.num_steps, eos_token_ids=())
+    report = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu", "torch": torch.__version__, "args": vars(args)}
+    import transformers
+
+    report["transformers"] = transformers.__version__
+    # 1. Engine.generate, concurrency 1 (warm-up first)
+    plain.generate(prompts[0], 8)
+    ref, t, n = [], 0.0, 0
+    for p in prompts[:3]:
+        res = plain.generate(p, args.max_new)
+        ref.append(res.output_ids)
+        t += res.e2e_time - res.prefill_time
+        n += len(res.output_ids) - 1
+    report["engine_generate_c1_tok_s"] = round(n / t, 1)
+    # 2. static decoder with graphs, plain, 1 and 8 rows
+    t0 = time.perf_counter()
+    dec = StaticDecoder(plain, max_rows=8, graph_max_bs=8)
+    dec.capture()
+    report["capture_s_plain"] = round(time.perf_counter() - t0, 2)
+    report["static"] = dec.info()
+    static_run(dec, prompts[:1], 8)  # warm-up
+    outs1, w1, n1, _ = static_run(dec, prompts[:1], args.max_new)
+    outs3 = [static_run(dec, [p], args.max_new)[0][0] for p in prompts[:3]]
+    outs8, w8, n8, _ = static_run(dec, prompts, args.max_new)
+    report["static_plain_c1_tok_s"] = round(n1 / w1, 1)
+    report["static_plain_c8_tok_s"] = round(n8 / w8, 1)
+    report["c8_over_c1"] = round((n8 / w8) / (n1 / w1), 2)
+    report["t_plain_step_ms"] = round(w1 / n1 * 1e3, 4)
+    report["plain_identical_to_engine"] = {"c1": outs3 == ref, "c8": outs8[:3] == ref}
+    # 3. speculative cycles (random drafter: the cycle's cost; predicted speed-up at accept length A)
+    t0 = time.perf_counter()
+    sdec = StaticDecoder(spec, max_rows=8, graph_max_bs=8)
+    sdec.capture()
+    report["capture_s_spec"] = round(time.perf_counter() - t0, 2)
+    static_run(sdec, prompts[:1], 8)
+    souts1, sw1, _, v1 = static_run(sdec, prompts[:1], args.max_new)
+    souts8, sw8, _, v8 = static_run(sdec, prompts, args.max_new)
+    report["t_cycle_c1_ms"] = round(sw1 / v1 * 1e3, 4)
+    report["t_cycle_c8_ms"] = round(sw8 / (v8 / 8) * 1e3, 4)
+    report["spec_identical_to_plain"] = {"c1": souts1[0] == outs1[0], "c8": souts8 == outs8}
+    report["predicted_spec_speedup_c1"] = {str(a): round(a * report["t_plain_step_ms"] / report["t_cycle_c1_ms"], 2)
+                                           for a in args.accept}
+    # 4. the memory floor of one plain step
+    emb = target.get_input_embeddings().weight
+    weights = sum(p.numel() * p.element_size() for p in target.parameters()) - emb.numel() * emb.element_size()
+    hd = args.hidden // args.heads
+    kv = 2 * args.layers * args.kv_heads * hd * emb.element_size() * (args.prompt_len + args.max_new / 2)
+    report["floor"] = {"weight_bytes_per_token": weights, "kv_bytes_per_token": int(kv),
+                       "floor_ms": round((weights + kv) / 4.3e12 * 1e3, 4),
+                       "ceiling_tok_s": round(4.3e12 / (weights + kv), 1),
+                       "static_c1_over_floor": round(report["t_plain_step_ms"] / ((weights + kv) / 4.3e12 * 1e3), 1)}
+    print(json.dumps(report, indent=1))
+    ok = all(report["plain_identical_to_engine"].values()) and all(report["spec_identical_to_plain"].values())
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
