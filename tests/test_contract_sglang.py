@@ -121,8 +121,8 @@ def planned_launches(*configfiles: str) -> list[tuple[str, str, list[str]]]:
     out = _run(["--profile", "gpu8", "--configfile", *configfiles, "-n", "-p", "all"])
     launches = []
     for line in out.stdout.splitlines():
-        if "sglang.launch_server" not in line:
-            continue
+        if "sglang.launch_server" not in line or line.lstrip().startswith("#"):
+            continue  # a "#" line is the capture host's setup note (SpecForge's patched SGLang), not a launch
         words = shlex.split(line.split("Shell command:", 1)[-1])
         cmd = words[words.index("--") + 1: words.index(">")]
         assert cmd[:3] == ["python", "-m", "sglang.launch_server"], cmd

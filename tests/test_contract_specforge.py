@@ -19,6 +19,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from smoke_run import EXP as SMOKE_EXP
+
 import pytest
 import torch
 import yaml
@@ -431,7 +433,7 @@ def test_specforges_data_pipeline_reads_the_smoke_runs_data_as_the_builtin_train
     from draftlab.experiment.config import load_config
     from draftlab.training import specforge as sf
 
-    exp = smoke_run / "results/demo-k2-to-k25"
+    exp = smoke_run / "results" / SMOKE_EXP
     cfg = load_config(exp / "config.json")
     generated, tokens = exp / "data/generated.jsonl", exp / "data/tokens.jsonl"
     target = exp / "models/target/model"  # model_dir() of the resolve-model record, as the rules pass it
@@ -507,7 +509,7 @@ def test_specforge_reads_draftlabs_offline_features_of_the_smoke_target(smoke_ru
     from draftlab.cli import main as cli
     from draftlab.models.target import load_target
 
-    exp = smoke_run / "results/demo-k2-to-k25"
+    exp = smoke_run / "results" / SMOKE_EXP
     target, tokens, patched = exp / "models/target/model", exp / "data/tokens.jsonl", exp / "drafter/patched"
     assert cli(["dump-hidden-states", "--target", str(target), "--tokens", str(tokens), "--out", str(tmp_path / "dump"),
                 "--drafter", str(patched), "--device", "cpu"]) == 0

@@ -85,7 +85,7 @@ def test_compare_says_it_reads_headers_and_can_hash_weights(tmp_path):
     assert plain.returncode == 0 and "compatible" in plain.stdout
     assert "weights: not compared (headers only; --hash-weights" in plain.stdout
     hashed = _cli("compare", a, b, "--hash-weights")
-    assert "weights: **1 tensors differ**: fc.weight" in hashed.stdout
+    assert "weights: **1 tensors differ**: `fc.weight`" in hashed.stdout  # names from a file: code spans (textsafe)
     same = _cli("compare", a, a, "--hash-weights")
     assert "weights: identical" in same.stdout
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import atomic_dir
+from draftlab.fsutil import atomic_dir, write_json
 
 TARGET_VIEW = "target"  # under the run's output_dir
 
@@ -81,6 +81,6 @@ def write_target_view(target: str | os.PathLike, output_dir: str | os.PathLike) 
             raise DraftlabError(f"{target}: neither a safetensors index nor model.safetensors")
         with safe_open(str(single), framework="pt") as fh:
             names = list(fh.keys())
-        (view / "model.safetensors.index.json").write_text(json.dumps(
-            {"metadata": {}, "weight_map": {n: "model.safetensors" for n in names}}), encoding="utf-8")
+        write_json(view / "model.safetensors.index.json",
+                   {"metadata": {}, "weight_map": {n: "model.safetensors" for n in names}})
     return view
