@@ -73,6 +73,9 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def _leftovers(folder: Path, name: str) -> list[str]:
+    """Hidden temporary siblings of ``name``; none when a kill came before the folder was made."""
+    if not folder.is_dir():
+        return []
     return sorted(p.name for p in folder.iterdir() if p.name.startswith(f".{name}."))
 
 
@@ -101,7 +104,7 @@ def _kill_repeatedly(tmp_path: Path, body: str, out: Path, check, seed: int) -> 
     complete = interrupted = kills = 0
     while kills < 4 or not (complete and interrupted):
         assert kills < 20, f"no evidence after {kills} kills: complete={complete} interrupted={interrupted}"
-        before = set(_leftovers(out.parent, out.name)) if out.parent.exists() else set()
+        before = set(_leftovers(out.parent, out.name))
         proc = _start(tmp_path, body, str(out))
         time.sleep(rng.uniform(0.05, 0.5))
         _kill(proc)
