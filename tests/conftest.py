@@ -1,6 +1,5 @@
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -56,10 +55,11 @@ def smoke_demo(tmp_path_factory) -> dict:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one build; other xdist workers wait for it
             if not done.is_file():
                 t0 = time.monotonic()
+                from helpers import cli_process
+
                 # the demo_models rule's command (workflow/rules/acquire.smk), its JSON written last
-                cmd = [sys.executable, "-m", "draftlab.cli", "demo-models", "--out", str(folder), "--size", "smoke",
-                       "--threads", "2", "--device", "cpu", "--json"]
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+                proc = cli_process("demo-models", "--out", folder, "--size", "smoke", "--threads", "2",
+                                   "--device", "cpu", "--json", timeout=1800)
                 assert proc.returncode == 0, proc.stderr[-4000:]
                 tmp = done.with_suffix(".json.tmp")
                 tmp.write_text(proc.stdout)

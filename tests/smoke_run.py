@@ -7,10 +7,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import yaml
+from helpers import offline_env
+from helpers import snakemake as run_snakemake
 
 ROOT = Path(__file__).resolve().parents[1]
 EXP = "demo-k2-to-k25-smoke"  # size smoke is an experiment of its own (config.sized_experiment)
@@ -36,14 +37,13 @@ def copy_finished_run(src: Path, dest: Path) -> Path:
 
 
 def snakemake(wd: Path, *args: str, extra_config: Path | None = None, timeout: int = 300,
-              check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    files = ["smoke.yaml"] + ([str(extra_config)] if extra_config else [])
-    cmd = [sys.executable, "-m", "snakemake", "--cores", "2", *args, "--configfile", *files]
-    out = subprocess.run(cmd, cwd=wd, capture_output=True, text=True, timeout=timeout,
-                         env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
-    if check:
-        assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
-    return out
+              check: bool = True, env: dict[str, str] | None = None,
+              log: Path | None = None) -> subprocess.CompletedProcess:
+    """helpers.snakemake in the workflow copy ``wd``: two cores, its ``smoke.yaml`` (then ``extra_config``),
+    the Hub offline, plus ``env``."""
+    files = ("smoke.yaml",) + ((extra_config,) if extra_config else ())
+    return run_snakemake(wd, "--cores", "2", *args, configfiles=files, timeout=timeout, check=check,
+                         env=offline_env(**(env or {})), log=log)
 
 
 def imports_dir(wd: Path) -> Path:
@@ -56,5 +56,5 @@ def run_all(wd: Path) -> None:
     imports = imports_dir(wd)
     imports.mkdir()
     path = os.pathsep.join(filter(None, [str(IMPORTLOG), os.environ.get("PYTHONPATH")]))
-    out = snakemake(wd, "all", timeout=RUN_TIMEOUT_S, env={"PYTHONPATH": path, "DRAFTLAB_TEST_IMPORT_LOG": str(imports)})
-    (wd / "run-output.txt").write_text(out.stdout + out.stderr)
+    snakemake(wd, "all", timeout=RUN_TIMEOUT_S, env={"PYTHONPATH": path, "DRAFTLAB_TEST_IMPORT_LOG": str(imports)},
+              log=wd / "run-output.txt")

@@ -9,12 +9,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from factories import tiny_drafter_config, write_drafter, write_target_config
+from helpers import cli_process
 
 from draftlab.models.acquire import acquire, fetch_config
 from draftlab.errors import DraftlabError
@@ -194,7 +193,7 @@ def test_cli_never_writes_the_token(tmp_path, repo_folder):
     ]
     codes = []
     for i, args in enumerate(runs):
-        proc = subprocess.run([sys.executable, "-m", "draftlab.cli", *args], capture_output=True, text=True, env=env)
+        proc = cli_process(*args, env=env)
         (logs / f"{i}.log").write_text(proc.stdout + proc.stderr)
         codes.append(proc.returncode)
     assert codes == [0, 0, 0, 0, 2]
@@ -337,13 +336,9 @@ def _online_env(tmp_path, hub) -> dict:
             "NO_PROXY": "127.0.0.1,localhost", "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_ETAG_TIMEOUT": "5"}
 
 
-def _run(args, env):
-    return subprocess.run([sys.executable, "-m", "draftlab.cli", *args], capture_output=True, text=True, env=env, timeout=120)
-
-
 def test_online_inspect_reads_headers_without_downloading_weights(tmp_path, fake_hub, repo_folder):
     env = _online_env(tmp_path, fake_hub)
-    proc = _run(["inspect", f"hf:{REPO}", "--json"], env)
+    proc = cli_process("inspect", f"hf:{REPO}", "--json", env=env)
     assert proc.returncode == 0, proc.stderr
     from draftlab.static.inspect import inspect_checkpoint
 
@@ -358,7 +353,7 @@ def test_online_inspect_reads_headers_without_downloading_weights(tmp_path, fake
 def test_online_acquire_downloads_only_config_and_safetensors(tmp_path, fake_hub, repo_folder):
     env = _online_env(tmp_path, fake_hub)
     out = tmp_path / "acquired"
-    proc = _run(["acquire", f"hf:{REPO}@main", "--out", str(out), "--json", "--summary", str(tmp_path / "a.md")], env)
+    proc = cli_process("acquire", f"hf:{REPO}@main", "--out", out, "--json", "--summary", tmp_path / "a.md", env=env)
     assert proc.returncode == 0, proc.stderr
     record = json.loads((out / "acquire.json").read_text())
     assert record["resolved_commit"] == fake_hub.commits[REPO] and record["requested_revision"] == "main"
@@ -368,10 +363,10 @@ def test_online_acquire_downloads_only_config_and_safetensors(tmp_path, fake_hub
     assert {f["name"]: f.get("sha256") for f in record["files"]}["model.safetensors"] == _sha256(repo_folder / "model.safetensors")
     # the second run finds everything present: no file is downloaded again
     n = len(fake_hub.log)
-    proc = _run(["acquire", f"hf:{REPO}@main", "--out", str(out), "--json"], env)
+    proc = cli_process("acquire", f"hf:{REPO}@main", "--out", str(out), "--json", env=env)
     assert proc.returncode == 0 and json.loads(proc.stdout)["skipped"] is True
     assert not [r for r in fake_hub.log[n:] if r["method"] == "GET" and "/resolve/" in r["path"]]
-    proc = _run(["acquire", "hf:draftlab-demo/nope", "--out", str(tmp_path / "nope")], env)
+    proc = cli_process("acquire", "hf:draftlab-demo/nope", "--out", str(tmp_path / "nope"), env=env)
     assert proc.returncode == 2 and "repository 'draftlab-demo/nope' not found" in proc.stderr
     assert not (tmp_path / "nope").exists()
     leaks = [str(p) for p in tmp_path.rglob("*") if p.is_file() and CANARY.encode() in p.read_bytes()]

@@ -63,6 +63,7 @@ class ScriptedServer:
         self.extra_meta, self.spec_metrics, self.fail_status = extra_meta, spec_metrics, fail_status
         self.requests: list[dict] = []
         self.inflight = self.max_inflight = 0
+        self.arrivals: list[int] = []  # requests in flight as each one arrived, itself included
         self.counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "pos": [0, 0, 0]}
         self.lock = threading.Lock()
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -157,6 +158,7 @@ class ScriptedServer:
                     server.requests.append({"path": self.path, **req})
                     server.inflight += 1
                     server.max_inflight = max(server.max_inflight, server.inflight)
+                    server.arrivals.append(server.inflight)
                 self._counted = True
                 try:
                     if server.fail_status:
@@ -387,8 +389,9 @@ def test_concurrency_keeps_that_many_requests_in_flight():
     prompts = [Prompt(f"c{i}", "chat", f"prompt {i}") for i in range(8)]
     with ScriptedServer(delay=0.15) as srv:
         res = run_benchmark(srv.url, prompts, repeats=1, warmup=0, concurrency=4, progress=False, measure_ttft=False)
-    assert srv.max_inflight == 4
-    assert res.summary["repeat_wall_s"][0] < 8 * 0.15  # two waves (0.3 s), not eight sequential requests (1.2 s)
+    assert srv.max_inflight == 4 and len(srv.arrivals) == 8 and res.summary["requests"] == 8
+    # counted, not timed: the first four overlap, and so do the last four (never one by one)
+    assert srv.arrivals[:4] == [1, 2, 3, 4] and max(srv.arrivals[4:]) >= 2, srv.arrivals
     with ScriptedServer(delay=0.02) as srv:
         run_benchmark(srv.url, prompts, repeats=1, warmup=0, concurrency=1, progress=False, measure_ttft=False)
     assert srv.max_inflight == 1

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from factories import drafter_tensors, target_config, tiny_drafter_config, write_drafter, write_target_config
+from helpers import cli, cli_process, offline_env, one_error_line
 from safetensors.torch import save_file
 
 from draftlab.formats.checkpoint import load_tensors, read_checkpoint
@@ -20,12 +18,6 @@ from draftlab.static.inspect import inspect_checkpoint
 from draftlab.errors import DraftlabError
 from draftlab.models.hf_cache import parse_hf_source, publish_to_cache
 from draftlab.formats.target_config import read_config, text_config
-
-
-def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "draftlab.cli", *args], capture_output=True, text=True, env={**os.environ, **(env or {})}
-    )
 
 
 @pytest.fixture
@@ -243,26 +235,25 @@ def test_hf_cache_with_only_a_config_is_an_error_offline(tmp_path, offline):
 def test_cli_inspect_and_compare_honour_hf_home(tmp_path, drafter):
     hf_home = tmp_path / "hf_home"
     publish_to_cache(drafter, "draftlab-demo/drafter-v1", hf_home / "hub")
-    env = {"HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
-    env.pop("HF_HUB_CACHE", None)
-    out = _cli("inspect", "hf:draftlab-demo/drafter-v1", "--json", "--out", str(tmp_path / "i.json"),
+    env = {k: v for k, v in offline_env(HF_HOME=str(hf_home)).items() if k != "HF_HUB_CACHE"}
+    out = cli_process("inspect", "hf:draftlab-demo/drafter-v1", "--json", "--out", str(tmp_path / "i.json"),
                "--summary", str(tmp_path / "i.md"), env=env)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc == json.loads((tmp_path / "i.json").read_text()) == inspect_checkpoint(drafter)
     md = (tmp_path / "i.md").read_text()
     assert "format: **eagle3**" in md and "`fc.weight` | [32, 96] | F32" in md
-    out = _cli("compare", str(drafter), "hf:draftlab-demo/drafter-v1", "--json", env=env)
+    out = cli_process("compare", str(drafter), "hf:draftlab-demo/drafter-v1", "--json", env=env)
     assert out.returncode == 0 and json.loads(out.stdout)["compatible"] is True
 
 
 def test_cli_bad_input_is_one_error_line_and_no_artifact(tmp_path):
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"\x01\x02")
-    out = _cli("inspect", str(bad), "--json", "--out", str(tmp_path / "o.json"), "--summary", str(tmp_path / "o.md"))
-    assert out.returncode == 2
-    assert out.stderr.strip().splitlines() == [f"error: {bad}: truncated safetensors file: 2 bytes, expected at least the 8-byte header length"]
+    out = cli("inspect", str(bad), "--json", "--out", str(tmp_path / "o.json"), "--summary", str(tmp_path / "o.md"))
+    assert one_error_line(out) == (f"error: {bad}: truncated safetensors file: 2 bytes, "
+                                   "expected at least the 8-byte header length")
     assert out.stdout == ""
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.safetensors"]
-    out = _cli("inspect", "hf:draftlab-demo/does-not-exist", env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "h")})
-    assert out.returncode == 2 and "does-not-exist" in out.stderr and "Traceback" not in out.stderr
+    out = cli_process("inspect", "hf:draftlab-demo/does-not-exist", env=offline_env(HF_HOME=str(tmp_path / "h")))
+    one_error_line(out, "does-not-exist")

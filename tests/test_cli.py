@@ -1,5 +1,4 @@
-import subprocess
-import sys
+from helpers import cli, cli_process, one_error_line
 
 from draftlab.cli import COMMAND_MODULES, build_parser, main
 from draftlab.errors import DraftlabError
@@ -12,12 +11,12 @@ def test_every_command_module_registers():
 
 
 def test_console_script_runs():
-    out = subprocess.run([sys.executable, "-m", "draftlab.cli", "--version"], capture_output=True, text=True)
+    out = cli_process("--version")
     assert out.returncode == 0
     assert out.stdout.startswith("draftlab ")
 
 
-def test_user_error_is_one_line_exit_2(monkeypatch, capsys):
+def test_user_error_is_one_line_exit_2(monkeypatch):
 
     def boom(args):
         raise DraftlabError("config.yaml: key 'x': expected an integer, got 'y'")
@@ -26,8 +25,7 @@ def test_user_error_is_one_line_exit_2(monkeypatch, capsys):
         "draftlab.cli.build_parser",
         lambda: _parser_with(boom),
     )
-    assert main(["boom"]) == 2
-    assert "error: config.yaml: key 'x'" in capsys.readouterr().err
+    one_error_line(cli("boom"), "config.yaml: key 'x'")
 
 
 def _parser_with(func):

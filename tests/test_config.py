@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from helpers import cli, one_error_line
 from draftlab.experiment.config import (
     config_hash,
     deep_merge,
@@ -147,13 +146,9 @@ def test_config_hash_changes_with_any_value():
 
 
 def test_cli_check_config(tmp_path):
-    ok = subprocess.run([sys.executable, "-m", "draftlab.cli", "check-config", str(DEFAULT), str(KIMI)],
-                        capture_output=True, text=True)
+    ok = cli("check-config", DEFAULT, KIMI)
     assert ok.returncode == 0, ok.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"experiment": "x", "target": {"source": "t"}, "drafter": {"source": "d"},
                                    "serve": {"port": 70000}}))
-    out = subprocess.run([sys.executable, "-m", "draftlab.cli", "check-config", str(bad)],
-                         capture_output=True, text=True)
-    assert out.returncode == 2
-    assert "key 'serve.port'" in out.stderr and "70000" in out.stderr and "<= 65535" in out.stderr
+    one_error_line(cli("check-config", bad), "key 'serve.port'", "70000", "<= 65535")

@@ -14,7 +14,6 @@ import os
 import re
 import shlex
 import shutil
-import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 from smoke_run import EXP as SMOKE_EXP
 
 import pytest
+from helpers import cli_process, snakemake
 import torch
 import yaml
 
@@ -111,22 +111,17 @@ def kimi_runs(tmp_path_factory):
         (shutil.copytree if src.is_dir() else shutil.copy)(src, d / name)
     os.symlink("profiles/gpu8", d / "gpu8")
     _kimi_inputs(d)
-    snake = [sys.executable, "-m", "snakemake", "--configfile", "config/kimi-k25.yaml"]
-    plan = subprocess.run(snake + ["--profile", "gpu8", "-n", "-p", "all"], cwd=d, capture_output=True, text=True,
-                          env=_env(), timeout=300)
-    assert plan.returncode == 0, plan.stdout[-3000:] + plan.stderr[-3000:]
+    kimi = ("config/kimi-k25.yaml",)
+    plan = snakemake(d, "--profile", "gpu8", "-n", "-p", "all", configfiles=kimi, env=_env())
     # the merged config the plan's prepare step reads: written by its own rule, as the run would
-    made = subprocess.run(snake + ["--cores", "1", f"{EXP}/config.json"], cwd=d, capture_output=True, text=True,
-                          env=_env(), timeout=300)
-    assert made.returncode == 0, made.stdout[-3000:] + made.stderr[-3000:]
+    snakemake(d, "--cores", "1", f"{EXP}/config.json", configfiles=kimi, env=_env())
     runs = {}
     for line in plan.stdout.splitlines():
         m = re.search(r"--skip-dir results/kimi-k25/train/([\w-]+) -- draftlab specforge-command", line)
         if not m:
             continue
         segs = _segments(line.strip())
-        prep = subprocess.run([sys.executable, "-m", "draftlab.cli", *segs[0][1:]], cwd=d, capture_output=True,
-                              text=True, env=_env(), timeout=300)
+        prep = cli_process(*segs[0][1:], cwd=d, env=_env(), timeout=300)
         assert prep.returncode == 0, prep.stderr[-3000:]
         out = Path(d, segs[0][segs[0].index("--output-dir") + 1])
         job = json.loads((out / "draftlab_specforge_job.json").read_text())

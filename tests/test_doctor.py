@@ -9,6 +9,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from helpers import cli_process
 from draftlab.static import doctor
 from draftlab.cli import main
 from draftlab.errors import DraftlabError
@@ -390,11 +391,8 @@ def test_cli_hf_sources_from_a_real_hf_cache_offline(tmp_path):
     publish_to_cache(tmp_path / "k25", "draftlab-demo/target-v2", hf_home / "hub")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env.update(HF_HOME=str(hf_home), HF_HUB_OFFLINE="1")
-    out = subprocess.run(
-        [sys.executable, "-m", "draftlab.cli", "doctor", "--drafter", "hf:draftlab-demo/drafter-v1",
-         "--target", "hf:draftlab-demo/target-v2", "--json"],
-        capture_output=True, text=True, env=env,
-    )
+    out = cli_process("doctor", "--drafter", "hf:draftlab-demo/drafter-v1", "--target", "hf:draftlab-demo/target-v2",
+                      "--json", env=env)
     assert out.returncode == 1, out.stderr
     report = json.loads(out.stdout)
     assert codes(report) == {"context-shorter-than-target": "error", "non-finite-weights": "error"}

@@ -23,13 +23,11 @@ never a 500 (501/505 only for an unknown method or HTTP version), and the server
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import random
-import signal
 import socket
+import subprocess
 import threading
 import time
 from collections import Counter
@@ -38,38 +36,20 @@ from pathlib import Path
 import pytest
 import yaml
 from factories import write_drafter, write_target_config
+from helpers import cli, one_error_line
 from rawserver import Raw
 from mutants import config_bytes, http_request, http_response, mutant_safetensors, mutate_config, mutate_json, sse_body
 
-from draftlab.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 SECONDS = float(os.environ.get("DRAFTLAB_FUZZ_SECONDS", "40"))
 PER_COMMAND_S = 20
 
 
-class Hang(Exception):
-    pass
-
-
-def _alarm(signum, frame):
-    raise Hang()
-
-
 def run(*args) -> tuple[int, str, str]:
-    """``draftlab ARGS`` in process under an alarm; a hang fails the test with the command."""
-    err, out = io.StringIO(), io.StringIO()
-    old = signal.signal(signal.SIGALRM, _alarm)
-    signal.alarm(PER_COMMAND_S)
-    try:
-        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-            rc = main([str(a) for a in args])
-    except Hang:
-        pytest.fail(f"draftlab {' '.join(map(str, args))} hung for {PER_COMMAND_S} s")
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
-    return rc, out.getvalue(), err.getvalue()
+    """``draftlab ARGS`` in process; a hang (PER_COMMAND_S) fails the test with the command."""
+    proc = cli(*args, hang_s=PER_COMMAND_S)
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 def check_outcome(args, rc: int, out: str, err: str, allowed=(0, 1, 2)) -> None:
@@ -77,8 +57,7 @@ def check_outcome(args, rc: int, out: str, err: str, allowed=(0, 1, 2)) -> None:
     assert "Traceback" not in err and rc != 70, f"{what} crashed: {err[-2000:]}"
     assert rc in allowed, f"{what}: exit {rc}: {err[-1000:]}"
     if rc == 2:
-        lines = err.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("error: ") and len(lines[0]) < 1000, f"{what}: {err[-2000:]}"
+        one_error_line(subprocess.CompletedProcess(args, rc, out, err))
     else:
         assert out.strip(), f"{what}: exit {rc} without a result"
 
@@ -196,10 +175,8 @@ def test_fuzz_experiment_config(tmp_path):
                 f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, levels))
             path.write_text(doc)
         args = ["check-config", path, "--json"]
-        t0 = time.monotonic()
-        rc, stdout, err = run(*args)
+        rc, stdout, err = run(*args)  # an alias bomb expanded would hang: run fails it
         check_outcome(args, rc, stdout, err, allowed=(0, 2))
-        assert time.monotonic() - t0 < 10, f"check-config took {time.monotonic() - t0:.1f} s on {path.read_bytes()[:200]!r}"
         n += 1
 
 

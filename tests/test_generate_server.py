@@ -9,13 +9,13 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from helpers import DRAFTLAB
 from httpcall import call, send_json
 from tiny_models import WORDS, tiny_target
 
@@ -137,7 +137,7 @@ def _alive(pid: int) -> bool:
 
 
 def _cli(target, prompts, out, url, *extra) -> list[str]:
-    return [sys.executable, "-m", "draftlab.cli", "generate-data", "--target", str(target), "--prompts", str(prompts),
+    return [*DRAFTLAB, "generate-data", "--target", str(target), "--prompts", str(prompts),
             "--out", str(out), "--url", url, "--concurrency", "4", "--max-new-tokens", str(MAX_NEW), *extra]
 
 
@@ -447,7 +447,7 @@ def test_builtin_chat_endpoint_refuses_what_it_cannot_do(server):
 def test_cli_checks_the_launch_command_against_the_spec(target, prompts, tmp_path):
     spec = tmp_path / "server.json"
     spec.write_text(json.dumps(_spec(target)))
-    base = [sys.executable, "-m", "draftlab.cli", "generate-data", "--target", str(target), "--prompts", str(prompts),
+    base = [*DRAFTLAB, "generate-data", "--target", str(target), "--prompts", str(prompts),
             "--out", str(tmp_path / "o.jsonl")]
     wrong = subprocess.run(base + ["--server", str(spec), "--", "python", "-m", "draftlab.cli", "serve", "--target", "x"],
                            capture_output=True, text=True, timeout=120)

@@ -5,13 +5,12 @@ from __future__ import annotations
 import errno
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from factories import target_config, tiny_drafter_config, write_drafter
 
+from helpers import cli
 from draftlab.static.compare import compare_checkpoints
 from draftlab.static.inspect import inspect_checkpoint
 from draftlab.errors import DraftlabError
@@ -216,11 +215,8 @@ def test_failures_leave_no_output(tmp_path, k2_drafter, k25_target, case):
 def test_cli_json_and_summary(tmp_path, k2_drafter, k25_target):
     out = tmp_path / "patched"
     summary = tmp_path / "patch.md"
-    proc = subprocess.run(
-        [sys.executable, "-m", "draftlab.cli", "patch-config", "--drafter", str(k2_drafter), "--target", str(k25_target),
-         "--out", str(out), "--json", "--summary", str(summary)],
-        capture_output=True, text=True,
-    )
+    proc = cli("patch-config", "--drafter", k2_drafter, "--target", k25_target, "--out", out, "--json",
+               "--summary", summary)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["changed"][0]["before"] == 131072 and doc["changed"][0]["after"] == 262144

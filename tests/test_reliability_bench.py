@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import socket
 import socketserver
+import subprocess
 import threading
-import time
 
 import pytest
+from helpers import cli, one_error_line
 
 from draftlab.benchmark.bench import Prompt, run_benchmark
-from draftlab.cli import main
 from draftlab.errors import DraftlabError
 
 PROMPTS = [Prompt("p0", "chat", "hello there"), Prompt("p1", "code", "def f(x):")]
@@ -131,30 +131,22 @@ class DribblingServer:
         self.tcp.server_close()
 
 
-def bench_cli(url: str, out, *extra: str, bound: float = 20.0) -> tuple[int | None, float]:
-    """Run ``draftlab bench`` in a thread; (exit status or None if still running after ``bound``, seconds)."""
-    result: dict = {}
-    args = ["bench", "--url", url, "--prompts", "x", "--out", str(out), "--no-progress", "--repeats", "1",
-            "--warmup", "0", "--timeout", str(TIMEOUT), *extra]
+def bench_cli(url: str, out, *extra: str, bound: float = 20.0) -> subprocess.CompletedProcess:
+    """``draftlab bench`` against ``url`` in this process (helpers.cli). ``bound``: a safety net
+    against a hang, far above any honest run: tests assert on the status and what bench said."""
     prompts = out.parent / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"id": p.id, "text": p.text}) + "\n" for p in PROMPTS))
-    args[args.index("x")] = str(prompts)
-    start = time.monotonic()
-    worker = threading.Thread(target=lambda: result.update(code=main(args)), daemon=True)
-    worker.start()
-    worker.join(bound)
-    return result.get("code"), time.monotonic() - start
+    return cli("bench", "--url", url, "--prompts", prompts, "--out", out, "--no-progress", "--repeats", "1",
+               "--warmup", "0", "--timeout", TIMEOUT, *extra, hang_s=bound)
 
 
 @pytest.mark.parametrize("mode, extra", [("headers", ("--no-ttft",)), ("body", ("--no-ttft",)), ("sse", ())])
-def test_timeout_bounds_the_whole_request_against_a_dribbling_server(tmp_path, capsys, mode, extra):
+def test_timeout_bounds_the_whole_request_against_a_dribbling_server(tmp_path, mode, extra):
     out = tmp_path / "bench.json"
     with DribblingServer(mode) as srv:
-        code, took = bench_cli(srv.url, out, *extra)
-    assert code == 2, f"bench still running after {took:.0f}s against a server dribbling its {mode}"
-    assert took < TIMEOUT + 3
-    err = capsys.readouterr().err
-    assert f"no complete response within {TIMEOUT:g}s" in err and srv.url in err
+        proc = bench_cli(srv.url, out, *extra)
+    # the event: the whole-request deadline fired (a timeout per read never would: a byte comes every 0.2 s)
+    err = one_error_line(proc, f"no complete response within {TIMEOUT:g}s", srv.url)
     assert ("/generate" in err) == (mode == "sse")  # sse: only the streaming request dribbles
     assert not out.exists() and not out.with_suffix(".csv").exists()
 
@@ -162,8 +154,8 @@ def test_timeout_bounds_the_whole_request_against_a_dribbling_server(tmp_path, c
 def test_a_normal_server_still_benchmarks_with_the_deadline_client(tmp_path):
     out = tmp_path / "bench.json"
     with DribblingServer("none") as srv:
-        code, _ = bench_cli(srv.url, out, "--no-ttft", "--require-speculation")
-    assert code == 0
+        proc = bench_cli(srv.url, out, "--no-ttft", "--require-speculation")
+    assert proc.returncode == 0, proc.stderr
     summary = json.loads(out.read_text())["summary"]
     assert summary["accept_length"] == pytest.approx(8 / 3)
 
@@ -185,15 +177,12 @@ K3 = {"speculative_algorithm": "EAGLE3", "speculative_num_steps": 3, "speculativ
     (_meta(completion=9, verify=1), {**K3, "speculative_eagle_topk": 4, "speculative_num_draft_tokens": 8},
      "meta_info.completion_tokens", "at most 5"),
 ])
-def test_impossible_counts_are_an_error_naming_the_field_and_nothing_is_written(tmp_path, capsys, meta, info,
+def test_impossible_counts_are_an_error_naming_the_field_and_nothing_is_written(tmp_path, meta, info,
                                                                                  field, needle):
     out = tmp_path / "bench.json"
     with DribblingServer("none", meta=meta, info=info) as srv:
-        code, _ = bench_cli(srv.url, out, "--no-ttft", "--max-new-tokens", "16")
-    err = capsys.readouterr().err
-    assert code == 2, err
-    line = err.strip().splitlines()[-1]
-    assert line.startswith("error: ") and field in line and needle in line, line
+        proc = bench_cli(srv.url, out, "--no-ttft", "--max-new-tokens", "16")
+    one_error_line(proc, field, needle)
     assert not out.exists() and not out.with_suffix(".csv").exists()
 
 
@@ -214,14 +203,11 @@ MiB = 1024 * 1024
     ("huge", ("--no-ttft",), "(Content-Length) is larger than the cap of 16 MiB", 16 * MiB),  # not read at all
     ("endless-sse", (), "line is longer than the cap of 4 MiB", 16 * MiB),
 ])
-def test_an_endless_response_is_cut_at_the_cap_naming_the_url(tmp_path, capsys, mode, extra, cap, most_sent):
+def test_an_endless_response_is_cut_at_the_cap_naming_the_url(tmp_path, mode, extra, cap, most_sent):
     out = tmp_path / "bench.json"
     with DribblingServer(mode) as srv:
-        code, _ = bench_cli(srv.url, out, *extra, "--timeout", "120", bound=150)
-    err = capsys.readouterr().err
-    assert code == 2, err
-    line = err.strip().splitlines()[-1]
-    assert line.startswith("error: ") and f"{srv.url}/generate" in line and cap in line, line
+        proc = bench_cli(srv.url, out, *extra, "--timeout", "120", bound=150)
+    one_error_line(proc, f"{srv.url}/generate", cap)
     assert srv.sent < most_sent, f"the server got {srv.sent} bytes out before the client stopped reading"
     assert not out.exists() and not out.with_suffix(".csv").exists()
 
@@ -251,15 +237,11 @@ def _http(body: bytes, ctype: bytes = b"application/json") -> bytes:
     ({"/v1/models": _http(b'{"data": {"id": "m"}}')}, ("--api", "vllm", "--no-ttft"),
      "/v1/models: field 'data': expected a list"),
 ])
-def test_server_json_of_the_wrong_shape_is_one_line_naming_the_url_and_field(tmp_path, capsys, raw, extra, needle):
+def test_server_json_of_the_wrong_shape_is_one_line_naming_the_url_and_field(tmp_path, raw, extra, needle):
     out = tmp_path / "bench.json"
     with DribblingServer("none", raw=raw) as srv:
-        code, _ = bench_cli(srv.url, out, *extra, "--max-new-tokens", "16")
-    err = capsys.readouterr().err
-    assert code == 2, err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and srv.url in lines[0], err
-    assert needle in lines[0], lines[0]
+        proc = bench_cli(srv.url, out, *extra, "--max-new-tokens", "16")
+    one_error_line(proc, srv.url, needle)
     assert not out.exists()
 
 
@@ -278,27 +260,25 @@ def test_server_json_of_the_wrong_shape_is_one_line_naming_the_url_and_field(tmp
     (_meta(first_token_latency=-1.0), "meta_info.first_token_latency is -1.0"),
     (_meta(verify_time="fast"), "meta_info.verify_time is 'fast'; expected a number of seconds"),
 ])
-def test_impossible_times_and_cycles_are_refused_before_they_are_recorded(tmp_path, capsys, meta, needle):
+def test_impossible_times_and_cycles_are_refused_before_they_are_recorded(tmp_path, meta, needle):
     out = tmp_path / "bench.json"
     with DribblingServer("none", meta=meta) as srv:
-        code, _ = bench_cli(srv.url, out, "--no-ttft", "--max-new-tokens", "16")
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert needle in err.strip().splitlines()[-1], err
+        proc = bench_cli(srv.url, out, "--no-ttft", "--max-new-tokens", "16")
+    one_error_line(proc, needle)
     assert not out.exists()
 
 
-def test_the_plans_num_steps_bounds_a_server_that_does_not_report_it(tmp_path, capsys):
+def test_the_plans_num_steps_bounds_a_server_that_does_not_report_it(tmp_path):
     # 64 tokens from one verify, from a server without /server_info or /get_server_info
     meta = _meta(completion=64, verify=1, spec_accept_token_num=63, spec_draft_token_num=63)
     out = tmp_path / "bench.json"
     with DribblingServer("none", meta=meta, info_paths=()) as srv:
-        blind, _ = bench_cli(srv.url, out, "--no-ttft", "--max-new-tokens", "64")
-        assert blind == 0 and json.loads(out.read_text())["summary"]["accept_length"] == 64  # what it used to record
+        blind = bench_cli(srv.url, out, "--no-ttft", "--max-new-tokens", "64")
+        assert blind.returncode == 0  # and it records what it used to:
+        assert json.loads(out.read_text())["summary"]["accept_length"] == 64
         out.unlink()
-        code, _ = bench_cli(srv.url, out, "--no-ttft", "--max-new-tokens", "64", "--num-steps", "3")
-    err = capsys.readouterr().err
-    assert code == 2 and "completion_tokens 64 is impossible with spec_verify_ct 1: at most 5" in err, err
+        proc = bench_cli(srv.url, out, "--no-ttft", "--max-new-tokens", "64", "--num-steps", "3")
+    one_error_line(proc, "completion_tokens 64 is impossible with spec_verify_ct 1: at most 5")
     assert not out.exists()
 
 

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import json
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from helpers import snakemake
 from factories import drafter_tensors, tiny_drafter_config, write_drafter, write_target_config
 
 from draftlab.cli import main
@@ -183,10 +182,8 @@ def test_snakemake_with_an_unknown_config_key_runs_nothing(tmp_path):
     """The Snakefile validates the merged config before building the DAG: no job, no results/."""
     bad = tmp_path / "override.yaml"
     bad.write_text("serve:\n  tp_size: 8\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "-c1",
-         "--configfile", str(REPO / "config" / "config.yaml"), str(bad)],
-        capture_output=True, text=True, timeout=120)
+    proc = snakemake(tmp_path, "-c1", snakefile=REPO / "Snakefile", workdir=tmp_path,
+                     configfiles=(REPO / "config" / "config.yaml", bad), timeout=120, check=False)
     assert proc.returncode != 0
     assert "unknown key 'serve.tp_size'" in proc.stdout + proc.stderr
     assert not (tmp_path / "results").exists() and not (tmp_path / "resources").exists()

@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 import pytest
+from helpers import cli, one_error_line
 import torch
 
 from draftlab.errors import DraftlabError
@@ -24,7 +25,6 @@ from draftlab.experiment.report_html import markdown_to_html
 from draftlab.textsafe import code, md, plain, unescape_md
 from factories import drafter_tensors, tiny_drafter_config, write_drafter, write_target_config
 from test_records import SERVERS, experiment_config, make_experiment
-from test_reliability_errors import assert_one_error, cli
 
 CANARY = "hf_CANARY_token_5f3a9e"
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -74,9 +74,10 @@ def test_crafted_drafter_goes_through_doctor_inspect_and_the_html_report_without
     exp = make_experiment(tmp_path / "results", experiment_config())
     static = exp / "static"
     static.mkdir()
-    rc, out, err = cli("doctor", "--drafter", drafter, "--target", target, "--out", static / "doctor-probe.json",
-                       "--summary", static / "doctor-probe.md")
-    assert rc in (0, 1), err
+    proc = cli("doctor", "--drafter", drafter, "--target", target, "--out", static / "doctor-probe.json",
+               "--summary", static / "doctor-probe.md")
+    assert proc.returncode in (0, 1), proc.stderr
+    out = proc.stdout
     # the terminal report: one line per finding and skipped check, none of them forged
     doc = json.loads((static / "doctor-probe.json").read_text())
     assert len(out.strip().splitlines()) == 2 + len(doc["findings"]) + len(doc["skipped"]), out
@@ -87,9 +88,9 @@ def test_crafted_drafter_goes_through_doctor_inspect_and_the_html_report_without
             "patch-config": ("patch-config", "--drafter", drafter, "--target", target, "--out", tmp_path / "patched"),
             "acquire": ("acquire", drafter, "--out", tmp_path / "acquired")}
     for name, args in runs.items():
-        rc, out, err = cli(*args, "--summary", static / f"{name}.md")
-        assert rc == 0, (name, err)
-        for text in (out, (static / f"{name}.md").read_text()):
+        proc = cli(*args, "--summary", static / f"{name}.md")
+        assert proc.returncode == 0, (name, proc.stderr)
+        for text in (proc.stdout, (static / f"{name}.md").read_text()):
             assert not any(line.startswith(("![", "| error", "  ERROR")) for line in text.splitlines()), (name, text)
             assert not re.search(r"(?<!\\)(!\[|\]\()", text), (name, text)  # no image or link survives
     # every Markdown summary keeps its structure: no line the drafter's names added
@@ -149,8 +150,8 @@ def test_names_with_a_final_newline_are_refused_by_check_config(tmp_path, name):
     with pytest.raises(DraftlabError, match=r"key 'bench.clients\[0\].name'"):
         load_config({**cfg, "bench": {**cfg["bench"], "clients": [client]}})
     (tmp_path / "c.yaml").write_text(json.dumps({"experiment": name}))
-    rc, out, err = cli("check-config", Path(__file__).parents[1] / "config" / "config.yaml", tmp_path / "c.yaml")
-    assert_one_error(rc, err, "c.yaml", "experiment")
+    proc = cli("check-config", Path(__file__).parents[1] / "config" / "config.yaml", tmp_path / "c.yaml")
+    one_error_line(proc, "c.yaml", "experiment")
 
 
 def test_hf_sources_with_a_final_newline_are_refused():

@@ -9,33 +9,18 @@ marker of that stage, or one that is or contains the input, is refused with one 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from factories import tiny_drafter_config, write_drafter, write_target_config
+from helpers import cli, one_error_line
 
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import MARKER, atomic_dir, check_replaceable, claim_dir, remove_own
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "draftlab.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=120)
-
-
 def snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture

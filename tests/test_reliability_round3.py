@@ -12,12 +12,12 @@ import json
 import os
 import pathlib
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import DRAFTLAB, cli, one_error_line
 import torch
 from safetensors.torch import save_file
 
@@ -27,7 +27,6 @@ from draftlab.experiment.records import build_records, merge_into_global, parque
 from draftlab.static import doctor
 from factories import drafter_tensors, tiny_drafter_config, write_drafter, write_target_config
 from test_records import SERVERS, experiment_config, make_experiment
-from test_reliability_errors import assert_one_error, cli
 from test_train import setup  # noqa: F401 - the module fixture tiny builds on
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,18 +88,18 @@ def test_a_missing_csv_never_lets_a_merge_replace_the_parquet(tmp_path):
     merge_into_global(a, results)
     before = (results / "records.parquet").read_bytes()
     (results / "records.csv").unlink()
-    rc, out, err = cli("records-merge", "--merge", b, "--global-dir", results)
-    assert_one_error(rc, err, "records.csv: missing while", "records.parquet holds", "restore")
+    proc = cli("records-merge", "--merge", b, "--global-dir", results)
+    one_error_line(proc, "records.csv: missing while", "records.parquet holds", "restore")
     assert (results / "records.parquet").read_bytes() == before and not (results / "records.csv").exists()
 
 
 def test_bench_never_writes_its_csv_over_its_own_json(tmp_path):
     out = tmp_path / "x.csv"
-    rc, _, err = cli("bench", "--url", "http://127.0.0.1:9", "--prompts", "default", "--out", out)
-    assert_one_error(rc, err, "x.csv", "would overwrite the result JSON")
-    rc, _, err = cli("bench", "--url", "http://127.0.0.1:9", "--prompts", "default", "--out", tmp_path / "r.json",
-                     "--csv", tmp_path / "r.json")
-    assert_one_error(rc, err, "r.json", "would overwrite the result JSON")
+    proc = cli("bench", "--url", "http://127.0.0.1:9", "--prompts", "default", "--out", out)
+    one_error_line(proc, "x.csv", "would overwrite the result JSON")
+    proc = cli("bench", "--url", "http://127.0.0.1:9", "--prompts", "default", "--out", tmp_path / "r.json",
+                "--csv", tmp_path / "r.json")
+    one_error_line(proc, "r.json", "would overwrite the result JSON")
     assert not list(tmp_path.iterdir())  # refused before any request: nothing written
 
 
@@ -131,7 +130,7 @@ def test_generate_data_state_knows_the_model_not_only_its_path(tmp_path):
 
 def _train_cmd(tiny, out: Path, *extra: str) -> list[str]:
     target, _, tokens = tiny
-    return [sys.executable, "-m", "draftlab.cli", "train", "--target", str(target), "--tokens", str(tokens),
+    return [*DRAFTLAB, "train", "--target", str(target), "--tokens", str(tokens),
             "--out", str(out), "--draft-vocab-size", "64", "--ttt-length", "2", "--val-samples", "2", "--seed", "0",
             *extra]
 
@@ -148,7 +147,7 @@ def test_a_second_train_on_the_same_out_is_refused_while_the_first_runs(tiny, tm
             assert time.monotonic() < deadline
             time.sleep(0.05)
         second = subprocess.run(_train_cmd(tiny, out, "--max-steps", "2"), env=env, capture_output=True, text=True)
-        assert_one_error(second.returncode, second.stderr, "another draftlab train writes", str(out))
+        one_error_line(second, "another draftlab train writes", str(out))
         assert first.poll() is None  # the first run goes on undisturbed
     finally:
         if first.poll() is None:
@@ -196,17 +195,17 @@ def test_impossible_config_numbers_are_doctor_errors(tmp_path, side, key, value)
 
 @pytest.mark.parametrize("lr", ["inf", "nan", "0", "-1e-3"])
 def test_train_refuses_an_lr_that_cannot_train(tiny, tmp_path, lr):
-    rc, _, err = cli(*_train_cmd(tiny, tmp_path / "run", "--max-steps", "2", f"--lr={lr}")[3:])
-    assert_one_error(rc, err, "lr")
+    proc = cli(*_train_cmd(tiny, tmp_path / "run", "--max-steps", "2", f"--lr={lr}")[3:])
+    one_error_line(proc, "lr")
     assert not (tmp_path / "run").exists()
 
 
 def test_training_that_diverges_exits_2_and_leaves_no_drafter(tiny, tmp_path):
     out = tmp_path / "run"
-    rc, _, err = cli(*_train_cmd(tiny, out, "--max-steps", "6", "--lr", "1e30", "--warmup-ratio", "0")[3:])
-    last = err.strip().splitlines()[-1]  # after the target's loading bar: one error line
-    assert rc == 2 and last.startswith("error: train: loss is ") and "training diverged" in last, err[-2000:]
-    assert "no drafter written" in last and "Traceback" not in err
+    proc = cli(*_train_cmd(tiny, out, "--max-steps", "6", "--lr", "1e30", "--warmup-ratio", "0")[3:])
+    last = proc.stderr.strip().splitlines()[-1]  # after the target's loading bar: one error line
+    assert proc.returncode == 2 and last.startswith("error: train: loss is "), proc.stderr[-2000:]
+    assert "training diverged" in last and "no drafter written" in last and "Traceback" not in proc.stderr
     assert not (out / "drafter").exists() and not (out / "summary.json").exists()
 
 
@@ -227,17 +226,17 @@ def test_a_target_missing_most_tensors_is_refused_at_load(tmp_path):
 def test_tokenize_refuses_a_max_length_below_one(tiny, tmp_path):
     target, chat, _ = tiny
     for bad in ("-5", "0"):
-        rc, _, err = cli("tokenize", "--target", target, "--data", chat, "--out", tmp_path / "t.jsonl",
-                         "--max-length", bad)
-        assert_one_error(rc, err, "--max-length", "expected an integer >= 1")
+        proc = cli("tokenize", "--target", target, "--data", chat, "--out", tmp_path / "t.jsonl",
+                    "--max-length", bad)
+        one_error_line(proc, "--max-length", "expected an integer >= 1")
     assert not (tmp_path / "t.jsonl").exists()
 
 
 @pytest.mark.parametrize("value", [".nan", ".inf", "-.inf"])
 def test_yaml_nan_and_inf_pass_no_bound_in_check_config(tmp_path, value):
     (tmp_path / "o.yaml").write_text(f"train:\n  lr: {value}\n")
-    rc, _, err = cli("check-config", ROOT / "config" / "config.yaml", tmp_path / "o.yaml")
-    assert_one_error(rc, err, "o.yaml", "train.lr")
+    proc = cli("check-config", ROOT / "config" / "config.yaml", tmp_path / "o.yaml")
+    one_error_line(proc, "o.yaml", "train.lr")
 
 
 # --- family 7: one line, never a traceback -------------------------------------------------------
@@ -247,20 +246,20 @@ def test_yaml_nan_and_inf_pass_no_bound_in_check_config(tmp_path, value):
 def test_empty_or_column_less_records_are_one_line(tmp_path, content):
     bad = tmp_path / "records.csv"
     bad.write_text(content)
-    rc, _, err = cli("records-merge", "--merge", bad, "--global-dir", tmp_path / "results")
-    assert_one_error(rc, err, str(bad))
+    proc = cli("records-merge", "--merge", bad, "--global-dir", tmp_path / "results")
+    one_error_line(proc, str(bad))
     assert not (tmp_path / "results" / "records.csv").exists()
-    rc, _, err = cli("report", "--exp-dir", tmp_path / "exp", "--out-dir", tmp_path / "report", "--records", bad)
-    assert_one_error(rc, err, str(bad))
+    proc = cli("report", "--exp-dir", tmp_path / "exp", "--out-dir", tmp_path / "report", "--records", bad)
+    one_error_line(proc, str(bad))
 
 
 def test_an_out_that_is_a_folder_is_one_line(tmp_path):
     drafter = write_drafter(tmp_path / "drafter")
     (tmp_path / "out.json").mkdir()
-    rc, _, err = cli("inspect", drafter, "--out", tmp_path / "out.json")
-    assert_one_error(rc, err, "out.json", "is a folder")
-    rc, _, err = cli("bench", "--url", "http://127.0.0.1:9", "--prompts", "default", "--out", tmp_path / "out.json")
-    assert_one_error(rc, err, "out.json", "is a folder")
+    proc = cli("inspect", drafter, "--out", tmp_path / "out.json")
+    one_error_line(proc, "out.json", "is a folder")
+    proc = cli("bench", "--url", "http://127.0.0.1:9", "--prompts", "default", "--out", tmp_path / "out.json")
+    one_error_line(proc, "out.json", "is a folder")
 
 
 @pytest.mark.parametrize("fault", [errno.ENOSPC, errno.EROFS, errno.EACCES])
@@ -279,9 +278,9 @@ def test_a_full_disk_or_read_only_folder_at_write_time_is_one_line_and_keeps_the
         def mkstemp(*a, **k):
             raise OSError(fault, os.strerror(fault))
         monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
-    rc, _, err = cli("inspect", drafter, "--out", out)
+    proc = cli("inspect", drafter, "--out", out)
     monkeypatch.undo()
-    assert_one_error(rc, err, str(out), "cannot write this output", os.strerror(fault))
+    one_error_line(proc, str(out), "cannot write this output", os.strerror(fault))
     assert out.read_text() == '{"old": true}\n' and not list(tmp_path.glob(".inspect.json.*"))
 
 
@@ -294,22 +293,21 @@ def test_a_prompt_file_that_is_not_utf8_text_is_one_line(tmp_path, kind):
         prompts.mkdir()
     else:
         prompts.write_bytes('{"id": 1, "text": "caf\u00e9"}\n'.encode("latin-1"))
-    from test_fuzz_inputs import run  # in process under an alarm: a reader blocked on the FIFO fails the test
-
-    rc, _, err = run("bench", "--url", "http://127.0.0.1:9", "--prompts", prompts, "--out", tmp_path / "r.json")
-    assert_one_error(rc, err, str(prompts))
-    rc, _, err = run("generate-data", "--target", tmp_path, "--prompts", prompts, "--out", tmp_path / "d.jsonl",
-                     "--url", "http://127.0.0.1:9")
-    assert_one_error(rc, err, str(prompts))
+    # cli runs in process under an alarm: a reader blocked on the FIFO fails the test
+    proc = cli("bench", "--url", "http://127.0.0.1:9", "--prompts", prompts, "--out", tmp_path / "r.json")
+    one_error_line(proc, str(prompts))
+    proc = cli("generate-data", "--target", tmp_path, "--prompts", prompts, "--out", tmp_path / "d.jsonl",
+                "--url", "http://127.0.0.1:9")
+    one_error_line(proc, str(prompts))
 
 
 def test_batch_size_zero_is_one_line(tiny, tmp_path):
     target, chat, _ = tiny
-    rc, _, err = cli(*_train_cmd(tiny, tmp_path / "run", "--max-steps", "2", "--batch-size", "0")[3:])
-    assert_one_error(rc, err, "batch_size", ">= 1")
-    rc, _, err = cli("generate-data", "--target", target, "--prompts", chat, "--out", tmp_path / "d.jsonl",
+    proc = cli(*_train_cmd(tiny, tmp_path / "run", "--max-steps", "2", "--batch-size", "0")[3:])
+    one_error_line(proc, "batch_size", ">= 1")
+    proc = cli("generate-data", "--target", target, "--prompts", chat, "--out", tmp_path / "d.jsonl",
                      "--batch-size", "0")
-    assert_one_error(rc, err, "--batch-size", ">= 1")
+    one_error_line(proc, "--batch-size", ">= 1")
     assert not (tmp_path / "run").exists() and not (tmp_path / "d.jsonl").exists()
 
 

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from helpers import DRAFTLAB
 import torch
 
 from draftlab.serving.engine import Engine, GenerationStopped
@@ -52,7 +53,7 @@ class Served:
         target, drafter = folders
         self.log = log
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "draftlab.cli", "serve", "--target", str(target), "--drafter", str(drafter),
+            [*DRAFTLAB, "serve", "--target", str(target), "--drafter", str(drafter),
              "--num-steps", "3", "--threads", "1", "--read-timeout", str(READ_TIMEOUT),
              "--health-timeout", str(HEALTH_TIMEOUT), *extra],
             stdout=subprocess.PIPE, stderr=log.open("w"), text=True, start_new_session=True)
@@ -99,11 +100,10 @@ def test_prompts_beyond_the_context_are_refused_before_any_work(server):
     assert status == 400
     assert body["message"] == f"The input ({CONTEXT} tokens) is longer than the model's context length ({CONTEXT} tokens)."
     assert body["object"] == "error" and body["code"] == 400
-    start = time.monotonic()  # about 1 MB of text: hundreds of thousands of tokens on a 1024-token context
+    # about 1 MB of text: hundreds of thousands of tokens on a 1024-token context (the timeout: a safety net)
     status, body = call(server.url + "/generate", {"text": "speculative decoding " * 47_000,
                                                    "sampling_params": {"max_new_tokens": 8}}, timeout=60)
     assert status == 400 and "longer than the model's context length" in body["message"]
-    assert time.monotonic() - start < 30
     status, body = call(server.url + "/v1/completions", {"prompt": [5] * (CONTEXT + 3), "max_tokens": 2})
     assert status == 400 and "context length" in body["message"]
     status, ok = call(server.url + "/generate", {"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 3}})
@@ -124,25 +124,25 @@ def test_a_disconnected_clients_generation_stops(server):
     sock = open_request(server.port, LONG)  # would fill the context: several seconds of cycles
     time.sleep(1.0)
     sock.close()
-    start = time.monotonic()
     status, out = call(server.url + "/generate", {"input_ids": [9, 10], "sampling_params": {"max_new_tokens": 4}},
                        timeout=8)
-    waited = time.monotonic() - start
     assert status == 200 and out["meta_info"]["completion_tokens"] >= 1
-    assert waited < 3.0, f"the next request waited {waited:.1f}s: the abandoned generation kept running"
-    deadline = time.monotonic() + 5
-    while "client disconnected; generation stopped after" not in server.log.read_text():
+    stopped = re.compile(r"client disconnected; generation stopped after (\d+) tokens")
+    deadline = time.monotonic() + 10  # a safety net for the log line, not a timing assertion
+    while not stopped.search(server.log.read_text()):
         assert time.monotonic() < deadline, server.log.read_text()[-2000:]
         time.sleep(0.1)
+    # counted, not timed: it stopped short of the context it would fill, so the engine is free again
+    tokens = int(stopped.search(server.log.read_text()).group(1))
+    assert 1 <= tokens < CONTEXT - len(LONG["input_ids"]), tokens
 
 
 def test_health_generate_joins_the_batch_beside_a_long_generation(server):
     sock = open_request(server.port, LONG)
     try:
         time.sleep(0.5)
-        start = time.monotonic()
+        # 200, not the 503 the server answers after HEALTH_TIMEOUT: decoded beside the long request
         assert call(server.url + "/health_generate", timeout=10)[0] == 200
-        assert time.monotonic() - start < HEALTH_TIMEOUT  # decoded beside the long request, not after it
     finally:
         sock.close()
 
@@ -154,9 +154,8 @@ def test_health_generate_fails_while_the_engine_stays_busy(folders, tmp_path):
         sock = open_request(srv.port, LONG)
         try:
             time.sleep(0.5)
-            start = time.monotonic()
-            status, _ = call(srv.url + "/health_generate", timeout=10)
-            assert status == 503 and time.monotonic() - start < HEALTH_TIMEOUT + 2
+            status, _ = call(srv.url + "/health_generate", timeout=10)  # the server's own HEALTH_TIMEOUT answers
+            assert status == 503
             assert call(srv.url + "/health")[0] == 200  # liveness alone says nothing about the engine
         finally:
             sock.close()
@@ -219,8 +218,8 @@ def test_a_slow_client_is_dropped_after_the_read_timeout(server, phase):
                 closed = True
                 break
         dropped_after = time.monotonic() - start
+    # the event: the server hung up (a timeout per read never would: a byte comes every 0.3 s)
     assert closed, f"a client dribbling its {phase} was still connected after {dropped_after:.1f}s"
-    assert dropped_after < READ_TIMEOUT + 2
     assert call(server.url + "/health")[0] == 200
 
 
@@ -229,18 +228,16 @@ def test_sigterm_during_a_long_generation_stops_the_server_within_seconds(folder
     try:
         sock = open_request(srv.port, LONG)
         time.sleep(1.0)
-        start = time.monotonic()
         srv.proc.send_signal(signal.SIGTERM)
         try:
-            srv.proc.wait(timeout=10)
+            srv.proc.wait(timeout=10)  # a safety net: the events below show the stop
         except subprocess.TimeoutExpired:
             pass
-        took = time.monotonic() - start
         sock.settimeout(2)
         answer = sock.recv(65536)  # the generation saw the stop event and answered before the exit
         sock.close()
         assert srv.proc.poll() is not None, "still running 10 s after SIGTERM"
-        assert took < 5.0, f"stopped {took:.1f}s after SIGTERM"
+        # a 503 mid-generation, not the 200 of a generation run to the end of its context
         assert answer.startswith(b"HTTP/1.1 503 ") and b"shutting down" in answer, answer[:300]
         assert "shutting down" in srv.log.read_text()
     finally:

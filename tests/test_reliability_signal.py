@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from factories import tiny_drafter_config, write_drafter, write_target_config
+from helpers import cli, one_error_line
 from safetensors.torch import save_file
 from tiny_models import tiny_tokenizer
 
@@ -22,28 +23,6 @@ from draftlab.training.tokenize import tokenize_record
 from draftlab.static.d2t import VocabMapping, save_mapping
 
 V = 256  # factories' tiny target vocabulary
-
-
-def cli(*args) -> subprocess.CompletedProcess:
-    """``draftlab ARGS`` in this process (a subprocess per call would spend its time importing torch)."""
-    import contextlib
-    import io
-
-    from draftlab.cli import main
-
-    err, out = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
-        rc = main([str(a) for a in args])
-    return subprocess.CompletedProcess(args, rc, out.getvalue(), err.getvalue())
-
-
-def one_error_line(proc: subprocess.CompletedProcess, *needles: str) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
-    lines = proc.stderr.strip().splitlines()
-    assert lines and lines[-1].startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    for n in needles:
-        assert n in lines[-1], lines[-1]
-    return lines[-1]
 
 
 def tokens_file(path: Path, masks_on: bool) -> Path:

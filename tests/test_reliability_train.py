@@ -13,11 +13,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers import DRAFTLAB
 from safetensors.torch import load_file
 
 STEPS, EVERY = 30, 5
@@ -37,7 +37,7 @@ def data(tmp_path_factory):
 
 
 def _cmd(target: Path, tokens: Path, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "draftlab.cli", "train", "--target", str(target), "--tokens", str(tokens),
+    return [*DRAFTLAB, "train", "--target", str(target), "--tokens", str(tokens),
             "--out", str(out), "--draft-vocab-size", "64", "--ttt-length", "2", "--max-steps", str(STEPS),
             "--lr", "3e-3", "--checkpoint-every", str(EVERY), "--val-samples", "2", "--seed", "0", *extra]
 

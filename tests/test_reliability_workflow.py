@@ -11,11 +11,11 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers import snakemake, snakemake_cmd
 
 REPO = Path(__file__).resolve().parents[1]
 CANARY = "hf_CANARYreliability0123456789abcdef"
@@ -49,14 +49,14 @@ drafter: {{source: {drafter}, revision: null}}
 {extra}""")
 
 
-def _snakemake(workdir: Path, override: Path, *args: str) -> list[str]:
-    """The command line; targets and flags go before --configfile (which takes several files)."""
-    return [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), "-c1", *args,
-            "--configfile", str(REPO / "config" / "config.yaml"), str(override)]
+def _on(workdir: Path, override: Path) -> dict:
+    """The project's Snakefile run in ``workdir``, the default config under ``override``."""
+    return {"snakefile": REPO / "Snakefile", "workdir": workdir,
+            "configfiles": (REPO / "config" / "config.yaml", override)}
 
 
-def _run(cmd: list[str], env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
+def _run(workdir: Path, override: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return snakemake(workdir, "-c1", *args, check=False, env=env, **_on(workdir, override))
 
 
 def _start_and_freeze(cmd: list[str], workdir: Path) -> subprocess.Popen:
@@ -78,9 +78,9 @@ def test_second_run_on_one_results_folder_is_refused_and_a_killed_run_needs_unlo
     override = _local_config(tmp_path, target, drafter)
     goal = "results/rel-smoke/static/doctor-probe.json"
 
-    first = _start_and_freeze(_snakemake(tmp_path, override, goal), tmp_path)
+    first = _start_and_freeze(snakemake_cmd("-c1", goal, **_on(tmp_path, override)), tmp_path)
     try:
-        second = _run(_snakemake(tmp_path, override, goal))
+        second = _run(tmp_path, override, goal)
         assert second.returncode != 0
         assert "Directory cannot be locked" in second.stdout + second.stderr
     finally:
@@ -93,19 +93,19 @@ def test_second_run_on_one_results_folder_is_refused_and_a_killed_run_needs_unlo
     # A run killed outright (SIGKILL: no cleanup) leaves its lock: the next run is refused until
     # `snakemake --unlock`, then --rerun-incomplete redoes what the kill interrupted.
     goal2 = "results/rel-smoke/static/inspect-target.json"
-    killed = _start_and_freeze(_snakemake(tmp_path, override, goal2), tmp_path)
+    killed = _start_and_freeze(snakemake_cmd("-c1", goal2, **_on(tmp_path, override)), tmp_path)
     os.killpg(killed.pid, signal.SIGKILL)
     killed.wait(timeout=30)
-    refused = _run(_snakemake(tmp_path, override, goal2))
+    refused = _run(tmp_path, override, goal2)
     assert refused.returncode != 0 and "Directory cannot be locked" in refused.stdout + refused.stderr
-    assert _run(_snakemake(tmp_path, override, "--unlock")).returncode == 0
-    done = _run(_snakemake(tmp_path, override, goal2, "--rerun-incomplete"))
+    assert _run(tmp_path, override, "--unlock").returncode == 0
+    done = _run(tmp_path, override, goal2, "--rerun-incomplete")
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / goal2).read_text())
 
 
 def _shell_lines(workdir: Path, override: Path) -> list[str]:
-    proc = _run(_snakemake(workdir, override, "-n", "-p"))
+    proc = _run(workdir, override, "-n", "-p")
     assert proc.returncode == 0, proc.stderr
     return [line for line in (proc.stdout + proc.stderr).splitlines() if "draftlab " in line]
 
@@ -158,7 +158,7 @@ speculative: [{{num_steps: 2, topk: 1, num_draft_tokens: 3}}]
 """)
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_TOKEN": CANARY, "HUGGING_FACE_HUB_TOKEN": CANARY}
     goal = "results/rel-smoke/bench/probe/s2-k1-d3/short.json"
-    proc = _run(_snakemake(work, override, goal, "results/rel-smoke/static/inspect-drafter.json", "-p"), env=env)
+    proc = _run(work, override, goal, "results/rel-smoke/static/inspect-drafter.json", "-p", env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert CANARY not in proc.stdout + proc.stderr
     leaks = [str(p) for p in work.rglob("*") if p.is_file() and CANARY.encode() in p.read_bytes()]

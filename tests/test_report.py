@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from helpers import cli
 from draftlab.errors import DraftlabError
 from draftlab.benchmark.probe_gate import SKIP_MARKER, gate_decision, run_gated
 from draftlab.benchmark.serve_bench import skip_reason
@@ -140,9 +140,8 @@ def test_an_arm_no_longer_configured_is_not_reported(tmp_path):
     write_records(build_records(exp, cfg, servers=servers, clients=["default"]), exp / "records" / "records.csv")
     assert "scratch" not in (exp / "records" / "records.csv").read_text().split("\n", 1)[1]
     # the command line without the file flags (a hand-typed report) ...
-    subprocess.run([sys.executable, "-m", "draftlab.cli", "report", "--exp-dir", str(exp), "--out-dir",
-                    str(exp / "report"), "--records", str(exp / "records" / "records.csv")], check=True,
-                   capture_output=True)
+    done = cli("report", "--exp-dir", exp, "--out-dir", exp / "report", "--records", exp / "records" / "records.csv")
+    assert done.returncode == 0, done.stderr
     implied = (exp / "report" / "summary.md").read_text()
     # ... and the files the report rule declares, as it passes them
     write_report(exp, exp / "report2", exp / "records" / "records.csv", gate=exp / "gate" / "gate.json",
@@ -203,8 +202,7 @@ def test_gated_command_runs_when_open_and_writes_skips_when_closed(tmp_path):
 
 def test_gate_cli_writes_the_decision(tmp_path):
     res = _result(tmp_path / "probe.json", 1.02)
-    out = subprocess.run([sys.executable, "-m", "draftlab.cli", "gate", str(res), "--min-accept-length", "1.1",
-                          "--out", str(tmp_path / "gate.json")], capture_output=True, text=True)
+    out = cli("gate", res, "--min-accept-length", "1.1", "--out", tmp_path / "gate.json")
     assert out.returncode == 0
     assert "probe gate: SKIP" in out.stderr
     assert json.loads((tmp_path / "gate.json").read_text())["pass"] is False

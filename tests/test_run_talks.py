@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
+from helpers import cli, cli_process, offline_env
 
 from draftlab.experiment.config import load_config
 from draftlab.serving.hostcheck import host_warnings
-from test_workflow_dag import _env, _run, job_blocks, workdir  # noqa: F401 - fixture
+from test_workflow_dag import _run, job_blocks, workdir  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,13 +22,10 @@ def test_host_warnings_name_what_does_not_fit():
 
 
 def test_gpu8_profile_on_a_machine_without_gpus_warns_before_any_job(workdir):  # noqa: F811
-    out = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--profile", "gpu8", "all"], cwd=workdir,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), timeout=120)
-    both = out.stdout
-    assert out.returncode == 0, both[-2000:]
-    assert "draftlab WARNING: the profile declares gpu=8 but this machine has 0 GPU(s)" in both
+    said = _run(["-n", "--profile", "gpu8", "all"], cwd=workdir, merge_output=True).stdout
+    assert "draftlab WARNING: the profile declares gpu=8 but this machine has 0 GPU(s)" in said
     # printed while the Snakefile is read, before the DAG is built or anything is scheduled
-    assert both.index("draftlab WARNING") < both.index("Building DAG of jobs")
+    assert said.index("draftlab WARNING") < said.index("Building DAG of jobs")
     quiet = _run(["-n", "--cores", "1", "all"], cwd=workdir)
     assert "draftlab WARNING" not in quiet.stderr
 
@@ -56,18 +51,13 @@ def test_typed_config_overrides_as_snakemake_users_write_them(workdir, tmp_path)
     assert bad.returncode != 0 and "'train.steps'" in said and "expected an integer" in said
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "draftlab.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
-
-
 def test_help_screens_say_what_the_command_does():
     for cmd, words in (("inspect", "safetensors headers only"), ("compare", "says nothing about the values"),
                        ("doctor", "before a server is launched")):
-        out = _cli(cmd, "--help")
+        out = cli(cmd, "--help")
         assert out.returncode == 0 and words in " ".join(out.stdout.split()), cmd
-    assert "--cache-dir" in _cli("doctor", "--help").stdout
-    assert "--hash-weights" in _cli("compare", "--help").stdout
+    assert "--cache-dir" in cli("doctor", "--help").stdout
+    assert "--hash-weights" in cli("compare", "--help").stdout
 
 
 def test_compare_says_it_reads_headers_and_can_hash_weights(tmp_path):
@@ -81,17 +71,17 @@ def test_compare_says_it_reads_headers_and_can_hash_weights(tmp_path):
                   str(tmp_path / name / "model.safetensors"))
         (tmp_path / name / "config.json").write_text('{"hidden_size": 4}')
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
-    plain = _cli("compare", a, b)
+    plain = cli("compare", a, b)
     assert plain.returncode == 0 and "compatible" in plain.stdout
     assert "weights: not compared (headers only; --hash-weights" in plain.stdout
-    hashed = _cli("compare", a, b, "--hash-weights")
+    hashed = cli("compare", a, b, "--hash-weights")
     assert "weights: **1 tensors differ**: `fc.weight`" in hashed.stdout  # names from a file: code spans (textsafe)
-    same = _cli("compare", a, a, "--hash-weights")
+    same = cli("compare", a, a, "--hash-weights")
     assert "weights: identical" in same.stdout
 
 
 def test_doctor_accepts_the_cache_dir_its_error_suggests(tmp_path):
-    out = _cli("doctor", "--drafter", "hf:nobody/drafter", "--target", "hf:nobody/target",
-               "--cache-dir", str(tmp_path / "cache"))
+    out = cli_process("doctor", "--drafter", "hf:nobody/drafter", "--target", "hf:nobody/target",
+                      "--cache-dir", str(tmp_path / "cache"), env=offline_env())
     assert "unrecognized arguments" not in out.stderr
     assert out.returncode != 0 and "--cache-dir" in out.stderr  # the cache miss, named, with the flag to fix it

@@ -5,7 +5,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import struct
-import time
 from pathlib import Path
 
 import pytest
@@ -65,10 +64,8 @@ def test_production_shaped_sparse_drafter_reads_only_the_header(tmp_path):
     path = bench.write_sparse_drafter(tmp_path / "kimi")
     assert path.stat().st_size > 2_300_000_000  # apparent size of the real drafter
     io_before = _rchar()
-    t0 = time.perf_counter()
     header = read_header(path)
-    elapsed = time.perf_counter() - t0
-    read_bytes = _rchar() - io_before
+    read_bytes = None if io_before is None else _rchar() - io_before
     assert header["fc.weight"].shape == (7168, 3 * 7168)
     assert header["lm_head.weight"].shape == (32000, 7168)
     assert header["midlayer.self_attn.q_proj.weight"].shape == (64 * 128, 2 * 7168)
@@ -78,9 +75,10 @@ def test_production_shaped_sparse_drafter_reads_only_the_header(tmp_path):
     with open(path, "rb") as fh:
         (n,) = struct.unpack("<Q", fh.read(8))
     assert sum(t.nbytes for t in header.values()) == path.stat().st_size - 8 - n
-    assert elapsed < 0.5
-    if read_bytes is not None:
-        assert read_bytes < 1_000_000, f"read {read_bytes} bytes: tensor data was touched"
+    # counted, not timed: the bytes this process read (2.3 GB if the tensor data were touched)
+    if read_bytes is None:
+        pytest.skip("no /proc/self/io here to count the bytes read")
+    assert read_bytes < 1_000_000, f"read {read_bytes} bytes: tensor data was touched"
 
 
 def _rchar() -> int | None:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 
 import pytest
 import torch
 
+from helpers import DRAFTLAB, cli, one_error_line
 from draftlab.serving.server import load_state, make_server
 from draftlab.models.target import read_config
 from factories import tiny_drafter_config, write_drafter
@@ -171,7 +171,7 @@ def test_bad_completions_and_unknown_paths(servers):
 def test_cli_serve_prints_port_and_stops_on_sigterm(folders):
     target, drafter = folders
     proc = subprocess.Popen(
-        [sys.executable, "-m", "draftlab.cli", "serve", "--target", str(target), "--drafter", str(drafter),
+        [*DRAFTLAB, "serve", "--target", str(target), "--drafter", str(drafter),
          "--num-steps", "2", "--port", "0", "--threads", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
@@ -191,12 +191,11 @@ def test_cli_serve_prints_port_and_stops_on_sigterm(folders):
 
 
 def test_cli_reports_a_missing_target_as_user_error(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "draftlab.cli", "serve", "--target", str(tmp_path / "nope")],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and "config.json" in out.stderr
+    out = cli("serve", "--target", tmp_path / "nope")  # after its "loading target" line: not one_error_line
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith("error: ") and "config.json" in out.stderr
 
 
 def test_cli_refuses_a_batch_size_below_one(folders):
-    out = subprocess.run([sys.executable, "-m", "draftlab.cli", "serve", "--target", str(folders[0]),
-                          "--max-batch-size", "0"], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and "--max-batch-size: expected an integer >= 1, got 0" in out.stderr
+    one_error_line(cli("serve", "--target", folders[0], "--max-batch-size", "0"),
+                   "--max-batch-size: expected an integer >= 1, got 0")

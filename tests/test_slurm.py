@@ -14,11 +14,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers import snakemake
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW_FILES = ["Snakefile", "workflow", "config", "profiles", "envs"]
@@ -104,27 +104,13 @@ def _copy_workflow(dest: Path) -> Path:
 
 
 def _snakemake(workdir: Path, args: list[str], env: dict[str, str], log: Path, timeout: int, demo_out: Path) -> float:
-    """Run snakemake in `workdir` on the demo build in `demo_out`; fail with the tail of its output.
-    Returns the wall time."""
+    """Run snakemake in `workdir` on the demo build in `demo_out` (helpers.snakemake: a timeout or a
+    failure fails the test with the tail of its output, all of it in `log`). Returns the wall time."""
     (workdir / "overlay.yaml").write_text(f"{OVERLAY}demo: {{out: {json.dumps(str(demo_out))}}}\n")
-    cmd = [sys.executable, "-m", "snakemake", *args, "--configfile", "config/config.yaml", "overlay.yaml"]
     t0 = time.monotonic()
-    with open(log, "w") as fh:
-        # own process group: a timeout kills snakemake and everything it started, nothing else
-        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 15)
-            proc.wait(timeout=30)
-            rc = None
-    seconds = time.monotonic() - t0
-    if rc != 0:
-        tail = log.read_text()[-4000:]
-        pytest.fail(f"snakemake {' '.join(args)} {'timed out' if rc is None else f'exit {rc}'} "
-                    f"after {seconds:.0f} s in {workdir}:\n{tail}")
-    return seconds
+    snakemake(workdir, *args, configfiles=("config/config.yaml", "overlay.yaml"), env=env, timeout=timeout, log=log,
+              merge_output=True)
+    return time.monotonic() - t0
 
 
 @pytest.fixture(scope="module")
@@ -281,9 +267,7 @@ def test_gpu_resource_becomes_cuda_visible_devices_in_the_job(tmp_path):
     shutil.copytree(REPO / "profiles/slurm", tmp_path / "profiles/slurm")
     env = {**os.environ, **{k: v for k, v in SMALL_CLUSTER_ENV.items() if k not in os.environ}}
     env.pop("SLURM_JOB_ID", None)
-    proc = subprocess.run([sys.executable, "-m", "snakemake", "--profile", "profiles/slurm", "--latency-wait", "5"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    snakemake(tmp_path, "--profile", "profiles/slurm", "--latency-wait", "5", env=env)
     gpus = (tmp_path / "gpu.txt").read_text().strip()
     assert len(gpus.split(",")) == 2 and all(g.isdigit() for g in gpus.split(",")), gpus
     assert (tmp_path / "cpu.txt").read_text().strip() == "unset"
@@ -296,9 +280,7 @@ def test_profile_resolves_partition_account_and_gpu_settings_from_the_environmen
     base = {k: v for k, v in os.environ.items() if not k.startswith(("DRAFTLAB_SLURM_", "SBATCH_"))}
 
     def dry(**env) -> dict[str, str]:
-        proc = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--profile", "profiles/slurm"],
-                              cwd=tmp_path, env={**base, **env}, capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        proc = snakemake(tmp_path, "-n", "--profile", "profiles/slurm", env={**base, **env}, timeout=120)
         out = proc.stdout + proc.stderr
         rules = re.findall(r"^rule (\w+):.*?^\s+resources: (.*?)$", out, re.M | re.S)
         return {rule: res for rule, res in rules}

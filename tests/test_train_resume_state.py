@@ -17,11 +17,11 @@ import shlex
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from helpers import cli_process, offline_env, snakemake, snakemake_cmd
 import torch
 from safetensors.torch import load_file
 
@@ -176,8 +176,7 @@ def _alive_in_group(pgid: int) -> list[str]:
     return alive
 
 
-def _snakemake_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "snakemake", "--cores", "2", *args, "--configfile", "smoke.yaml", "resume.yaml"]
+CONFIGS = ("smoke.yaml", "resume.yaml")  # the copied smoke run's config, then this test's settings
 
 
 @pytest.mark.slow  # one train job, twice through training, plus a reference run
@@ -192,13 +191,13 @@ def test_workflow_train_job_killed_after_a_checkpoint_resumes_to_the_uninterrupt
     }))
     r = wd / "results" / EXP
     goal, state, log = f"results/{EXP}/train/{ARM}", r / "train-state" / ARM, r / "logs" / "train" / f"{ARM}.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = offline_env()
     shutil.rmtree(state)  # the smoke run's own checkpoints of the arm: the kill below must wait for new ones
 
     # 1. Run up to the train job; SIGKILL snakemake's whole process group once a checkpoint exists.
     with open(tmp_path / "first.log", "w") as fh:
-        proc = subprocess.Popen(_snakemake_cmd(goal, "-p"), cwd=wd, env=env, stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(snakemake_cmd("--cores", "2", goal, "-p", configfiles=CONFIGS), cwd=wd, env=env,
+                                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 240
     try:
         while not list(state.glob("step-*/state.json")):
@@ -220,8 +219,7 @@ def test_workflow_train_job_killed_after_a_checkpoint_resumes_to_the_uninterrupt
 
     # 2. The rerun a user does after a crash: unlock, then rerun the incomplete job.
     for args in (("--unlock",), (goal, "--rerun-incomplete")):
-        again = subprocess.run(_snakemake_cmd(*args), cwd=wd, env=env, capture_output=True, text=True, timeout=300)
-        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+        snakemake(wd, "--cores", "2", *args, configfiles=CONFIGS, env=env)
     text = log.read_text()
     m = re.search(r"resuming from checkpoint \S+step-(\d+) \(step (\d+)\)", text)
     assert m, text[-3000:]
@@ -235,8 +233,7 @@ def test_workflow_train_job_killed_after_a_checkpoint_resumes_to_the_uninterrupt
     assert cmd[0] == "draftlab" and "--state-dir" in cmd and cmd[cmd.index("--resume") + 1] == "auto"
     cmd[cmd.index("--out") + 1], cmd[cmd.index("--state-dir") + 1] = "ref/run", "ref/state"
     threads = {k: "2" for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
-    ref = subprocess.run([sys.executable, "-m", "draftlab.cli", *cmd[1:]], cwd=wd, capture_output=True, text=True,
-                         env={**env, **threads}, timeout=300)
+    ref = cli_process(*cmd[1:], cwd=wd, env={**env, **threads}, timeout=300)
     assert ref.returncode == 0, ref.stderr[-3000:]
     a = load_file(str(wd / "ref" / "run" / "drafter" / "model.safetensors"))
     b = load_file(str(r / "train" / ARM / "drafter" / "model.safetensors"))

@@ -6,14 +6,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from helpers import snakemake
 
 ROOT = Path(__file__).resolve().parents[1]
-SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
 
 def _env(**extra) -> dict:
@@ -25,11 +24,9 @@ def _env(**extra) -> dict:
     return env
 
 
-def _run(args: list[str], cwd: Path = ROOT, check: bool = True) -> subprocess.CompletedProcess:
-    out = subprocess.run(SNAKEMAKE + args, cwd=cwd, capture_output=True, text=True, env=_env(), timeout=120)
-    if check:
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    return out
+def _run(args: list[str], cwd: Path = ROOT, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    """A Snakemake run (a dry run, mostly) offline and without GPUs; ``kw`` as helpers.snakemake takes."""
+    return snakemake(cwd, *args, env=_env(), timeout=120, check=check, **kw)
 
 
 def job_blocks(text: str) -> list[str]:
