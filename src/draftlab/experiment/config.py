@@ -9,6 +9,7 @@ and the tests both go through :func:`load_config`.
 from __future__ import annotations
 
 import copy
+import difflib
 import hashlib
 import json
 import math
@@ -124,6 +125,68 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
     return out
 
 
+def _spec_key(item: Mapping[str, Any]) -> str | None:
+    keys = ("num_steps", "topk", "num_draft_tokens")
+    return f"s{item['num_steps']}-k{item['topk']}-d{item['num_draft_tokens']}" if all(k in item for k in keys) else None
+
+
+# Lists of named items, by dotted key (inside ``sizes.<size>`` too): an override merges into the item of
+# the same name instead of replacing it, so ``bench.clients: [{name: default, repeats: 4}]`` changes one field.
+NAMED_LISTS = {"bench.clients": lambda item: item.get("name"), "speculative": _spec_key}
+
+
+def _named_merge(base: list, over: list, name_of) -> list:
+    """The override's items in its order, each merged over the base item of the same name (if any)."""
+    by_name = {name_of(b): b for b in base if isinstance(b, Mapping) and name_of(b) is not None}
+    out = []
+    for item in over:
+        old = by_name.get(name_of(item)) if isinstance(item, Mapping) else None
+        out.append(merge_config(old, item) if old is not None else copy.deepcopy(item))
+    return out
+
+
+def merge_config(base: Mapping[str, Any], over: Mapping[str, Any], _path: str = "") -> dict[str, Any]:
+    """``over`` on top of ``base`` as every config layer is merged: mappings key by key, lists of named
+    items (:data:`NAMED_LISTS`) item by name, everything else replaced."""
+    out = copy.deepcopy(dict(base))
+    for key, value in over.items():
+        here = f"{_path}{key}"
+        named = NAMED_LISTS.get(re.sub(r"^sizes\.[^.]+\.", "", here))
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge_config(out[key], value, here + ".")
+        elif named and isinstance(value, list) and isinstance(out.get(key), list):
+            out[key] = _named_merge(out[key], value, named)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def experiment_layers(default_file: str | Path | None, configfiles: Iterable[str | Path] = (),
+                      overrides: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], str]:
+    """The raw config of a run and its source label: ``default_file`` (config/config.yaml), each
+    ``--configfile`` and the ``--config`` overrides, merged with :func:`merge_config`.
+
+    A config file that sets ``experiment`` is an experiment of its own: it starts from the model's
+    defaults, not from the files before it, so it states only what differs from the defaults. A file
+    without ``experiment`` (an overlay such as ``size: smoke``) lands on the experiment before it.
+    """
+    files = [Path(f) for f in configfiles]
+    if default_file is not None and Path(default_file).exists():
+        files.insert(0, Path(default_file))
+    raw: dict[str, Any] = {}
+    names: list[str] = []
+    for path in files:
+        layer = read_yaml(path)
+        if "experiment" in layer:
+            raw, names = {}, []
+        raw = merge_config(raw, layer)
+        names.append(str(path))
+    if overrides:
+        raw = merge_config(raw, dict(overrides))
+        names.append("--config")
+    return raw, " + ".join(names) or "config"
+
+
 def _with_defaults(cls):
     """A validator class that also writes each property's ``default`` into the instance."""
     validate_props = cls.VALIDATORS["properties"]
@@ -193,7 +256,10 @@ def format_error(error: jsonschema.ValidationError, source: str) -> str:
         where = _key(error.absolute_path)
         keys = [f"{where}.{k}" if error.absolute_path else k for k in extra]
         allowed = ", ".join(sorted(error.schema.get("properties", {})))
-        return f"{source}: unknown key {', '.join(repr(k) for k in keys)}; allowed keys here: {allowed}"
+        close = [f"{where}.{m}" if error.absolute_path else m
+                 for k in extra for m in difflib.get_close_matches(k, error.schema.get("properties", {}), n=1)]
+        hint = f" (did you mean {', '.join(repr(m) for m in close)}?)" if close else ""
+        return f"{source}: unknown key {', '.join(repr(k) for k in keys)}{hint}; allowed keys here: {allowed}"
     if error.validator == "required":
         return f"{source}: key {_key(error.absolute_path)!r}: {error.message}"
     value = json.dumps(error.instance, default=str)
@@ -266,7 +332,7 @@ def load_config(cfg: str | Path | Mapping[str, Any], source: str | None = None) 
     validate(copy.deepcopy(raw), source, schema, defaults=False)
     size = raw.get("size", "default")
     preset = (raw.get("sizes") or {}).get(size) or {}
-    merged = deep_merge(raw, preset)
+    merged = merge_config(raw, preset)
     label = f"{source} (with sizes.{size} applied)" if preset else source
     cfg = validate(merged, label, schema, defaults=True)
     cfg["experiment"] = sized_experiment(cfg["experiment"], cfg["size"])

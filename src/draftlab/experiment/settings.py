@@ -286,6 +286,19 @@ class Settings:
         ids = [s.id for s in self.speculative]
         if len(set(ids)) != len(ids):
             raise DraftlabError(f"{self.source}: key 'speculative': settings repeat ({', '.join(ids)})")
+        self._check_servers()
+
+    def _check_servers(self) -> None:
+        """Every server the pipeline will launch passes the launcher's own checks (topk 1 chains, keys
+        one backend ignores), so ``check-config`` and the Snakefile refuse what ``bench_plan`` would."""
+        from draftlab.benchmark.bench_plan import server_dict
+        from draftlab.serving.launch import ServerSpec
+
+        target = self.target.load_path
+        ServerSpec.from_dict(server_dict(self.config, target, None, None), f"{self.source} (serve)")
+        for i, spec in enumerate(self.speculative):
+            server = server_dict(self.config, target, "drafter", dataclasses.asdict(spec))
+            ServerSpec.from_dict(server, f"{self.source} (speculative[{i}] {spec.id}, serve.backend {self.serve.backend})")
 
     # --- names derived from the settings ------------------------------------------------------
 

@@ -1,0 +1,76 @@
+"""Issue 25 item 1: one settings model, one loading path, named list overrides, refusals of one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from draftlab.errors import DraftlabError
+from draftlab.experiment.config import experiment_layers, merge_config, read_yaml
+from draftlab.experiment.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT = ROOT / "config" / "config.yaml"
+KIMI = ROOT / "config" / "kimi-k25.yaml"
+
+
+def _check_config(tmp_path: Path, over: dict) -> subprocess.CompletedProcess:
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(merge_config(read_yaml(DEFAULT), over)))
+    return subprocess.run([sys.executable, "-m", "draftlab.cli", "check-config", str(path)],
+                          capture_output=True, text=True, cwd=tmp_path)
+
+
+@pytest.mark.parametrize("over, words", [
+    ({"speculative": [{"num_steps": 2, "topk": 1, "num_draft_tokens": 4}]}, ["num_draft_tokens", "topk 1", "3"]),
+    ({"serve": {"backend": "vllm", "cuda_graph_max_bs": 8}}, ["cuda_graph_max_bs", "vllm"]),
+])
+def test_check_config_refuses_what_the_pipeline_refuses_in_one_line(tmp_path, over, words):
+    out = _check_config(tmp_path, over)
+    assert out.returncode == 2, out.stdout
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and all(w in lines[0] for w in words), out.stderr
+    assert "exp.yaml" in lines[0]
+    with pytest.raises(DraftlabError):  # the Snakefile's loading: the same function
+        Settings.load(*experiment_layers(None, [tmp_path / "exp.yaml"]))
+
+
+def test_check_config_accepts_the_shipped_configs(tmp_path):
+    for files in ([DEFAULT], [KIMI], [ROOT / "config" / "demo-gpu.yaml"]):
+        out = subprocess.run([sys.executable, "-m", "draftlab.cli", "check-config", *map(str, files)],
+                             capture_output=True, text=True, cwd=ROOT)
+        assert out.returncode == 0, out.stderr
+
+
+def test_a_named_client_override_changes_one_field():
+    """`--config bench='{clients: [{name: default, repeats: 4}]}'` keeps the client's other settings."""
+    base = Settings.load(DEFAULT)
+    raw, source = experiment_layers(DEFAULT, [], {"bench": {"clients": [{"name": "default", "repeats": 4}]}})
+    over = Settings.load(raw, source)
+    (before,), (after,) = base.bench.clients, over.bench.clients
+    assert after.repeats == 4 and after == type(before)(**{**before.__dict__, "repeats": 4})
+    # a name the base does not have is a new client, as before (the smoke preset's `short`)
+    smoke = Settings.load(merge_config(read_yaml(DEFAULT), {"size": "smoke"}))
+    assert smoke.clients == ["short"] and smoke.bench.clients[0].concurrency == 1
+
+
+def test_unknown_key_says_did_you_mean():
+    with pytest.raises(DraftlabError) as exc:
+        Settings.load(merge_config(read_yaml(DEFAULT), {"train": {"stpes": 3}}), "my.yaml")
+    msg = str(exc.value)
+    assert "\n" not in msg
+    assert msg.startswith("my.yaml: unknown key 'train.stpes' (did you mean 'train.steps'?)")
+
+
+def test_a_minimal_experiment_file_loads_the_settings_of_a_restated_one(tmp_path):
+    minimal = Settings.load(*experiment_layers(DEFAULT, [KIMI]))
+    restated = tmp_path / "restated.yaml"
+    restated.write_text(yaml.safe_dump(minimal.as_dict()))  # every key written out
+    assert set(minimal.as_dict()) <= set(read_yaml(restated))
+    again = Settings.load(*experiment_layers(DEFAULT, [restated]))
+    assert again == minimal and again.as_dict() == minimal.as_dict()
+    assert len(read_yaml(KIMI)) < len(read_yaml(restated))
