@@ -74,3 +74,39 @@ def test_a_minimal_experiment_file_loads_the_settings_of_a_restated_one(tmp_path
     again = Settings.load(*experiment_layers(DEFAULT, [restated]))
     assert again == minimal and again.as_dict() == minimal.as_dict()
     assert len(read_yaml(KIMI)) < len(read_yaml(restated))
+
+
+def test_the_shipped_schema_is_the_one_generated_from_the_model():
+    """config.schema.yaml is written by draftlab.experiment.schema; regenerate it after changing settings.py."""
+    from importlib.resources import files
+
+    from draftlab.experiment.schema import generate_text
+
+    shipped = files("draftlab.experiment").joinpath("config.schema.yaml").read_text(encoding="utf-8")
+    assert shipped == generate_text(), "run: python -m draftlab.experiment.schema > src/draftlab/experiment/config.schema.yaml"
+
+
+def test_library_and_cli_defaults_are_the_models():
+    """Literal defaults drifted from the schema (tokenize --max-length, evaluate_drafter, run_benchmark's 128)."""
+    import inspect
+
+    from draftlab.benchmark.bench import run_benchmark
+    from draftlab.cli import build_parser
+    from draftlab.experiment.settings import Client, Train, schema_default
+    from draftlab.training.config import TrainConfig
+    from draftlab.training.eval_drafter import evaluate_drafter
+    from draftlab.training.tokenize import tokenize_file
+
+    train, client = Train(), Client(name="x")
+    parser = build_parser()
+    assert parser.parse_args(["tokenize", "--target", "t", "--data", "d", "--out", "o"]).max_length == train.max_length
+    ev = inspect.signature(evaluate_drafter).parameters
+    assert (ev["ttt_length"].default, ev["max_length"].default) == (train.ttt_length, train.max_length)
+    assert inspect.signature(tokenize_file).parameters["max_length"].default == train.max_length
+    bench = inspect.signature(run_benchmark).parameters
+    args = parser.parse_args(["bench", "--url", "u", "--prompts", "p", "--out", "o"])
+    for key in ("max_new_tokens", "repeats", "warmup", "concurrency"):
+        assert bench[key].default == getattr(args, key) == getattr(client, key) == schema_default(f"bench.clients.{key}"), key
+    tc = {f.name: f.default for f in __import__("dataclasses").fields(TrainConfig)}
+    for key in ("ttt_length", "batch_size", "max_length", "lr", "seed"):
+        assert tc[key] == getattr(train, key), key

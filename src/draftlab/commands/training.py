@@ -20,7 +20,7 @@ def register(sub) -> None:
     p.add_argument("--target", required=True, help="target model folder (its tokenizer is used)")
     p.add_argument("--data", required=True, help="JSONL conversations / {'text'} lines, or a plain text file")
     p.add_argument("--out", required=True, help="tokens.jsonl to write")
-    p.add_argument("--max-length", type=int, default=2048)
+    p.add_argument("--max-length", type=int, default=schema_default("train.max_length"))
     p.add_argument("--trust-remote-code", action="store_true")
     add_json_flag(p)
     p.set_defaults(func=_tokenize)
