@@ -110,3 +110,14 @@ def test_library_and_cli_defaults_are_the_models():
     tc = {f.name: f.default for f in __import__("dataclasses").fields(TrainConfig)}
     for key in ("ttt_length", "batch_size", "max_length", "lr", "seed"):
         assert tc[key] == getattr(train, key), key
+
+
+def test_an_unknown_key_names_the_file_that_holds_it(tmp_path):
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("serve:\n  tpp: 2\n")
+    with pytest.raises(DraftlabError) as exc:
+        experiment_layers(DEFAULT, [overlay])
+    assert str(exc.value).startswith(f"{overlay}: unknown key 'serve.tpp' (did you mean 'serve.tp'?)")
+    with pytest.raises(DraftlabError, match=r"^--config: unknown key 'bench.clients\[0\].repeat' \(did you mean "
+                                            r"'bench.clients\[0\].repeats'\?\)"):
+        experiment_layers(DEFAULT, [], {"bench": {"clients": [{"name": "default", "repeat": 4}]}})

@@ -177,14 +177,26 @@ def experiment_layers(default_file: str | Path | None, configfiles: Iterable[str
     names: list[str] = []
     for path in files:
         layer = read_yaml(path)
+        check_unknown_keys(layer, str(path))
         if "experiment" in layer:
             raw, names = {}, []
         raw = merge_config(raw, layer)
         names.append(str(path))
     if overrides:
+        check_unknown_keys(dict(overrides), "--config")
         raw = merge_config(raw, dict(overrides))
         names.append("--config")
     return raw, " + ".join(names) or "config"
+
+
+def check_unknown_keys(layer: Mapping[str, Any], source: str) -> None:
+    """Refuse a key the schema does not have, naming the file (or ``--config``) that holds it; the rest
+    of a layer is judged after merging (a layer alone may lack required keys)."""
+    check_size(layer, source)
+    for error in _Validator(load_schema()).iter_errors(layer):
+        for e in [error, *(error.context or [])]:
+            if e.validator == "additionalProperties":
+                raise DraftlabError(format_error(e, source))
 
 
 def _with_defaults(cls):
