@@ -121,3 +121,12 @@ def test_an_unknown_key_names_the_file_that_holds_it(tmp_path):
     with pytest.raises(DraftlabError, match=r"^--config: unknown key 'bench.clients\[0\].repeat' \(did you mean "
                                             r"'bench.clients\[0\].repeats'\?\)"):
         experiment_layers(DEFAULT, [], {"bench": {"clients": [{"name": "default", "repeat": 4}]}})
+
+
+def test_validation_fills_the_models_defaults():
+    """The schema's defaults are the dataclasses' own: a config of the required keys loads as the model built bare."""
+    from draftlab.experiment.settings import Drafter, Target
+
+    loaded = Settings.load({"experiment": "x", "target": {"source": "t"}, "drafter": {"source": "d"}})
+    bare = Settings(experiment="x", target=Target(source="t"), drafter=Drafter(source="d"), config={})
+    assert loaded == bare

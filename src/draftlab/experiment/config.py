@@ -1,9 +1,11 @@
-"""Experiment configuration: load, validate against the JSON schema, fill defaults.
+"""Experiment configuration: read, merge and validate a config, filling the defaults.
 
-The schema (``draftlab/experiment/config.schema.yaml``, package data, so an installed draftlab finds it
-without a source checkout) is the single source of truth for keys, types and defaults; this module wraps jsonschema so a bad config fails with one line that names
-the file, the key, the value and what is allowed, instead of a jsonschema traceback. The Snakefile
-and the tests both go through :func:`load_config`.
+The keys, types and defaults are the settings model's (:mod:`draftlab.experiment.settings`); the JSON
+schema this module validates with (``config.schema.yaml``, package data, so an installed draftlab finds
+it without a source checkout) is generated from that model. This module wraps jsonschema so a bad
+config fails with one line that names the file, the key, the value and what is allowed, instead of a
+jsonschema traceback, and merges config layers (:func:`experiment_layers`) the one way the Snakefile
+and ``draftlab check-config`` both use.
 """
 
 from __future__ import annotations

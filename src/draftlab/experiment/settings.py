@@ -69,10 +69,14 @@ def _build(cls: type, data: Mapping[str, Any], key: str) -> Any:
     return cls(**values)
 
 
-def setting(default: Any = dataclasses.MISSING, doc: str | None = None, **rules: Any) -> Any:
+def setting(default: Any = dataclasses.MISSING, doc: str | None = None, *, of: type | None = None, **rules: Any) -> Any:
     """A settings field: its default, its one-line doc and its JSON-schema rules (minimum, enum,
-    pattern, ...); :mod:`draftlab.experiment.schema` writes the schema from these."""
+    pattern, ...); :mod:`draftlab.experiment.schema` writes the schema from these. ``of``: the type of
+    a default list's items (``Client``), so a constructed default is typed too."""
     meta = {"doc": doc, "rules": rules}
+    if of is not None:
+        items = tuple(of(**d) for d in default)
+        return dataclasses.field(default_factory=lambda: items, metadata={**meta, "json_default": default})
     if isinstance(default, type) and dataclasses.is_dataclass(default):  # a nested block: all its defaults
         return dataclasses.field(default_factory=default, metadata={**meta, "json_default": {}})
     if isinstance(default, (list, dict)):
@@ -188,7 +192,7 @@ class Serve:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Bench:
-    clients: tuple[Client, ...] = setting([{"name": "default"}], "client-side variants; all run against one launch of each server", minItems=1)
+    clients: tuple[Client, ...] = setting([{"name": "default"}], "client-side variants; all run against one launch of each server", of=Client, minItems=1)
     gate_client: str | None = setting(None, "client variant whose probe accept length feeds the gate; null = the first")
 
 
@@ -271,7 +275,7 @@ class Settings:
     reference: Source = setting(Source, "optional reference drafter (e.g. the team's own from-scratch drafter)")
     doctor: Doctor = setting(Doctor)
     serve: Serve = setting(Serve)
-    speculative: tuple[Spec, ...] = setting([{"num_steps": 2, "topk": 1, "num_draft_tokens": 3}], "speculative settings to sweep; one server per (drafter, setting)", minItems=1)
+    speculative: tuple[Spec, ...] = setting([{"num_steps": 2, "topk": 1, "num_draft_tokens": 3}], "speculative settings to sweep; one server per (drafter, setting)", of=Spec, minItems=1)
     bench: Bench = setting(Bench)
     gate: Gate = setting(Gate)
     data: Data = setting(Data)
