@@ -96,6 +96,13 @@ def test_an_experiment_file_starts_from_the_defaults_not_from_config_yaml():
     assert overlay["experiment"] == "kimi-k25" and overlay["train"]["steps"] == 7
 
 
+def test_a_file_that_only_renames_the_experiment_is_an_overlay(tmp_path):
+    rename = tmp_path / "rename.yaml"
+    rename.write_text("experiment: my-demo\n")
+    cfg = load_config(*experiment_layers(DEFAULT, [rename]))
+    assert cfg["experiment"] == "my-demo" and cfg["demo"]["enabled"] is True  # the rest is config/config.yaml's
+
+
 def test_unknown_key_is_refused_naming_it_and_the_allowed_keys():
     msg = _error(_default(serve={"tpp": 8}))
     assert msg.startswith("my.yaml: unknown key 'serve.tpp'")

@@ -168,9 +168,10 @@ def experiment_layers(default_file: str | Path | None, configfiles: Iterable[str
     """The raw config of a run and its source label: ``default_file`` (config/config.yaml), each
     ``--configfile`` and the ``--config`` overrides, merged with :func:`merge_config`.
 
-    A config file that sets ``experiment`` is an experiment of its own: it starts from the model's
-    defaults, not from the files before it, so it states only what differs from the defaults. A file
-    without ``experiment`` (an overlay such as ``size: smoke``) lands on the experiment before it.
+    A config file that sets every required key (``experiment``, ``target.source``, ``drafter.source``) is
+    an experiment of its own: it starts from the model's defaults, not from the files before it, so it
+    states only what differs from the defaults. Any other file (an overlay such as ``size: smoke``, or a
+    new ``experiment`` name alone) lands on the experiment before it.
     """
     files = [Path(f) for f in configfiles]
     if default_file is not None and Path(default_file).exists():
@@ -180,7 +181,7 @@ def experiment_layers(default_file: str | Path | None, configfiles: Iterable[str
     for path in files:
         layer = read_yaml(path)
         check_unknown_keys(layer, str(path))
-        if "experiment" in layer:
+        if _standalone(layer):
             raw, names = {}, []
         raw = merge_config(raw, layer)
         names.append(str(path))
@@ -199,6 +200,18 @@ def check_unknown_keys(layer: Mapping[str, Any], source: str) -> None:
         for e in [error, *(error.context or [])]:
             if e.validator == "additionalProperties":
                 raise DraftlabError(format_error(e, source))
+
+
+def _standalone(layer: Mapping[str, Any]) -> bool:
+    """Whether a config file sets every key the schema requires, i.e. is a whole experiment by itself."""
+    schema = load_schema()
+    for key in schema["required"]:
+        if key not in layer:
+            return False
+        sub = schema["properties"][key].get("required", [])
+        if sub and not (isinstance(layer[key], Mapping) and all(k in layer[key] for k in sub)):
+            return False
+    return True
 
 
 def _with_defaults(cls):
