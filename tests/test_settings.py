@@ -130,3 +130,14 @@ def test_validation_fills_the_models_defaults():
     loaded = Settings.load({"experiment": "x", "target": {"source": "t"}, "drafter": {"source": "d"}})
     bare = Settings(experiment="x", target=Target(source="t"), drafter=Drafter(source="d"), config={})
     assert loaded == bare
+
+
+def test_serve_and_demo_models_flags_default_to_the_model():
+    from draftlab.cli import build_parser
+    from draftlab.experiment.settings import Demo, Serve
+
+    parser = build_parser()
+    serve = parser.parse_args(["serve", "--target", "t"])
+    assert (serve.host, serve.port, serve.device) == (Serve().host, Serve().port, Serve().device)
+    demo = parser.parse_args(["demo-models", "--out", "o"])
+    assert (demo.size, demo.device) == (Settings.__dataclass_fields__["size"].default, Demo().device)
