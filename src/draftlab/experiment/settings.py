@@ -28,7 +28,8 @@ def schema_default(key: str) -> Any:
     cls: Any = Settings
     node = None
     for part in key.split("."):
-        fields = {f.name: f for f in dataclasses.fields(cls) if "rules" in f.metadata} if dataclasses.is_dataclass(cls) else {}
+        fields = ({f.name: f for f in dataclasses.fields(cls) if "rules" in f.metadata}
+                  if dataclasses.is_dataclass(cls) else {})
         if part not in fields:
             raise KeyError(f"config key {key!r} is not a setting")
         node = fields[part]
@@ -113,12 +114,17 @@ class Client:
     """One client-side variant of the benchmark."""
 
     name: str = setting(pattern=NAME_PATTERN)
-    prompts: str | None = setting(None, "prompt file: JSONL (text/prompt/question, MT-Bench turns, ShareGPT conversations, OpenAI messages; .jsonl.gz read gzipped) or plain lines, docs/benchmark.md; null = draftlab's shipped default prompt set; a record without `category` is categorised by the client's name")
+    prompts: str | None = setting(None,
+        "prompt file: JSONL (text/prompt/question, MT-Bench turns, ShareGPT conversations, OpenAI "
+        "messages; .jsonl.gz read gzipped) or plain lines, docs/benchmark.md; null = draftlab's shipped "
+        "default prompt set; a record without `category` is categorised by the client's name")
     max_new_tokens: int = setting(64, minimum=1)
     repeats: int = setting(3, minimum=1)
     warmup: int = setting(1, minimum=0)
     concurrency: int = setting(1, minimum=1)
-    limit: int | None = setting(None, "use N prompts, a seeded sample stratified by category (proportional, at least one per category when N >= the number of categories); null = all", minimum=1)
+    limit: int | None = setting(None,
+        "use N prompts, a seeded sample stratified by category (proportional, at least one per category "
+        "when N >= the number of categories); null = all", minimum=1)
     ignore_eos: bool = setting(False, "always generate max_new_tokens tokens")
 
 
@@ -132,14 +138,17 @@ class Hub:
 class Demo:
     enabled: bool = setting(False, "build the offline demo models (draftlab demo-models) before acquire")
     out: str = setting("resources/demo", "folder the demo HF cache is built in (per size)")
-    device: str = setting("cpu", "where demo-models trains the demo pair: cpu (bit-reproducible, 1 thread per process) or cuda / cuda:N (the gpu size)", pattern="^(cpu|cuda(:[0-9]+)?)$")
+    device: str = setting("cpu",
+        "where demo-models trains the demo pair: cpu (bit-reproducible, 1 thread per process) or cuda / "
+        "cuda:N (the gpu size)", pattern="^(cpu|cuda(:[0-9]+)?)$")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Target:
     source: str = setting(doc=SOURCE_DOC, minLength=1)
     revision: str | None = setting(None, REVISION_DOC, minLength=1)
-    model_path: str | None = setting(None, "what the server and data stages load (repo id or folder); null = source without hf:")
+    model_path: str | None = setting(None,
+        "what the server and data stages load (repo id or folder); null = source without hf:")
     trust_remote_code: bool = setting(False, "opt-in per model: let transformers/SGLang run the repo's own code")
 
     @property
@@ -171,7 +180,8 @@ class Doctor:
 class Serve:
     backend: Literal["builtin", "sglang", "vllm"] = setting("builtin")
     tp: int = setting(1, "tensor parallel size = GPUs per server job", minimum=1)
-    gpus: int | None = setting(None, "GPUs a server job reserves (the `gpu` resource); null = tp, 0 for CPU", minimum=0)
+    gpus: int | None = setting(None,
+        "GPUs a server job reserves (the `gpu` resource); null = tp, 0 for CPU", minimum=0)
     mem_fraction_static: float | None = setting(None, exclusiveMinimum=0, maximum=1)
     cuda_graph_max_bs: int | None = setting(None, minimum=1)
     device: str = setting("cpu", "builtin backend only: cpu, cuda, cuda:N")
@@ -192,13 +202,16 @@ class Serve:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Bench:
-    clients: tuple[Client, ...] = setting([{"name": "default"}], "client-side variants; all run against one launch of each server", of=Client, minItems=1)
-    gate_client: str | None = setting(None, "client variant whose probe accept length feeds the gate; null = the first")
+    clients: tuple[Client, ...] = setting([{"name": "default"}],
+        "client-side variants; all run against one launch of each server", of=Client, minItems=1)
+    gate_client: str | None = setting(None,
+        "client variant whose probe accept length feeds the gate; null = the first")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Gate:
-    min_accept_length: float = setting(1.1, "probe accept length (bonus token included) needed to fine-tune", minimum=1)
+    min_accept_length: float = setting(1.1,
+        "probe accept length (bonus token included) needed to fine-tune", minimum=1)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -207,15 +220,30 @@ class Data:
     prompts: str | None = setting(None, "prompts the target answers when data is generated")
     limit: int | None = setting(None, "use only the first N prompts; null = all", minimum=1)
     max_new_tokens: int = setting(128, "the longest answer, in tokens", minimum=1)
-    engine: Literal["server", "transformers"] = setting("server", "what answers the prompts: server = the experiment's serving backend (serve.backend at serve.tp, launched by the job, chat template applied by the server); transformers = the target loaded in the job's process")
+    engine: Literal["server", "transformers"] = setting("server",
+        "what answers the prompts: server = the experiment's serving backend (serve.backend at serve.tp, "
+        "launched by the job, chat template applied by the server); transformers = the target loaded in "
+        "the job's process")
     concurrency: int = setting(8, "server engine: requests in flight (the server batches them)", minimum=1)
-    retries: int = setting(3, "server engine: retries of a failed request before the prompt is listed as failed", minimum=0)
-    max_failed_fraction: float = setting(0.05, "the job fails (answers kept, a rerun retries the rest) when more prompts than this fraction failed", minimum=0, maximum=1)
-    chat_template_kwargs: Mapping[str, Any] = setting({}, "passed to the target's chat template with every prompt (e.g. {thinking: false} for a reasoning model's instant mode); {} = the template's defaults")
-    turns: Literal["all", "last"] = setting("all", "multi-turn prompts: all = the target answers every user turn in order, its own earlier answers in the context (SpecForge's regeneration; every assistant turn the drafter trains on is the target's); last = only the final turn, after the data's own earlier answers")
-    max_prompt_chars: int | None = setting(None, "prompts longer than this many characters are skipped (counted in the stats); null = no limit", minimum=1)
-    batch_size: int = setting(1, "transformers engine: prompts the target answers together (greedy, left-padded); 1 = one at a time, as on a CPU", minimum=1)
-    draft_vocab_size: int | None = setting(None, "size of the rebuilt vocab mapping; null = the drafter's draft_vocab_size", minimum=1)
+    retries: int = setting(3,
+        "server engine: retries of a failed request before the prompt is listed as failed", minimum=0)
+    max_failed_fraction: float = setting(0.05,
+        "the job fails (answers kept, a rerun retries the rest) when more prompts than this fraction "
+        "failed", minimum=0, maximum=1)
+    chat_template_kwargs: Mapping[str, Any] = setting({},
+        "passed to the target's chat template with every prompt (e.g. {thinking: false} for a reasoning "
+        "model's instant mode); {} = the template's defaults")
+    turns: Literal["all", "last"] = setting("all",
+        "multi-turn prompts: all = the target answers every user turn in order, its own earlier answers "
+        "in the context (SpecForge's regeneration; every assistant turn the drafter trains on is the "
+        "target's); last = only the final turn, after the data's own earlier answers")
+    max_prompt_chars: int | None = setting(None,
+        "prompts longer than this many characters are skipped (counted in the stats); null = no limit", minimum=1)
+    batch_size: int = setting(1,
+        "transformers engine: prompts the target answers together (greedy, left-padded); 1 = one at a "
+        "time, as on a CPU", minimum=1)
+    draft_vocab_size: int | None = setting(None,
+        "size of the rebuilt vocab mapping; null = the drafter's draft_vocab_size", minimum=1)
 
     @property
     def generated(self) -> bool:
@@ -227,14 +255,18 @@ class Data:
 class SpecForgeParts:
     """specforge backend: SpecForge 0.2.0 run-config parts draftlab cannot derive"""
 
-    deployment: Mapping[str, Any] = setting({}, "merged into SpecForge's deployment.disaggregated (server_urls + mooncake_* of external capture services, or managed_local); backend mooncake and a fresh control_dir are draftlab's")
-    overrides: Mapping[str, Any] = setting({}, "deep-merged over the whole SpecForge run config (SpecForge's Config judges it)")
+    deployment: Mapping[str, Any] = setting({},
+        "merged into SpecForge's deployment.disaggregated (server_urls + mooncake_* of external capture "
+        "services, or managed_local); backend mooncake and a fresh control_dir are draftlab's")
+    overrides: Mapping[str, Any] = setting({},
+        "deep-merged over the whole SpecForge run config (SpecForge's Config judges it)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Train:
     backend: Literal["builtin", "specforge"] = setting("builtin")
-    finetune_modes: tuple[Literal["keep", "remap", "regenerate"], ...] = setting(["keep", "remap"], "vocab modes of the fine-tune arms (warm start from the transferred drafter)", uniqueItems=True)
+    finetune_modes: tuple[Literal["keep", "remap", "regenerate"], ...] = setting(["keep", "remap"],
+        "vocab modes of the fine-tune arms (warm start from the transferred drafter)", uniqueItems=True)
     scratch: bool = setting(True, "train the control arm from scratch on the same data")
     steps: int = setting(200, minimum=1)
     batch_size: int = setting(4, minimum=1)
@@ -242,14 +274,24 @@ class Train:
     ttt_length: int = setting(7, minimum=1, maximum=32)
     max_length: int = setting(2048, minimum=8)
     seed: int = setting(0, minimum=0)
-    checkpoint_every: int = setting(500, "builtin backend: save a resumable checkpoint every N steps (and at the end) into results/<experiment>/train-state/<arm>; a killed train job resumes from it; 0 = never (a killed job restarts from step 0)", minimum=0)
-    device: str = setting("auto", "where the training stages (generate_data, train) run: auto (a GPU when CUDA is available, else the CPU), cpu, cuda or cuda:N; recorded in each arm's summary.json and in the records", pattern="^(auto|cpu|cuda(:[0-9]+)?)$")
+    checkpoint_every: int = setting(500,
+        "builtin backend: save a resumable checkpoint every N steps (and at the end) into "
+        "results/<experiment>/train-state/<arm>; a killed train job resumes from it; 0 = never (a killed "
+        "job restarts from step 0)", minimum=0)
+    device: str = setting("auto",
+        "where the training stages (generate_data, train) run: auto (a GPU when CUDA is available, else "
+        "the CPU), cpu, cuda or cuda:N; recorded in each arm's summary.json and in the records",
+        pattern="^(auto|cpu|cuda(:[0-9]+)?)$")
     nproc: int = setting(1, "processes (GPUs) per training job (torchrun)", minimum=1)
-    gpus: int | None = setting(None, "GPUs a training job reserves; null = nproc on GPU backends, 0 for CPU", minimum=0)
+    gpus: int | None = setting(None,
+        "GPUs a training job reserves; null = nproc on GPU backends, 0 for CPU", minimum=0)
     extra_args: tuple[str, ...] = setting([])
     chat_template: str = setting("llama3", "specforge backend: SpecForge's chat template name for the data")
-    specforge_dir: str = setting("SpecForge", "unused since SpecForge 0.2.0 (the wheel carries the `specforge train` entry point); kept so old configs load")
-    specforge: SpecForgeParts = setting(SpecForgeParts, "specforge backend: SpecForge 0.2.0 run-config parts draftlab cannot derive")
+    specforge_dir: str = setting("SpecForge",
+        "unused since SpecForge 0.2.0 (the wheel carries the `specforge train` entry point); kept so old "
+        "configs load")
+    specforge: SpecForgeParts = setting(SpecForgeParts,
+        "specforge backend: SpecForge 0.2.0 run-config parts draftlab cannot derive")
 
     @property
     def arms(self) -> tuple[str, ...]:
@@ -259,15 +301,21 @@ class Train:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Breakeven:
-    target_tps: tuple[float, ...] = setting([], "throughput goals the report measures every drafter against", exclusiveMinimum=0)
+    target_tps: tuple[float, ...] = setting([],
+        "throughput goals the report measures every drafter against", exclusiveMinimum=0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Settings:
     """One experiment's validated settings; ``config`` is the validated mapping they were built from."""
 
-    experiment: str = setting(doc="experiment name; results land under results/<experiment>/ (with size smoke: results/<experiment>-smoke/, recorded as <experiment>-smoke)", pattern=NAME_PATTERN)
-    size: Literal["default", "smoke", "gpu"] = setting("default", "default | smoke | gpu: demo model size and the size preset from `sizes` (gpu: a ~110M-parameter target for one GPU, config/demo-gpu.yaml; smoke: the experiment becomes <experiment>-smoke, a folder of its own)")
+    experiment: str = setting(doc=
+        "experiment name; results land under results/<experiment>/ (with size smoke: "
+        "results/<experiment>-smoke/, recorded as <experiment>-smoke)", pattern=NAME_PATTERN)
+    size: Literal["default", "smoke", "gpu"] = setting("default",
+        "default | smoke | gpu: demo model size and the size preset from `sizes` (gpu: a ~110M-parameter "
+        "target for one GPU, config/demo-gpu.yaml; smoke: the experiment becomes <experiment>-smoke, a "
+        "folder of its own)")
     hub: Hub = setting(Hub)
     demo: Demo = setting(Demo)
     target: Target = setting()
@@ -275,7 +323,8 @@ class Settings:
     reference: Source = setting(Source, "optional reference drafter (e.g. the team's own from-scratch drafter)")
     doctor: Doctor = setting(Doctor)
     serve: Serve = setting(Serve)
-    speculative: tuple[Spec, ...] = setting([{"num_steps": 2, "topk": 1, "num_draft_tokens": 3}], "speculative settings to sweep; one server per (drafter, setting)", of=Spec, minItems=1)
+    speculative: tuple[Spec, ...] = setting([{"num_steps": 2, "topk": 1, "num_draft_tokens": 3}],
+        "speculative settings to sweep; one server per (drafter, setting)", of=Spec, minItems=1)
     bench: Bench = setting(Bench)
     gate: Gate = setting(Gate)
     data: Data = setting(Data)
@@ -330,7 +379,8 @@ class Settings:
         ServerSpec.from_dict(server_dict(self.config, target, None, None), f"{self.source} (serve)")
         for i, spec in enumerate(self.speculative):
             server = server_dict(self.config, target, "drafter", dataclasses.asdict(spec))
-            ServerSpec.from_dict(server, f"{self.source} (speculative[{i}] {spec.id}, serve.backend {self.serve.backend})")
+            where = f"{self.source} (speculative[{i}] {spec.id}, serve.backend {self.serve.backend})"
+            ServerSpec.from_dict(server, where)
 
     # --- names derived from the settings ------------------------------------------------------
 
