@@ -4,7 +4,8 @@ import sys
 
 from snakemake.utils import min_version
 
-from draftlab.experiment.config import load_config
+from draftlab.experiment.config import experiment_layers
+from draftlab.experiment.settings import Settings
 from draftlab.serving.hostcheck import host_warnings
 
 min_version("9.0")
@@ -17,11 +18,18 @@ configfile: "config/config.yaml"
 report: "workflow/report/workflow.rst"
 
 
-# Validate against src/draftlab/experiment/config.schema.yaml and fill defaults; a bad key stops here
-# with the key, the value and what is allowed.
-config.update(
-    load_config(config, source="config (config/config.yaml + --configfile/--config)")
+# config/config.yaml, every --configfile and --config merged as draftlab merges them (named list items
+# by name; a file that sets `experiment` starts from the defaults), validated once into typed Settings
+# (draftlab check-config runs the same); a bad key stops here with the key, the value and what is allowed.
+SETTINGS = Settings.load(
+    *experiment_layers(
+        "config/config.yaml",
+        workflow.config_settings.configfiles,
+        workflow.config_settings.config,
+    )
 )
+config.clear()
+config.update(SETTINGS.as_dict())
 
 
 include: "workflow/rules/common.smk"

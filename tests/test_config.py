@@ -12,6 +12,7 @@ from draftlab.experiment.config import (
     config_hash,
     deep_merge,
     drafter_variants,
+    experiment_layers,
     load_config,
     read_yaml,
     server_gpus,
@@ -72,8 +73,7 @@ def test_smoke_size_is_an_experiment_of_its_own():
 
 
 def test_kimi_config_valid_as_snakemake_merges_it():
-    merged = deep_merge(read_yaml(DEFAULT), read_yaml(KIMI))
-    cfg = load_config(merged, source=str(KIMI))
+    cfg = load_config(*experiment_layers(DEFAULT, [KIMI]))
     assert cfg["target"]["source"] == "hf:moonshotai/Kimi-K2.5"
     assert cfg["target"]["trust_remote_code"] is True
     assert cfg["drafter"]["source"] == "hf:AQ-MedAI/Kimi-K2-Instruct-eagle3"
@@ -85,24 +85,21 @@ def test_kimi_config_valid_as_snakemake_merges_it():
     assert cfg["data"]["path"] is None and cfg["data"]["prompts"] and cfg["data"]["engine"] == "server"
 
 
-def test_kimi_config_sets_every_key_of_the_default():
-    """Snakemake deep-merges --configfile over config/config.yaml: nothing of the CPU demo may leak in."""
+def test_an_experiment_file_starts_from_the_defaults_not_from_config_yaml():
+    """config/config.yaml is the base of an overlay only: nothing of the CPU demo leaks into kimi-k25."""
+    cfg = load_config(*experiment_layers(DEFAULT, [KIMI]))
+    assert cfg == load_config(KIMI)
+    assert cfg["demo"]["enabled"] is False and cfg["hub"]["offline"] is False and cfg["sizes"] == {}
+    # an overlay without `experiment` lands on the experiment before it
+    overlay = load_config(*experiment_layers(DEFAULT, [KIMI], {"train": {"steps": 7}}))
+    assert overlay["experiment"] == "kimi-k25" and overlay["train"]["steps"] == 7
 
-    def leaves(d, prefix=""):
-        for k, v in d.items():
-            if isinstance(v, dict) and v:
-                yield from leaves(v, f"{prefix}{k}.")
-            else:
-                yield f"{prefix}{k}"
 
-    default = read_yaml(DEFAULT)
-    default.pop("sizes")  # presets apply only when `size` names them; kimi-k25 uses size: default
-    missing = set(leaves(default)) - set(leaves(read_yaml(KIMI)))
-    assert not missing
-    merged = load_config(deep_merge(read_yaml(DEFAULT), read_yaml(KIMI)))
-    alone = load_config(KIMI)
-    merged.pop("sizes"), alone.pop("sizes")
-    assert merged == alone
+def test_a_file_that_only_renames_the_experiment_is_an_overlay(tmp_path):
+    rename = tmp_path / "rename.yaml"
+    rename.write_text("experiment: my-demo\n")
+    cfg = load_config(*experiment_layers(DEFAULT, [rename]))
+    assert cfg["experiment"] == "my-demo" and cfg["demo"]["enabled"] is True  # the rest is config/config.yaml's
 
 
 def test_unknown_key_is_refused_naming_it_and_the_allowed_keys():

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from draftlab.experiment.config import spec_id
+from draftlab.experiment.config import load_config, spec_id
 from test_workflow_dag import ROOT, _run
 from toolenv import run_in, tool_python
 
@@ -176,7 +176,7 @@ def test_pin_matches_serving_env():
 
 
 def test_kimi_dry_run_launches_parse_in_sglang(sglang_python):
-    cfg = yaml.safe_load((ROOT / "config" / "kimi-k25.yaml").read_text())
+    cfg = load_config(ROOT / "config" / "kimi-k25.yaml")  # the file states only what differs from the defaults
     launches = planned_launches("config/kimi-k25.yaml")
     assert sorted(v for v, _, _ in launches) == sorted(
         ["generate-data", "baseline", "probe", "finetune-keep", "finetune-regenerate", "scratch"])
@@ -185,7 +185,7 @@ def test_kimi_dry_run_launches_parse_in_sglang(sglang_python):
 
 
 def test_sweep_with_tree_drafts_and_every_serve_knob_parses(sglang_python, tmp_path):
-    cfg = yaml.safe_load((ROOT / "config" / "kimi-k25.yaml").read_text())
+    cfg = load_config(ROOT / "config" / "kimi-k25.yaml")  # the file states only what differs from the defaults
     sweep = tmp_path / "sweep.yaml"
     sweep.write_text(yaml.safe_dump(SWEEP))
     launches = planned_launches("config/kimi-k25.yaml", str(sweep))

@@ -9,10 +9,8 @@ from draftlab.experiment import jobs
 from draftlab.experiment.layout import Layout
 from draftlab.experiment.settings import Settings
 
-# The Snakefile validated the merged config once (load_config); this only types it.
-S = Settings.from_validated(
-    config, source="config (config/config.yaml + --configfile/--config)"
-)
+# The Snakefile loaded and validated the experiment once (SETTINGS); every rule file reads it as S.
+S = SETTINGS
 L = Layout(S.experiment)
 
 SPECS = S.specs

@@ -11,6 +11,13 @@ from draftlab.commands._common import add_json_flag, emit
 from draftlab.errors import DraftlabError
 
 
+def _client_default(key: str):
+    """A ``bench.clients`` item's default from the settings model: ``draftlab bench`` runs what a client runs."""
+    from draftlab.experiment.settings import schema_default
+
+    return schema_default(f"bench.clients.{key}")
+
+
 def register(sub) -> None:
     """Add this area's subcommands to the draftlab parser."""
     p = sub.add_parser(
@@ -24,10 +31,10 @@ def register(sub) -> None:
                    help="prompt file ('default' = the shipped set; JSONL of text/prompt/question, MT-Bench turns, "
                    "ShareGPT conversations or OpenAI messages, .jsonl.gz read gzipped, or plain lines)")
     p.add_argument("--api", choices=("sglang", "vllm"), default="sglang", help="server protocol (builtin = sglang)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3, help="timed passes over the prompt set")
-    p.add_argument("--warmup", type=int, default=1, help="unrecorded requests before timing")
-    p.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
+    p.add_argument("--max-new-tokens", type=int, default=_client_default("max_new_tokens"))
+    p.add_argument("--repeats", type=int, default=_client_default("repeats"), help="timed passes over the prompt set")
+    p.add_argument("--warmup", type=int, default=_client_default("warmup"), help="unrecorded requests before timing")
+    p.add_argument("--concurrency", type=int, default=_client_default("concurrency"), help="requests in flight at once")
     p.add_argument("--limit", type=int, default=None,
                    help="use N prompts: a seeded sample stratified by category (at least one of each when N allows)")
     p.add_argument("--sample-seed", type=int, default=0, help="seed of the --limit sample (default 0)")

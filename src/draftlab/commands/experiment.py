@@ -47,10 +47,14 @@ def register(sub) -> None:
     add_json_flag(p)
     p.set_defaults(func=_report)
 
-    p = sub.add_parser("check-config", help="validate experiment config files (merged in order, as Snakemake does)")
+    p = sub.add_parser("check-config", help="validate experiment config files (merged in order over config/config.yaml, as the Snakefile "
+                            "does: a file that sets `experiment` starts from the defaults)")
     p.add_argument("configfile", nargs="+")
     add_json_flag(p)
     p.set_defaults(func=_check_config)
+
+
+DEFAULT_CONFIG = "config/config.yaml"  # the Snakefile's `configfile:`, the base of an overlay
 
 
 def _records_merge(args: argparse.Namespace) -> int:
@@ -74,14 +78,11 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    from draftlab.experiment.config import deep_merge, load_config, read_yaml
-
-    raw: dict = {}
-    for path in args.configfile:
-        raw = deep_merge(raw, read_yaml(path))
-    cfg = load_config(raw, source=" + ".join(args.configfile))
+    from draftlab.experiment.config import experiment_layers
     from draftlab.experiment.settings import Settings
 
-    Settings.from_validated(cfg, " + ".join(args.configfile))  # the cross-key rules the pipeline applies too
-    emit(args, cfg, lambda c: f"{' + '.join(args.configfile)}: valid (experiment {c['experiment']})")
+    # Exactly the Snakefile's loading: config/config.yaml (when here), the files in order, one validation.
+    raw, source = experiment_layers(DEFAULT_CONFIG, args.configfile)
+    settings = Settings.load(raw, source)
+    emit(args, settings.as_dict(), lambda c: f"{' + '.join(args.configfile)}: valid (experiment {c['experiment']})")
     return 0

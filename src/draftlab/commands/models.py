@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from draftlab.commands._common import add_json_flag, add_output_flags, emit, finish, fmt_bytes
+from draftlab.experiment.settings import schema_default
 from draftlab.textsafe import code, md
 
 
@@ -29,10 +30,10 @@ def register(sub) -> None:
 
     p = sub.add_parser("demo-models", help="build the offline demo target pair and v1 drafter as HF repos")
     p.add_argument("--out", required=True, help="folder to build in (an HF cache lands in OUT/hf_cache)")
-    p.add_argument("--size", choices=["smoke", "default", "gpu"], default="default",
+    p.add_argument("--size", choices=["smoke", "default", "gpu"], default=schema_default("size"),
                    help="smoke / default: CPU-sized; gpu: a ~110M-parameter target (build it with --device cuda)")
-    p.add_argument("--device", default="cpu",
-                   help="cpu (default; 1 torch thread per process, reproducible) or cuda / cuda:N")
+    p.add_argument("--device", default=schema_default("demo.device"),
+                   help="cpu (default: the config's demo.device; 1 torch thread per process, reproducible) or cuda / cuda:N")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1,
                    help="build stages that may run at once (>= 2: target v2 and the v1 drafter train side by "

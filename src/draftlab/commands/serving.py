@@ -6,6 +6,8 @@ import argparse
 import os
 import sys
 
+from draftlab.experiment.settings import schema_default
+
 
 def register(sub) -> None:
     """Add this area's subcommands to the draftlab parser."""
@@ -19,9 +21,10 @@ def register(sub) -> None:
     p.add_argument("--target", required=True, help="target model folder (Hugging Face layout)")
     p.add_argument("--drafter", default=None, help="EAGLE-3 drafter folder; omit for plain decoding")
     p.add_argument("--num-steps", type=int, default=3, help="draft tokens per cycle (chain, topk 1; default 3)")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=0, help="port; 0 picks a free one and prints it (default 0)")
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--host", default=schema_default("serve.host"), help="bind address (default %(default)s)")
+    p.add_argument("--port", type=int, default=schema_default("serve.port"),
+                   help="port; 0 picks a free one and prints it (default %(default)s)")
+    p.add_argument("--device", default=schema_default("serve.device"), help="cpu, cuda or cuda:N (default %(default)s)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or float64 (default: float32)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom model code in the target folder")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,19 +13,30 @@ from draftlab.commands._common import add_json_flag, emit
 from draftlab.errors import DraftlabError
 from draftlab.experiment.settings import schema_default
 from draftlab.training.answerers import TURN_MODES
+from draftlab.training.config import INIT_MODES, VOCAB_MODES
+from draftlab.training.config import default as train_default
 
 
 def register(sub) -> None:
     """Add this area's subcommands to the draftlab parser."""
+    for add in (_add_tokenize, _add_dump, _add_train, _add_eval, _add_generate_data, _add_specforge):
+        add(sub)
+
+
+def _add_tokenize(sub) -> None:
+    """tokenize: data -> tokens.jsonl with the target's tokenizer."""
     p = sub.add_parser("tokenize", help="tokenize training data with the target's tokenizer (tokens.jsonl)")
     p.add_argument("--target", required=True, help="target model folder (its tokenizer is used)")
     p.add_argument("--data", required=True, help="JSONL conversations / {'text'} lines, or a plain text file")
     p.add_argument("--out", required=True, help="tokens.jsonl to write")
-    p.add_argument("--max-length", type=int, default=2048)
+    p.add_argument("--max-length", type=int, default=train_default("max_length"))
     p.add_argument("--trust-remote-code", action="store_true")
     add_json_flag(p)
     p.set_defaults(func=_tokenize)
 
+
+def _add_dump(sub) -> None:
+    """dump-hidden-states: the target's aux hidden states for offline training."""
     p = sub.add_parser("dump-hidden-states", help="run the target once and store aux hidden states (bf16 shards)")
     p.add_argument("--target", required=True)
     p.add_argument("--tokens", required=True, help="tokens.jsonl")
@@ -40,6 +52,16 @@ def register(sub) -> None:
     add_json_flag(p)
     p.set_defaults(func=_dump)
 
+
+def _add_train(sub) -> None:
+    """train: the builtin TTT trainer; every default is TrainConfig's (the config's train.<key> where it has one)."""
+    p = _add_train_inputs(sub)
+    _add_train_optimisation(p)
+    _add_train_run(p)
+
+
+def _add_train_inputs(sub) -> argparse.ArgumentParser:
+    """train's inputs: target, data (one of three forms), initialisation, vocab mapping."""
     p = sub.add_parser("train", help="train an EAGLE-3 drafter with the builtin TTT trainer (torchrun-ready)")
     p.add_argument("--target", required=True, help="target model folder")
     p.add_argument("--out", required=True, help="run folder (drafter/, metrics.csv, validation.json, summary.json)")
@@ -48,32 +70,41 @@ def register(sub) -> None:
     src.add_argument("--data", help="raw training data (tokenized on the fly)")
     src.add_argument("--hidden-states", help="folder from draftlab dump-hidden-states (offline features)")
     p.add_argument("--vocab-mapping", help="d2t/t2d mapping file (default: built from the data)")
-    p.add_argument("--init", choices=["scratch", "checkpoint"], default="scratch")
+    p.add_argument("--init", choices=INIT_MODES, default=train_default("init"))
     p.add_argument("--checkpoint", help="drafter folder to start from (--init checkpoint)")
-    p.add_argument("--vocab-mode", choices=["keep", "remap", "regenerate"], default="keep")
+    p.add_argument("--vocab-mode", choices=VOCAB_MODES, default=train_default("vocab_mode"))
     p.add_argument("--draft-vocab-size", type=int, help="scratch without --vocab-mapping (default 32000)")
-    # defaults of the settings an experiment config also has: the schema's train.<key> (as TrainConfig's)
-    p.add_argument("--ttt-length", type=int, default=schema_default("train.ttt_length"))
-    p.add_argument("--epochs", type=int, default=1)
+    return p
+
+
+def _add_train_optimisation(p: argparse.ArgumentParser) -> None:
+    """train's optimisation settings (the run identity --resume checks)."""
+    p.add_argument("--ttt-length", type=int, default=train_default("ttt_length"))
+    p.add_argument("--epochs", type=int, default=train_default("epochs"))
     p.add_argument("--max-steps", type=int)
-    p.add_argument("--batch-size", type=int, default=schema_default("train.batch_size"),
-                   help="per rank (default %(default)s, as the config's train.batch_size)")
-    p.add_argument("--max-length", type=int, default=schema_default("train.max_length"))
-    p.add_argument("--lr", type=float, default=schema_default("train.lr"))
-    p.add_argument("--warmup-ratio", type=float, default=0.015)
-    p.add_argument("--grad-clip", type=float, default=0.5)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--adam-betas", type=float, nargs=2, default=[0.9, 0.999], metavar=("B1", "B2"),
+    p.add_argument("--batch-size", type=int, default=train_default("batch_size"),
+                   help="per rank (default %(default)s, the config's train.batch_size)")
+    p.add_argument("--max-length", type=int, default=train_default("max_length"))
+    p.add_argument("--lr", type=float, default=train_default("lr"))
+    p.add_argument("--warmup-ratio", type=float, default=train_default("warmup_ratio"))
+    p.add_argument("--grad-clip", type=float, default=train_default("grad_clip"))
+    p.add_argument("--weight-decay", type=float, default=train_default("weight_decay"))
+    p.add_argument("--adam-betas", type=float, nargs=2, default=train_default("adam_betas"), metavar=("B1", "B2"),
                    help="AdamW betas (default torch's, as SpecForge 0.2.0's BF16Optimizer)")
-    p.add_argument("--loss-norm", choices=["positions", "valid"], default="positions",
+    p.add_argument("--loss-norm", choices=["positions", "valid"], default=train_default("loss_norm"),
                    help="divide each TTT step's loss by the B*T positions (SpecForge 0.2.0) or the valid ones")
-    p.add_argument("--mask-alignment", choices=["specforge", "predicted"], default="specforge",
+    p.add_argument("--mask-alignment", choices=["specforge", "predicted"], default=train_default("mask_alignment"),
                    help="loss mask of the fed position t+i (SpecForge 0.2.0) or of the predicted token t+2+i")
-    p.add_argument("--seed", type=int, default=schema_default("train.seed"))
-    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default="auto")
-    p.add_argument("--checkpoint-every", type=int, default=0, help="save a resumable checkpoint every N steps")
-    p.add_argument("--keep-checkpoints", type=int, default=2)
-    p.add_argument("--resume", nargs="?", const=True, default=False, choices=["auto"],
+
+
+def _add_train_run(p: argparse.ArgumentParser) -> None:
+    """train's run settings: seed, precision, checkpoints, resume, devices, logging."""
+    p.add_argument("--seed", type=int, default=train_default("seed"))
+    p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default=train_default("precision"))
+    p.add_argument("--checkpoint-every", type=int, default=train_default("checkpoint_every"),
+                   help="save a resumable checkpoint every N steps")
+    p.add_argument("--keep-checkpoints", type=int, default=train_default("keep_checkpoints"))
+    p.add_argument("--resume", nargs="?", const=True, default=train_default("resume"), choices=["auto"],
                    help="continue from the latest checkpoint in the state folder (refusing other settings or "
                         "inputs); '--resume auto': continue only if that checkpoint is this same run (settings, "
                         "input files, code), else move the stale state aside and start fresh")
@@ -92,16 +123,22 @@ def register(sub) -> None:
     add_json_flag(p)
     p.set_defaults(func=_train)
 
+
+def _add_eval(sub) -> None:
+    """eval-drafter: per-step accuracy of a saved drafter."""
     p = sub.add_parser("eval-drafter", help="per-TTT-step accuracy of a drafter against a target on tokens")
     p.add_argument("--drafter", required=True)
     p.add_argument("--target", required=True)
     p.add_argument("--tokens", required=True)
-    p.add_argument("--ttt-length", type=int, default=schema_default("train.ttt_length"))
+    p.add_argument("--ttt-length", type=int, default=train_default("ttt_length"))
     p.add_argument("--max-samples", type=int)
     p.add_argument("--device")
     add_json_flag(p)
     p.set_defaults(func=_eval)
 
+
+def _add_generate_data(sub) -> None:
+    """generate-data: the target answers prompts (conversations for fine-tuning)."""
     g = sub.add_parser(
         "generate-data", aliases=["generate"], help="the target answers prompts: JSONL conversations for fine-tuning",
         description="Answer every prompt with the target and write the conversations (sorted by prompt id). "
@@ -128,6 +165,11 @@ def register(sub) -> None:
                         "the context (all, the default, as SpecForge regenerates), or only the last one (last)")
     g.add_argument("--chat-template-kwargs", default=None,
                    help='JSON object passed to the chat template, e.g. \'{"thinking": false}\'')
+    _add_generate_engines(g)
+
+
+def _add_generate_engines(g: argparse.ArgumentParser) -> None:
+    """generate-data's engines: a server (launched or running) or transformers in this process."""
     srv = g.add_argument_group("server engine")
     where = srv.add_mutually_exclusive_group()
     where.add_argument("--server", default=None,
@@ -155,6 +197,9 @@ def register(sub) -> None:
     add_json_flag(g)
     g.set_defaults(func=_generate_data)
 
+
+def _add_specforge(sub) -> None:
+    """the SpecForge backend: run config out, features, preflight, checkpoint in."""
     s = sub.add_parser("specforge-command",
                        help="write the SpecForge 0.2.0 run config of an arm and print `specforge train --config FILE`")
     s.add_argument("--config", required=True,
@@ -242,11 +287,11 @@ def _train(args: argparse.Namespace) -> int:
             overrides = json.loads(args.drafter_config)
         except json.JSONDecodeError as exc:
             raise DraftlabError(f"--drafter-config: not a JSON object ({exc})") from exc
-    keys = ("target", "out", "tokens", "data", "hidden_states", "vocab_mapping", "init", "checkpoint", "vocab_mode",
-            "draft_vocab_size", "ttt_length", "epochs", "max_steps", "batch_size", "max_length", "lr", "warmup_ratio",
-            "grad_clip", "weight_decay", "adam_betas", "loss_norm", "mask_alignment", "seed", "precision",
-            "checkpoint_every", "keep_checkpoints", "resume",
-            "state_dir", "val_samples", "device", "log_file", "stop_after", "trust_remote_code", "compile")
+    from draftlab.training.config import TrainConfig
+
+    # every TrainConfig field the command line has a flag for (the others keep their defaults)
+    keys = [f.name for f in dataclasses.fields(TrainConfig)
+            if hasattr(args, f.name) and f.name not in ("aux_layer_ids", "drafter_overrides")]
     r = train_drafter(**{k: getattr(args, k) for k in keys}, aux_layer_ids=_ids(args.aux_layer_ids),
                       drafter_overrides=overrides)
     if "stopped_at" in r:

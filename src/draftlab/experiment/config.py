@@ -1,14 +1,17 @@
-"""Experiment configuration: load, validate against the JSON schema, fill defaults.
+"""Experiment configuration: read, merge and validate a config, filling the defaults.
 
-The schema (``draftlab/experiment/config.schema.yaml``, package data, so an installed draftlab finds it
-without a source checkout) is the single source of truth for keys, types and defaults; this module wraps jsonschema so a bad config fails with one line that names
-the file, the key, the value and what is allowed, instead of a jsonschema traceback. The Snakefile
-and the tests both go through :func:`load_config`.
+The keys, types and defaults are the settings model's (:mod:`draftlab.experiment.settings`); the JSON
+schema this module validates with (``config.schema.yaml``, package data, so an installed draftlab finds
+it without a source checkout) is generated from that model. This module wraps jsonschema so a bad
+config fails with one line that names the file, the key, the value and what is allowed, instead of a
+jsonschema traceback, and merges config layers (:func:`experiment_layers`) the one way the Snakefile
+and ``draftlab check-config`` both use.
 """
 
 from __future__ import annotations
 
 import copy
+import difflib
 import hashlib
 import json
 import math
@@ -124,6 +127,93 @@ def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, An
     return out
 
 
+def _spec_key(item: Mapping[str, Any]) -> str | None:
+    keys = ("num_steps", "topk", "num_draft_tokens")
+    return f"s{item['num_steps']}-k{item['topk']}-d{item['num_draft_tokens']}" if all(k in item for k in keys) else None
+
+
+# Lists of named items, by dotted key (inside ``sizes.<size>`` too): an override merges into the item of
+# the same name instead of replacing it, so ``bench.clients: [{name: default, repeats: 4}]`` changes one field.
+NAMED_LISTS = {"bench.clients": lambda item: item.get("name"), "speculative": _spec_key}
+
+
+def _named_merge(base: list, over: list, name_of) -> list:
+    """The override's items in its order, each merged over the base item of the same name (if any)."""
+    by_name = {name_of(b): b for b in base if isinstance(b, Mapping) and name_of(b) is not None}
+    out = []
+    for item in over:
+        old = by_name.get(name_of(item)) if isinstance(item, Mapping) else None
+        out.append(merge_config(old, item) if old is not None else copy.deepcopy(item))
+    return out
+
+
+def merge_config(base: Mapping[str, Any], over: Mapping[str, Any], _path: str = "") -> dict[str, Any]:
+    """``over`` on top of ``base`` as every config layer is merged: mappings key by key, lists of named
+    items (:data:`NAMED_LISTS`) item by name, everything else replaced."""
+    out = copy.deepcopy(dict(base))
+    for key, value in over.items():
+        here = f"{_path}{key}"
+        named = NAMED_LISTS.get(re.sub(r"^sizes\.[^.]+\.", "", here))
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge_config(out[key], value, here + ".")
+        elif named and isinstance(value, list) and isinstance(out.get(key), list):
+            out[key] = _named_merge(out[key], value, named)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def experiment_layers(default_file: str | Path | None, configfiles: Iterable[str | Path] = (),
+                      overrides: Mapping[str, Any] | None = None) -> tuple[dict[str, Any], str]:
+    """The raw config of a run and its source label: ``default_file`` (config/config.yaml), each
+    ``--configfile`` and the ``--config`` overrides, merged with :func:`merge_config`.
+
+    A config file that sets every required key (``experiment``, ``target.source``, ``drafter.source``) is
+    an experiment of its own: it starts from the model's defaults, not from the files before it, so it
+    states only what differs from the defaults. Any other file (an overlay such as ``size: smoke``, or a
+    new ``experiment`` name alone) lands on the experiment before it.
+    """
+    files = [Path(f) for f in configfiles]
+    if default_file is not None and Path(default_file).exists():
+        files.insert(0, Path(default_file))
+    raw: dict[str, Any] = {}
+    names: list[str] = []
+    for path in files:
+        layer = read_yaml(path)
+        check_unknown_keys(layer, str(path))
+        if _standalone(layer):
+            raw, names = {}, []
+        raw = merge_config(raw, layer)
+        names.append(str(path))
+    if overrides:
+        check_unknown_keys(dict(overrides), "--config")
+        raw = merge_config(raw, dict(overrides))
+        names.append("--config")
+    return raw, " + ".join(names) or "config"
+
+
+def check_unknown_keys(layer: Mapping[str, Any], source: str) -> None:
+    """Refuse a key the schema does not have, naming the file (or ``--config``) that holds it; the rest
+    of a layer is judged after merging (a layer alone may lack required keys)."""
+    check_size(layer, source)
+    for error in _Validator(load_schema()).iter_errors(layer):
+        for e in [error, *(error.context or [])]:
+            if e.validator == "additionalProperties":
+                raise DraftlabError(format_error(e, source))
+
+
+def _standalone(layer: Mapping[str, Any]) -> bool:
+    """Whether a config file sets every key the schema requires, i.e. is a whole experiment by itself."""
+    schema = load_schema()
+    for key in schema["required"]:
+        if key not in layer:
+            return False
+        sub = schema["properties"][key].get("required", [])
+        if sub and not (isinstance(layer[key], Mapping) and all(k in layer[key] for k in sub)):
+            return False
+    return True
+
+
 def _with_defaults(cls):
     """A validator class that also writes each property's ``default`` into the instance."""
     validate_props = cls.VALIDATORS["properties"]
@@ -193,7 +283,10 @@ def format_error(error: jsonschema.ValidationError, source: str) -> str:
         where = _key(error.absolute_path)
         keys = [f"{where}.{k}" if error.absolute_path else k for k in extra]
         allowed = ", ".join(sorted(error.schema.get("properties", {})))
-        return f"{source}: unknown key {', '.join(repr(k) for k in keys)}; allowed keys here: {allowed}"
+        close = [f"{where}.{m}" if error.absolute_path else m
+                 for k in extra for m in difflib.get_close_matches(k, error.schema.get("properties", {}), n=1)]
+        hint = f" (did you mean {', '.join(repr(m) for m in close)}?)" if close else ""
+        return f"{source}: unknown key {', '.join(repr(k) for k in keys)}{hint}; allowed keys here: {allowed}"
     if error.validator == "required":
         return f"{source}: key {_key(error.absolute_path)!r}: {error.message}"
     value = json.dumps(error.instance, default=str)
@@ -266,7 +359,7 @@ def load_config(cfg: str | Path | Mapping[str, Any], source: str | None = None) 
     validate(copy.deepcopy(raw), source, schema, defaults=False)
     size = raw.get("size", "default")
     preset = (raw.get("sizes") or {}).get(size) or {}
-    merged = deep_merge(raw, preset)
+    merged = merge_config(raw, preset)
     label = f"{source} (with sizes.{size} applied)" if preset else source
     cfg = validate(merged, label, schema, defaults=True)
     cfg["experiment"] = sized_experiment(cfg["experiment"], cfg["size"])

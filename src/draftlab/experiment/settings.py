@@ -1,46 +1,46 @@
-"""Typed settings of one experiment: the merged config, validated once, as frozen dataclasses.
+"""Typed settings of one experiment: the single source of every config key, type, default and doc.
 
-Snakemake merges ``config/config.yaml``, every ``--configfile`` and every ``--config`` into one
-mapping; :meth:`Settings.load` validates it once against the packaged schema (which fills the
-defaults and applies ``sizes.<size>``) and turns it into the dataclasses below. The schema holds
-the only defaults: the dataclasses here have none, and the library's and CLI's defaults for the
-same settings (``TrainConfig``, ``draftlab train``, ``SpecForgeJob``) are read from it with
+The frozen dataclasses below are the model: each field's default, one-line doc and rules (``setting``).
+:mod:`draftlab.experiment.schema` writes the JSON schema from them (``config.schema.yaml``, which
+Snakemake-facing tools and :func:`draftlab.experiment.config.validate` read; a test keeps the two
+equal). :meth:`Settings.load` validates a merged config once (filling these defaults, applying
+``sizes.<size>``) and types it; the library's and CLI's defaults for the same settings
+(``TrainConfig``, ``draftlab train``, ``SpecForgeJob``, ``run_benchmark``) come from
 :func:`schema_default`, so a pipeline run and a hand-typed command start from the same values.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-import functools
 import json
 import types
 import typing
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 from draftlab.errors import DraftlabError
 
 
-@functools.lru_cache(maxsize=1)
-def _schema() -> dict[str, Any]:
-    from draftlab.experiment.config import load_schema
-
-    return load_schema()
-
-
 def schema_default(key: str) -> Any:
-    """The schema's default for a dotted config key (``"train.batch_size"``): the one set of defaults."""
-    node: Mapping[str, Any] = _schema()
+    """The default of a dotted config key (``"train.batch_size"``, ``"bench.clients.max_new_tokens"`` for a
+    field of a list's items), read from the settings model below: the one set of defaults."""
+    cls: Any = Settings
+    node = None
     for part in key.split("."):
-        node = (node.get("properties") or {}).get(part)
-        if node is None:
-            raise KeyError(f"config key {key!r} is not in the schema")
-        if "$ref" in node:
-            ref = node["$ref"].removeprefix("#/$defs/")
-            node = {**_schema()["$defs"][ref], **{k: v for k, v in node.items() if k != "$ref"}}
-    if "default" not in node:
-        raise KeyError(f"config key {key!r} has no default in the schema")
-    return node["default"]
+        fields = ({f.name: f for f in dataclasses.fields(cls) if "rules" in f.metadata}
+                  if dataclasses.is_dataclass(cls) else {})
+        if part not in fields:
+            raise KeyError(f"config key {key!r} is not a setting")
+        node = fields[part]
+        hint = typing.get_type_hints(cls)[part]
+        args = typing.get_args(hint)
+        cls = args[0] if typing.get_origin(hint) is tuple and args and dataclasses.is_dataclass(args[0]) else hint
+    if "json_default" in node.metadata:
+        return copy.deepcopy(node.metadata["json_default"])
+    if node.default is dataclasses.MISSING:
+        raise KeyError(f"config key {key!r} has no default")
+    return node.default
 
 
 def _frozen(value: Any) -> Any:
@@ -70,13 +70,34 @@ def _build(cls: type, data: Mapping[str, Any], key: str) -> Any:
     return cls(**values)
 
 
-@dataclasses.dataclass(frozen=True)
+def setting(default: Any = dataclasses.MISSING, doc: str | None = None, *, of: type | None = None, **rules: Any) -> Any:
+    """A settings field: its default, its one-line doc and its JSON-schema rules (minimum, enum,
+    pattern, ...); :mod:`draftlab.experiment.schema` writes the schema from these. ``of``: the type of
+    a default list's items (``Client``), so a constructed default is typed too."""
+    meta = {"doc": doc, "rules": rules}
+    if of is not None:
+        items = tuple(of(**d) for d in default)
+        return dataclasses.field(default_factory=lambda: items, metadata={**meta, "json_default": default})
+    if isinstance(default, type) and dataclasses.is_dataclass(default):  # a nested block: all its defaults
+        return dataclasses.field(default_factory=default, metadata={**meta, "json_default": {}})
+    if isinstance(default, (list, dict)):
+        frozen = _frozen(default)
+        return dataclasses.field(default_factory=lambda: frozen, metadata={**meta, "json_default": default})
+    return dataclasses.field(default=default, metadata=meta)
+
+
+NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+SOURCE_DOC = "a local folder/file or hf:ORG/NAME"
+REVISION_DOC = "branch, tag or commit of an hf: source (recorded as the resolved commit)"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Spec:
     """One speculative setting of the sweep."""
 
-    num_steps: int
-    topk: int
-    num_draft_tokens: int
+    num_steps: int = setting(minimum=1, maximum=64)
+    topk: int = setting(minimum=1, maximum=64)
+    num_draft_tokens: int = setting(minimum=2, maximum=1024)
 
     @property
     def id(self) -> str:
@@ -88,37 +109,47 @@ def spec_id(spec: Mapping[str, Any]) -> str:
     return f"s{spec['num_steps']}-k{spec['topk']}-d{spec['num_draft_tokens']}"
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Client:
-    name: str
-    prompts: str | None
-    max_new_tokens: int
-    repeats: int
-    warmup: int
-    concurrency: int
-    limit: int | None
-    ignore_eos: bool
+    """One client-side variant of the benchmark."""
+
+    name: str = setting(pattern=NAME_PATTERN)
+    prompts: str | None = setting(None,
+        "prompt file: JSONL (text/prompt/question, MT-Bench turns, ShareGPT conversations, OpenAI "
+        "messages; .jsonl.gz read gzipped) or plain lines, docs/benchmark.md; null = draftlab's shipped "
+        "default prompt set; a record without `category` is categorised by the client's name")
+    max_new_tokens: int = setting(64, minimum=1)
+    repeats: int = setting(3, minimum=1)
+    warmup: int = setting(1, minimum=0)
+    concurrency: int = setting(1, minimum=1)
+    limit: int | None = setting(None,
+        "use N prompts, a seeded sample stratified by category (proportional, at least one per category "
+        "when N >= the number of categories); null = all", minimum=1)
+    ignore_eos: bool = setting(False, "always generate max_new_tokens tokens")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Hub:
-    cache_dir: str | None
-    offline: bool
+    cache_dir: str | None = setting(None, "HF_HUB_CACHE for every job; null = the user's own cache")
+    offline: bool = setting(False, "set HF_HUB_OFFLINE=1 for every job")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Demo:
-    enabled: bool
-    out: str
-    device: str
+    enabled: bool = setting(False, "build the offline demo models (draftlab demo-models) before acquire")
+    out: str = setting("resources/demo", "folder the demo HF cache is built in (per size)")
+    device: str = setting("cpu",
+        "where demo-models trains the demo pair: cpu (bit-reproducible, 1 thread per process) or cuda / "
+        "cuda:N (the gpu size)", pattern="^(cpu|cuda(:[0-9]+)?)$")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Target:
-    source: str
-    revision: str | None
-    model_path: str | None
-    trust_remote_code: bool
+    source: str = setting(doc=SOURCE_DOC, minLength=1)
+    revision: str | None = setting(None, REVISION_DOC, minLength=1)
+    model_path: str | None = setting(None,
+        "what the server and data stages load (repo id or folder); null = source without hf:")
+    trust_remote_code: bool = setting(False, "opt-in per model: let transformers/SGLang run the repo's own code")
 
     @property
     def load_path(self) -> str:
@@ -126,31 +157,40 @@ class Target:
         return self.model_path or self.source.removeprefix("hf:")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Drafter:
+    source: str = setting(doc=SOURCE_DOC, minLength=1)
+    revision: str | None = setting(None, REVISION_DOC, minLength=1)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Source:
-    source: str | None
-    revision: str | None
+    """optional reference drafter (e.g. the team's own from-scratch drafter)"""
+
+    source: str | None = setting(None)
+    revision: str | None = setting(None, REVISION_DOC, minLength=1)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Doctor:
-    algorithm: str
+    algorithm: Literal["EAGLE3", "EAGLE"] = setting("EAGLE3", "speculative algorithm the drafter is checked against")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Serve:
-    backend: str
-    tp: int
-    gpus: int | None
-    mem_fraction_static: float | None
-    cuda_graph_max_bs: int | None
-    device: str
-    dtype: str | None
-    host: str
-    port: int
-    health_interval_s: float
-    health_tries: int
-    extra_args: tuple[str, ...]
+    backend: Literal["builtin", "sglang", "vllm"] = setting("builtin")
+    tp: int = setting(1, "tensor parallel size = GPUs per server job", minimum=1)
+    gpus: int | None = setting(None,
+        "GPUs a server job reserves (the `gpu` resource); null = tp, 0 for CPU", minimum=0)
+    mem_fraction_static: float | None = setting(None, exclusiveMinimum=0, maximum=1)
+    cuda_graph_max_bs: int | None = setting(None, minimum=1)
+    device: str = setting("cpu", "builtin backend only: cpu, cuda, cuda:N")
+    dtype: str | None = setting(None, "model dtype passed to the server; null = its default")
+    host: str = setting("127.0.0.1")
+    port: int = setting(0, "0 = a free port", minimum=0, maximum=65535)
+    health_interval_s: float = setting(1, exclusiveMinimum=0)
+    health_tries: int = setting(300, minimum=1)
+    extra_args: tuple[str, ...] = setting([], "appended verbatim to the server command")
 
     @property
     def job_gpus(self) -> int:
@@ -160,32 +200,50 @@ class Serve:
         return 0 if self.backend == "builtin" else int(self.tp)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Bench:
-    clients: tuple[Client, ...]
-    gate_client: str | None
+    clients: tuple[Client, ...] = setting([{"name": "default"}],
+        "client-side variants; all run against one launch of each server", of=Client, minItems=1)
+    gate_client: str | None = setting(None,
+        "client variant whose probe accept length feeds the gate; null = the first")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Gate:
-    min_accept_length: float
+    min_accept_length: float = setting(1.1,
+        "probe accept length (bonus token included) needed to fine-tune", minimum=1)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Data:
-    path: str | None
-    prompts: str | None
-    limit: int | None
-    max_new_tokens: int
-    engine: str
-    concurrency: int
-    retries: int
-    max_failed_fraction: float
-    chat_template_kwargs: Mapping[str, Any]
-    turns: str
-    max_prompt_chars: int | None
-    batch_size: int
-    draft_vocab_size: int | None
+    path: str | None = setting(None, "existing fine-tune data (JSONL); null = generate it with the target")
+    prompts: str | None = setting(None, "prompts the target answers when data is generated")
+    limit: int | None = setting(None, "use only the first N prompts; null = all", minimum=1)
+    max_new_tokens: int = setting(128, "the longest answer, in tokens", minimum=1)
+    engine: Literal["server", "transformers"] = setting("server",
+        "what answers the prompts: server = the experiment's serving backend (serve.backend at serve.tp, "
+        "launched by the job, chat template applied by the server); transformers = the target loaded in "
+        "the job's process")
+    concurrency: int = setting(8, "server engine: requests in flight (the server batches them)", minimum=1)
+    retries: int = setting(3,
+        "server engine: retries of a failed request before the prompt is listed as failed", minimum=0)
+    max_failed_fraction: float = setting(0.05,
+        "the job fails (answers kept, a rerun retries the rest) when more prompts than this fraction "
+        "failed", minimum=0, maximum=1)
+    chat_template_kwargs: Mapping[str, Any] = setting({},
+        "passed to the target's chat template with every prompt (e.g. {thinking: false} for a reasoning "
+        "model's instant mode); {} = the template's defaults")
+    turns: Literal["all", "last"] = setting("all",
+        "multi-turn prompts: all = the target answers every user turn in order, its own earlier answers "
+        "in the context (SpecForge's regeneration; every assistant turn the drafter trains on is the "
+        "target's); last = only the final turn, after the data's own earlier answers")
+    max_prompt_chars: int | None = setting(None,
+        "prompts longer than this many characters are skipped (counted in the stats); null = no limit", minimum=1)
+    batch_size: int = setting(1,
+        "transformers engine: prompts the target answers together (greedy, left-padded); 1 = one at a "
+        "time, as on a CPU", minimum=1)
+    draft_vocab_size: int | None = setting(None,
+        "size of the rebuilt vocab mapping; null = the drafter's draft_vocab_size", minimum=1)
 
     @property
     def generated(self) -> bool:
@@ -193,31 +251,47 @@ class Data:
         return not self.path
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class SpecForgeParts:
-    deployment: Mapping[str, Any]
-    overrides: Mapping[str, Any]
+    """specforge backend: SpecForge 0.2.0 run-config parts draftlab cannot derive"""
+
+    deployment: Mapping[str, Any] = setting({},
+        "merged into SpecForge's deployment.disaggregated (server_urls + mooncake_* of external capture "
+        "services, or managed_local); backend mooncake and a fresh control_dir are draftlab's")
+    overrides: Mapping[str, Any] = setting({},
+        "deep-merged over the whole SpecForge run config (SpecForge's Config judges it)")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Train:
-    backend: str
-    finetune_modes: tuple[str, ...]
-    scratch: bool
-    steps: int
-    batch_size: int
-    lr: float
-    ttt_length: int
-    max_length: int
-    seed: int
-    checkpoint_every: int
-    device: str
-    nproc: int
-    gpus: int | None
-    extra_args: tuple[str, ...]
-    chat_template: str
-    specforge_dir: str
-    specforge: SpecForgeParts
+    backend: Literal["builtin", "specforge"] = setting("builtin")
+    finetune_modes: tuple[Literal["keep", "remap", "regenerate"], ...] = setting(["keep", "remap"],
+        "vocab modes of the fine-tune arms (warm start from the transferred drafter)", uniqueItems=True)
+    scratch: bool = setting(True, "train the control arm from scratch on the same data")
+    steps: int = setting(200, minimum=1)
+    batch_size: int = setting(4, minimum=1)
+    lr: float = setting(0.0001, exclusiveMinimum=0)
+    ttt_length: int = setting(7, minimum=1, maximum=32)
+    max_length: int = setting(2048, minimum=8)
+    seed: int = setting(0, minimum=0)
+    checkpoint_every: int = setting(500,
+        "builtin backend: save a resumable checkpoint every N steps (and at the end) into "
+        "results/<experiment>/train-state/<arm>; a killed train job resumes from it; 0 = never (a killed "
+        "job restarts from step 0)", minimum=0)
+    device: str = setting("auto",
+        "where the training stages (generate_data, train) run: auto (a GPU when CUDA is available, else "
+        "the CPU), cpu, cuda or cuda:N; recorded in each arm's summary.json and in the records",
+        pattern="^(auto|cpu|cuda(:[0-9]+)?)$")
+    nproc: int = setting(1, "processes (GPUs) per training job (torchrun)", minimum=1)
+    gpus: int | None = setting(None,
+        "GPUs a training job reserves; null = nproc on GPU backends, 0 for CPU", minimum=0)
+    extra_args: tuple[str, ...] = setting([])
+    chat_template: str = setting("llama3", "specforge backend: SpecForge's chat template name for the data")
+    specforge_dir: str = setting("SpecForge",
+        "unused since SpecForge 0.2.0 (the wheel carries the `specforge train` entry point); kept so old "
+        "configs load")
+    specforge: SpecForgeParts = setting(SpecForgeParts,
+        "specforge backend: SpecForge 0.2.0 run-config parts draftlab cannot derive")
 
     @property
     def arms(self) -> tuple[str, ...]:
@@ -225,30 +299,37 @@ class Train:
         return tuple(f"finetune-{m}" for m in self.finetune_modes) + (("scratch",) if self.scratch else ())
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Breakeven:
-    target_tps: tuple[float, ...]
+    target_tps: tuple[float, ...] = setting([],
+        "throughput goals the report measures every drafter against", exclusiveMinimum=0)
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Settings:
     """One experiment's validated settings; ``config`` is the validated mapping they were built from."""
 
-    experiment: str
-    size: str
-    hub: Hub
-    demo: Demo
-    target: Target
-    drafter: Source
-    reference: Source
-    doctor: Doctor
-    serve: Serve
-    speculative: tuple[Spec, ...]
-    bench: Bench
-    gate: Gate
-    data: Data
-    train: Train
-    breakeven: Breakeven
+    experiment: str = setting(doc=
+        "experiment name; results land under results/<experiment>/ (with size smoke: "
+        "results/<experiment>-smoke/, recorded as <experiment>-smoke)", pattern=NAME_PATTERN)
+    size: Literal["default", "smoke", "gpu"] = setting("default",
+        "default | smoke | gpu: demo model size and the size preset from `sizes` (gpu: a ~110M-parameter "
+        "target for one GPU, config/demo-gpu.yaml; smoke: the experiment becomes <experiment>-smoke, a "
+        "folder of its own)")
+    hub: Hub = setting(Hub)
+    demo: Demo = setting(Demo)
+    target: Target = setting()
+    drafter: Drafter = setting()
+    reference: Source = setting(Source, "optional reference drafter (e.g. the team's own from-scratch drafter)")
+    doctor: Doctor = setting(Doctor)
+    serve: Serve = setting(Serve)
+    speculative: tuple[Spec, ...] = setting([{"num_steps": 2, "topk": 1, "num_draft_tokens": 3}],
+        "speculative settings to sweep; one server per (drafter, setting)", of=Spec, minItems=1)
+    bench: Bench = setting(Bench)
+    gate: Gate = setting(Gate)
+    data: Data = setting(Data)
+    train: Train = setting(Train)
+    breakeven: Breakeven = setting(Breakeven)
     config: Mapping[str, Any] = dataclasses.field(repr=False, compare=False)
     source: str = dataclasses.field(default="config", compare=False)
 
@@ -286,6 +367,20 @@ class Settings:
         ids = [s.id for s in self.speculative]
         if len(set(ids)) != len(ids):
             raise DraftlabError(f"{self.source}: key 'speculative': settings repeat ({', '.join(ids)})")
+        self._check_servers()
+
+    def _check_servers(self) -> None:
+        """Every server the pipeline will launch passes the launcher's own checks (topk 1 chains, keys
+        one backend ignores), so ``check-config`` and the Snakefile refuse what ``bench_plan`` would."""
+        from draftlab.benchmark.bench_plan import server_dict
+        from draftlab.serving.launch import ServerSpec
+
+        target = self.target.load_path
+        ServerSpec.from_dict(server_dict(self.config, target, None, None), f"{self.source} (serve)")
+        for i, spec in enumerate(self.speculative):
+            server = server_dict(self.config, target, "drafter", dataclasses.asdict(spec))
+            where = f"{self.source} (speculative[{i}] {spec.id}, serve.backend {self.serve.backend})"
+            ServerSpec.from_dict(server, where)
 
     # --- names derived from the settings ------------------------------------------------------
 

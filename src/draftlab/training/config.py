@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from draftlab.errors import DraftlabError
 from draftlab.experiment.settings import schema_default
-from draftlab.training.loss import LOSS_NORMS, MASK_ALIGNMENTS
 
 INIT_MODES = ("scratch", "checkpoint")
 VOCAB_MODES = ("keep", "remap", "regenerate")
@@ -59,10 +58,10 @@ class TrainConfig:
     trust_remote_code: bool = False
     compile: bool = False                  # torch.compile the TTT step (GPU throughput; see benchmarks/)
 
-    RESUME_KEYS = ("target", "tokens", "data", "hidden_states", "vocab_mapping", "init", "checkpoint",
-                   "vocab_mode", "draft_vocab_size", "ttt_length", "epochs", "max_steps", "batch_size",
-                   "max_length", "lr", "warmup_ratio", "grad_clip", "weight_decay", "adam_betas", "loss_norm", "mask_alignment",
-                   "seed", "precision", "val_samples", "aux_layer_ids", "drafter_overrides")
+    # What identifies a run (``--resume`` refuses other values): every field but these run-only ones.
+    RUN_ONLY_KEYS = ("out", "checkpoint_every", "keep_checkpoints", "resume", "state_dir", "device", "log_file",
+                     "stop_after", "progress", "trust_remote_code", "compile")
+    RESUME_KEYS: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any]) -> "TrainConfig":
@@ -79,6 +78,8 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Refuse settings with no meaning before any file is read or written."""
+        from draftlab.training.loss import LOSS_NORMS, MASK_ALIGNMENTS  # torch: only when a run is checked
+
         if self.loss_norm not in LOSS_NORMS:
             raise DraftlabError(f"train: loss_norm {self.loss_norm!r}: expected one of {', '.join(LOSS_NORMS)}")
         if self.mask_alignment not in MASK_ALIGNMENTS:
@@ -124,3 +125,13 @@ class TrainConfig:
     def state_path(self) -> Path:
         """Where checkpoints and run.json live (outside ``out`` when a workflow deletes ``out`` on failure)."""
         return Path(self.state_dir) if self.state_dir else Path(self.out) / "checkpoints"
+
+
+TrainConfig.RESUME_KEYS = tuple(f.name for f in fields(TrainConfig) if f.name not in TrainConfig.RUN_ONLY_KEYS)
+
+
+def default(name: str) -> Any:
+    """``TrainConfig``'s default for ``name`` (the model's ``train.<name>`` where the config has it): the
+    ``draftlab train`` flags take theirs from here."""
+    f = {f.name: f for f in fields(TrainConfig)}[name]
+    return f.default_factory() if f.default is MISSING else f.default

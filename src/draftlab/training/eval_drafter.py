@@ -18,7 +18,8 @@ from draftlab.training.loop import evaluate
 
 
 def evaluate_drafter(drafter_dir: str | os.PathLike, target: str | os.PathLike, tokens: str | os.PathLike, *,
-                     ttt_length: int = 7, max_samples: int | None = None, max_length: int = 2048,
+                     ttt_length: int = TrainConfig.ttt_length, max_samples: int | None = None,
+                     max_length: int = TrainConfig.max_length,
                      device: str | None = None) -> dict[str, Any]:
     """Per-step accuracy of a saved drafter against a target on a tokens file (e.g. v1 drafter vs v2)."""
     dev = resolve_device(device, what="eval-drafter: device")

@@ -15,6 +15,7 @@ from typing import Any
 from tqdm import tqdm
 
 from draftlab.errors import DraftlabError, require_int
+from draftlab.experiment.settings import schema_default
 from draftlab.formats.data import read_records, render_simple, write_tokens
 
 
@@ -88,7 +89,7 @@ def _encode(tokenizer, text: str, spans: list[tuple[int, int]] | None, special: 
 
 
 def tokenize_file(target: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike,
-                  max_length: int | None = 2048, trust_remote_code: bool = False) -> dict[str, Any]:
+                  max_length: int | None = schema_default("train.max_length"), trust_remote_code: bool = False) -> dict[str, Any]:
     """Tokenize a data file with the target's tokenizer into ``out``; returns counts."""
     from draftlab.models.target import load_tokenizer
 
