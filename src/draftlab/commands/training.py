@@ -283,7 +283,7 @@ def _generate_data(args: argparse.Namespace) -> int:
         from draftlab.experiment.config import read_yaml
 
         # YAML or JSON (a YAML subset): one server description, read once, checked and launched
-        server = ServerSpec.from_dict(read_yaml(args.server), source=f"{args.server}")
+        server = ServerSpec.from_dict(read_yaml(args.server), source=args.server)
         check_command(server.command(), argv, "generate-data")
     elif argv:
         raise DraftlabError("generate-data: a command after -- needs --server (the spec it is checked against)")
