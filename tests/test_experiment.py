@@ -151,15 +151,15 @@ def test_generate_command_follows_the_data_engine():
     assert args[:2] == ["draftlab", "generate-data"] and args[args.index("--server") + 1] == layout.generate_server
     assert args[args.index("--state-dir") + 1] == layout.generate_state and "--device" not in args
     server = jobs.generate_server(s, layout)
-    assert "drafter" not in server and server["max_batch_size"] == s.data.concurrency == 8
-    assert cmd[cmd.index("--") + 1:] == jobs.server_argv(server)
+    assert server.drafter is None and server.max_batch_size == s.data.concurrency == 8
+    assert cmd[cmd.index("--") + 1:] == server.command()
     raw = deep_merge(read_yaml(DEFAULT), {"data": {"engine": "transformers", "chat_template_kwargs": {"thinking": False}}})
     t = Settings.load(raw)
     cmd = jobs.generate_command(t, Layout(t.experiment), "x.log")
     assert "--" not in cmd and "--server" not in cmd and cmd[cmd.index("--batch-size") + 1] == "1"
     assert cmd[cmd.index("--chat-template-kwargs") + 1] == '{"thinking": false}'
     kimi = Settings.load(KIMI)
-    assert "max_batch_size" not in jobs.generate_server(kimi, Layout(kimi.experiment))  # SGLang batches by itself
+    assert jobs.generate_server(kimi, Layout(kimi.experiment)).max_batch_size is None  # SGLang batches by itself
 
 
 def test_rules_spell_no_result_paths():

@@ -146,6 +146,22 @@ def test_from_dict_errors_name_the_key():
     assert spec.health_deadline_s == 1800 and spec.extra_args == ("--dtype", "bfloat16")
 
 
+def test_a_written_description_reads_back_as_the_same_server():
+    """The plan writes the description once (``to_dict``) and the launch reads it (``from_dict``): same
+    server, same command; the printed command shows ``python`` where the interpreter is left to the launch."""
+    spec = ServerSpec(backend="sglang", target="/m/t", drafter="/m/d", num_steps=3, topk=2, num_draft_tokens=6,
+                      tp=8, mem_fraction_static=0.85, extra_args=("--x",), env={"A": "1"}, python="python",
+                      health_interval_s=30, health_tries=60)
+    written = json.loads(json.dumps(spec.to_dict()))
+    assert ServerSpec.from_dict(written) == spec
+    assert spec.command() == spec.argv() and spec.command()[0] == "python"
+    builtin = ServerSpec(backend="builtin", target="/m/t")
+    assert builtin.command()[0] == "python" and builtin.argv()[0] == sys.executable
+    assert builtin.command()[1:] == builtin.argv()[1:]
+    with pytest.raises(DraftlabError, match="plan: key 'extra_args': expected a list of strings"):
+        ServerSpec.from_dict({**written, "extra_args": "--x"}, source="plan")
+
+
 def test_fingerprint_ignores_host_port_deadlines_but_not_server_settings():
     a = ServerSpec(backend="sglang", target="t", drafter="d", num_steps=3, tp=8)
     same = ServerSpec(backend="sglang", target="t/", drafter="d", num_steps=3, tp=8, host="0.0.0.0", port=31000,

@@ -11,8 +11,10 @@ uses draftlab's real builtin server with a tiny transformers target and EAGLE-3 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
+import shlex
 import signal
 import stat
 import subprocess
@@ -25,8 +27,11 @@ import psutil
 import pytest
 from helpers import DRAFTLAB, cli_process
 
+from draftlab.benchmark.bench_plan import build_plan
 from draftlab.experiment.config import load_config
-from draftlab.benchmark.bench_plan import build_plan, server_argv, server_dict
+from draftlab.experiment.jobs import server_spec
+from draftlab.experiment.settings import Settings
+from draftlab.serving.server_spec import ServerSpec
 
 REPO = Path(__file__).resolve().parents[1]
 CLIENTS = [
@@ -98,7 +103,7 @@ def _experiment(backend: str, clients=CLIENTS) -> dict:
     return cfg
 
 
-def _plan(tmp_path: Path, cfg: dict, server: dict, variant: str = "probe", spec_id: str = "s2-k1-d3") -> Path:
+def _plan(tmp_path: Path, cfg: dict, server: ServerSpec, variant: str = "probe", spec_id: str = "s2-k1-d3") -> Path:
     out_dir = tmp_path / "results" / "exp" / "bench" / variant / spec_id
     plan = build_plan(cfg, variant=variant, spec_id=spec_id, server=server, out_dir=str(out_dir),
                       server_log=str(tmp_path / "results" / "exp" / "logs" / "server" / f"{variant}-{spec_id}.log"))
@@ -108,12 +113,16 @@ def _plan(tmp_path: Path, cfg: dict, server: dict, variant: str = "probe", spec_
     return path
 
 
-def _fake_server(tmp_path: Path, cfg: dict, drafter: str | None = "/models/drafter", **env: str) -> dict:
-    spec = cfg["speculative"][0] if drafter else None
-    server = server_dict(cfg, "/models/target", drafter, spec)
-    server.update(python=_fake_sglang(tmp_path), check_gpus_free=False, grace_s=3.0,
-                  env={"PIDS_FILE": str(tmp_path / "pids"), **env})
-    return server
+def _server(cfg: dict, target: str, drafter: str | None, **fields) -> ServerSpec:
+    """The experiment's server description, as the workflow builds it from the typed settings."""
+    settings = Settings.from_validated(cfg)
+    server = server_spec(settings, target, drafter, settings.speculative[0] if drafter else None)
+    return dataclasses.replace(server, **fields)
+
+
+def _fake_server(tmp_path: Path, cfg: dict, drafter: str | None = "/models/drafter", **env: str) -> ServerSpec:
+    return _server(cfg, "/models/target", drafter, python=_fake_sglang(tmp_path), check_gpus_free=False, grace_s=3.0,
+                   env={"PIDS_FILE": str(tmp_path / "pids"), **env})
 
 
 def _serve_bench(plan: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -203,6 +212,29 @@ def test_speculation_silently_off_is_not_recorded(tmp_path):
     assert json.loads((base.parent / "short.json").read_text())["summary"]["speculation_active"] is False
 
 
+def test_the_plans_command_is_the_one_launched(tmp_path):
+    """The plan holds the server description and its command once: the job launches exactly the plan's
+    ``argv`` (the server log's first line) and records it, and refuses a printed command that differs
+    before anything starts."""
+    from draftlab.serving.launch import free_port
+
+    cfg = _experiment("sglang")
+    plan = _plan(tmp_path, cfg, dataclasses.replace(_fake_server(tmp_path, cfg), port=free_port()))
+    argv = json.loads(plan.read_text())["argv"]
+    other = argv[:argv.index("--tp-size") + 1] + ["2"] + argv[argv.index("--tp-size") + 2:]
+    proc = _serve_bench(plan, "--", *other)
+    assert proc.returncode == 2 and "differs from the server config" in proc.stderr, proc.stderr
+    assert not (tmp_path / "pids").exists() and _results(plan) == []  # nothing was launched
+
+    proc = _serve_bench(plan, "--json", "--", *argv)
+    assert proc.returncode == 0, proc.stderr
+    log = (tmp_path / "results" / "exp" / "logs" / "server" / "probe-s2-k1-d3.log").read_text()
+    assert shlex.split(log.splitlines()[0].removeprefix("# ")) == argv
+    assert json.loads(proc.stdout)["argv"] == argv
+    assert json.loads((plan.parent / "short.json").read_text())["server"]["argv"] == argv
+    _assert_gone(_pids(tmp_path))
+
+
 # -- the real builtin server, SIGKILLed from outside in the middle of the benchmark -------------------
 
 
@@ -233,11 +265,9 @@ def _server_of(job: subprocess.Popen, timeout: float = 60) -> psutil.Process:
 def test_builtin_server_sigkilled_mid_benchmark_then_rerun(tmp_path, tiny_pair):
     target, drafter = tiny_pair
     cfg = _experiment("builtin", clients=[{**CLIENTS[0], "limit": 4, "repeats": 2, "max_new_tokens": 16}])
-    server = server_dict(cfg, target, drafter, cfg["speculative"][0])
-    server["extra_args"] = ["--threads", "1"]
-    plan = _plan(tmp_path, cfg, server)
+    plan = _plan(tmp_path, cfg, _server(cfg, target, drafter, extra_args=("--threads", "1")))
     log = tmp_path / "results" / "exp" / "logs" / "server" / "probe-s2-k1-d3.log"
-    argv = server_argv(server)
+    argv = json.loads(plan.read_text())["argv"]  # the plan's command, the one the rule prints
     assert argv[argv.index("--host") + 1] == "127.0.0.1"  # default config: loopback only
 
     job = subprocess.Popen([*DRAFTLAB, "serve-bench", "--plan", str(plan), "--no-progress",

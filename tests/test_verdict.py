@@ -66,6 +66,14 @@ def test_the_best_setting_is_chosen_by_paired_throughput_not_accept_length():
     assert rec["winner"] == "finetune-keep" and rec["setting"] == "s2-k1-d3" and rec["num_steps"] == 2
     assert 1.1 < rec["speedup_ci95"][0] < rec["speedup"] < rec["speedup_ci95"][1] < 1.25
     assert rec["expected_tps"] == rec["speedup"] * 100.0
+    # the launch command is the winner's plan's own argv (a plan written before it had one: its server's)
+    from draftlab.serving.server_spec import ServerSpec
+
+    spec = ServerSpec(backend="sglang", target="/m/t", drafter="/m/d", num_steps=2, tp=8, python="python")
+    plan = {"server": spec.to_dict(), "argv": spec.command()}
+    assert recommendation(d, rows[0], plan)["launch_argv"] == spec.command()
+    old = {"server": {k: v for k, v in spec.to_dict().items() if v is not None}}
+    assert recommendation(d, rows[0], old)["launch_command"] == " ".join(spec.command())
 
 
 def test_no_winner_while_the_runner_up_is_not_separated():

@@ -1,6 +1,7 @@
 # Input functions and names every rule file uses, over the experiment's Settings and Layout.
 # No path is spelled here: every results/<experiment>/... path comes from draftlab.experiment.layout,
 # every command and server from draftlab.experiment.jobs.
+import functools
 import json
 import os
 import shlex
@@ -91,15 +92,19 @@ def get_compare_input(side):
     return L.patch_record if side == "patched" else L.acquire_record(side)
 
 
+@functools.cache
+def _plan(variant, spec):
+    return jobs.plan(S, L, variant, spec)
+
+
 def get_plan(wildcards):
-    return jobs.plan(S, L, wildcards.variant, wildcards.spec)
+    """The plan of one server job: its server description, built once here for both rules."""
+    return _plan(wildcards.variant, wildcards.spec)
 
 
 def get_server_command(wildcards):
-    """The launch command, printed in the serve_bench shell line and checked against the plan."""
-    return shlex.join(
-        jobs.server_argv(jobs.server(S, L, wildcards.variant, wildcards.spec))
-    )
+    """The plan's own launch command (`argv`), printed in the serve_bench shell line."""
+    return shlex.join(_plan(wildcards.variant, wildcards.spec)["argv"])
 
 
 def get_serve_bench_inputs(wildcards):
@@ -160,13 +165,20 @@ def get_generate_inputs(wildcards):
     return inputs
 
 
-def get_generate_server(wildcards):
+@functools.cache
+def _generate_server():
+    """The server generate_data launches, described once: written by generate_server, shown after --."""
     return jobs.generate_server(S, L)
+
+
+def get_generate_server(wildcards):
+    return _generate_server().to_dict()
 
 
 def get_generate_args(wildcards):
     """generate-data's arguments; with the server engine they end in `-- <the launch command>`."""
-    return shlex.join(jobs.generate_command(S, L, GENERATE_SERVER_LOG)[2:])
+    server = _generate_server() if S.data.engine == "server" else None
+    return shlex.join(jobs.generate_command(S, L, GENERATE_SERVER_LOG, server)[2:])
 
 
 def get_trust_remote_code():

@@ -1,9 +1,8 @@
 """The deploy recommendation: which drafter, which setting, the command, how much faster.
 
 What a user of a run wants in one file (``report/recommendation.json``): the winning drafter's folder
-and setting, the exact launch command for the experiment's backend, built by the same builder the
-pipeline launches with (``bench_plan.server_argv`` over the winner's ``plan.json`` server: SGLang's
-argv, vLLM's ``--speculative-config``), and the expected tok/s and speedup with the paired interval.
+and setting, the exact launch command for the experiment's backend, the one the pipeline launched (the winner's
+``plan.json`` ``argv``: SGLang's argv, vLLM's ``--speculative-config``), and the expected tok/s and speedup with the paired interval.
 Without a winner (draftlab.benchmark.verdict says why): ``{"winner": null, "reason": ...}``.
 """
 
@@ -29,7 +28,7 @@ def recommendation(decision: Mapping[str, Any], baseline: Mapping[str, Any] | No
     win = decision.get("winner")
     if win is None:
         return {"winner": None, "verdict": decision.get("verdict"), "reason": reason}
-    from draftlab.benchmark.bench_plan import server_argv
+    from draftlab.benchmark.bench_plan import plan_argv
 
     p = decision["paired"]
     base_tps = num(baseline.get("tps_median")) if baseline else None
@@ -55,7 +54,7 @@ def recommendation(decision: Mapping[str, Any], baseline: Mapping[str, Any] | No
     }
     if plan is not None:
         server = plan["server"]
-        argv = server_argv(server)
+        argv = plan_argv(plan)
         out.update(backend=server.get("backend"), drafter_dir=server.get("drafter"), launch_argv=argv,
                    launch_command=" ".join(shlex.quote(a) for a in argv))
     if decision.get("versus_runner_up"):

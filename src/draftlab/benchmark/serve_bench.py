@@ -12,10 +12,11 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from draftlab.benchmark.bench_plan import check_launch_argv, server_argv
+from draftlab.benchmark.bench_plan import plan_argv
 from draftlab.benchmark.probe_gate import SKIP_MARKER
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import read_json, write_json, write_text
+from draftlab.serving.server_spec import ServerSpec, check_command
 
 
 def skip_reason(plan: Mapping[str, Any]) -> str | None:
@@ -47,17 +48,15 @@ def _skipped_result(plan: Mapping[str, Any], client: Mapping[str, Any], reason: 
 def run_plan(plan: Mapping[str, Any], argv: Sequence[str] | None = None, progress: bool = True) -> dict[str, Any]:
     """Launch the plan's server once, run every client against it, write each result; always tear down.
 
-    ``argv``, when given, is the command printed in the rule's shell line: it must be the command the
-    plan's server config produces, so what Snakemake shows is exactly what runs.
+    The plan is the one server description: its ``server`` is launched, its ``argv`` is the command that
+    runs. ``argv``, when given, is the command printed in the rule's shell line: it must be the plan's,
+    so what Snakemake shows is exactly what runs.
     """
-    from draftlab.benchmark.bench import run_benchmark, write_results
-    from draftlab.serving.launch import ServerSpec, running_server
-
-    server = dict(plan["server"])
-    check_launch_argv(server, list(argv) if argv else None, "serve-bench")
-    started = time.time()
+    spec = ServerSpec.from_dict(plan["server"], source=f"plan for {plan['variant']} {plan['spec_id']}")
+    command = plan_argv(plan)
+    check_command(command, list(argv) if argv else None, "serve-bench")
     summary: dict[str, Any] = {"variant": plan["variant"], "spec_id": plan["spec_id"], "fingerprint": plan["fingerprint"],
-                               "argv": server_argv(server), "launches": 0, "clients": [], "started_at": started}
+                               "argv": command, "launches": 0, "clients": [], "started_at": time.time()}
     reason = skip_reason(plan)
     if reason is not None:
         print(f"serve-bench: {plan['variant']} {plan['spec_id']}: skipped, no server launched: {reason}", file=sys.stderr)
@@ -67,14 +66,28 @@ def run_plan(plan: Mapping[str, Any], argv: Sequence[str] | None = None, progres
         summary.update(skipped=True, reason=reason, finished_at=time.time())
         write_json(plan["summary"], summary)
         return summary
-    spec = ServerSpec.from_dict(server, source=f"plan for {plan['variant']} {plan['spec_id']}")
+    from draftlab.benchmark.bench import write_results
+
+    for result, c in _measure(plan, spec, summary, progress):
+        write_results(result, c["out_json"], c["out_csv"])
+    summary.update(skipped=False, finished_at=time.time())
+    write_json(plan["summary"], summary)
+    return summary
+
+
+def _measure(plan: Mapping[str, Any], spec: ServerSpec, summary: dict[str, Any], progress: bool) -> list:
+    """One launch of ``spec``, every client of the plan against it; the results, written only once every
+    client has run (a server dying mid-plan leaves no result)."""
+    from draftlab.benchmark.bench import run_benchmark
+    from draftlab.serving.launch import running_server
+
     Path(plan["server_log"]).parent.mkdir(parents=True, exist_ok=True)
     print(f"serve-bench: launching {' '.join(summary['argv'])}", file=sys.stderr)
-    measured = []  # written only once every client has run: a server dying mid-plan leaves no result
+    measured = []
     with running_server(spec, plan["server_log"]) as srv:
         summary["launches"] = 1
         summary["url"] = srv.url
-        summary["ready_s"] = time.time() - started
+        summary["ready_s"] = time.time() - summary["started_at"]
         print(f"serve-bench: server ready at {srv.url} after {summary['ready_s']:.1f}s", file=sys.stderr)
         for c in plan["clients"]:
             t0 = time.time()
@@ -91,11 +104,7 @@ def run_plan(plan: Mapping[str, Any], argv: Sequence[str] | None = None, progres
             summary["clients"].append({"name": c["name"], "seconds": time.time() - t0,
                                        "accept_length": result.summary.get("accept_length"),
                                        "output_tps_median": result.summary.get("output_tps_median")})
-    for result, c in measured:
-        write_results(result, c["out_json"], c["out_csv"])
-    summary.update(skipped=False, finished_at=time.time())
-    write_json(plan["summary"], summary)
-    return summary
+    return measured
 
 
 def _launched_numbers(spec) -> dict[str, int | None]:

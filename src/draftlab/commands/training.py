@@ -173,7 +173,7 @@ def _add_generate_engines(g: argparse.ArgumentParser) -> None:
     srv = g.add_argument_group("server engine")
     where = srv.add_mutually_exclusive_group()
     where.add_argument("--server", default=None,
-                       help="server spec (JSON/YAML mapping of draftlab.serving.launch.ServerSpec) to launch")
+                       help="server spec (JSON/YAML mapping of draftlab.serving.server_spec.ServerSpec) to launch")
     where.add_argument("--url", nargs="+", default=None, metavar="URL",
                        help="servers already running, of the same model, e.g. http://127.0.0.1:30000 (several "
                             "share the prompts, --concurrency requests in flight each)")
@@ -316,8 +316,8 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _generate_data(args: argparse.Namespace) -> int:
-    from draftlab.benchmark.bench_plan import check_launch_argv
     from draftlab.fsutil import parse_json_text
+    from draftlab.serving.server_spec import ServerSpec, check_command
     from draftlab.training.generate_data import generate
 
     argv = list(args.argv)
@@ -327,8 +327,9 @@ def _generate_data(args: argparse.Namespace) -> int:
     if args.server:
         from draftlab.experiment.config import read_yaml
 
-        server = read_yaml(args.server)  # YAML or JSON (a YAML subset): one mapping
-        check_launch_argv(server, argv, "generate-data")
+        # YAML or JSON (a YAML subset): one server description, read once, checked and launched
+        server = ServerSpec.from_dict(read_yaml(args.server), source=args.server)
+        check_command(server.command(), argv, "generate-data")
     elif argv:
         raise DraftlabError("generate-data: a command after -- needs --server (the spec it is checked against)")
     kwargs = None

@@ -13,18 +13,41 @@ import json
 import shlex
 from typing import Any
 
-from draftlab.benchmark.bench_plan import build_plan, server_argv, server_dict  # noqa: F401 - server_argv for the rules
+from draftlab.benchmark.bench_plan import build_plan
 from draftlab.experiment.layout import Layout, is_trained
-from draftlab.experiment.settings import Settings
+from draftlab.experiment.settings import Settings, Spec
+from draftlab.serving.server_spec import ServerSpec
 
 # --- servers ------------------------------------------------------------------------------------
 
 
-def server(settings: Settings, layout: Layout, variant: str, spec: str) -> dict[str, Any]:
+def server_spec(settings: Settings, target: str, drafter: str | None = None, setting: Spec | None = None,
+                max_batch_size: int | None = None) -> ServerSpec:
+    """The one server description of the experiment's ``serve`` settings for ``target`` (and ``drafter``
+    at ``setting``): built here from the typed settings, then only written (plan, server file) and read."""
+    s = settings.serve
+    builtin = s.backend == "builtin"
+    nums = dataclasses.asdict(setting) if drafter is not None and setting is not None else {}
+    return ServerSpec.build(
+        f"{settings.source}: serve", backend=s.backend, target=target, drafter=drafter, **nums, tp=s.tp,
+        mem_fraction_static=None if s.mem_fraction_static is None else float(s.mem_fraction_static),
+        cuda_graph_max_bs=s.cuda_graph_max_bs, max_batch_size=max_batch_size,
+        trust_remote_code=bool(settings.target.trust_remote_code), host=s.host, port=s.port,
+        algorithm=settings.doctor.algorithm, device=s.device if builtin else "cpu", dtype=s.dtype,
+        extra_args=tuple(s.extra_args), health_interval_s=float(s.health_interval_s),
+        health_deadline_s=float(s.health_interval_s) * int(s.health_tries),
+        # `python` from PATH for SGLang: inside a conda job that is the serving env's interpreter, which
+        # has SGLang; it is also exactly what the printed command says. The builtin server runs under
+        # draftlab's own interpreter.
+        python=None if builtin else "python",
+    )
+
+
+def server(settings: Settings, layout: Layout, variant: str, spec: str) -> ServerSpec:
     """The server of ``variant`` at speculative setting ``spec`` (``baseline``/``plain``: no drafter)."""
     drafter = None if variant == "baseline" else layout.drafter_dir(variant)
-    setting = None if spec == "plain" else dataclasses.asdict(settings.specs[spec])
-    return server_dict(settings.config, layout.target_model, drafter, setting)
+    setting = None if spec == "plain" else settings.specs[spec]
+    return server_spec(settings, layout.target_model, drafter, setting)
 
 
 def plan(settings: Settings, layout: Layout, variant: str, spec: str) -> dict[str, Any]:
@@ -38,13 +61,11 @@ def plan(settings: Settings, layout: Layout, variant: str, spec: str) -> dict[st
 # --- data ---------------------------------------------------------------------------------------
 
 
-def generate_server(settings: Settings, layout: Layout) -> dict[str, Any]:
+def generate_server(settings: Settings, layout: Layout) -> ServerSpec:
     """The server generate_data launches: the experiment's serving backend with the target alone (the
     builtin one batching as many requests as the client keeps in flight; SGLang batches by itself)."""
-    server = server_dict(settings.config, layout.target_model, None, None)
-    if server["backend"] == "builtin":
-        server["max_batch_size"] = settings.data.concurrency
-    return server
+    batch = settings.data.concurrency if settings.serve.backend == "builtin" else None
+    return server_spec(settings, layout.target_model, max_batch_size=batch)
 
 
 def generate_prompts(settings: Settings) -> str:
@@ -52,9 +73,11 @@ def generate_prompts(settings: Settings) -> str:
     return settings.data.prompts or f"{settings.demo_dir}/work/data/v2.jsonl"
 
 
-def generate_command(settings: Settings, layout: Layout, server_log: str) -> list[str]:
+def generate_command(settings: Settings, layout: Layout, server_log: str,
+                     server: ServerSpec | None = None) -> list[str]:
     """``draftlab generate-data`` as the rule runs it, every setting explicit; with the server engine it
-    ends in ``-- <launch command>`` (checked against the spec file, so ``-n -p`` shows what runs)."""
+    ends in ``-- <launch command>`` of ``server`` (default :func:`generate_server`; checked against the
+    server file the rule writes from the same description, so ``-n -p`` shows what runs)."""
     d, t = settings.data, settings.train
     cmd = ["draftlab", "generate-data", "--target", layout.target_model, "--prompts", generate_prompts(settings),
            "--out", layout.generated_data, "--stats", layout.generate_stats, "--state-dir", layout.generate_state,
@@ -72,7 +95,7 @@ def generate_command(settings: Settings, layout: Layout, server_log: str) -> lis
         return cmd + ["--device", t.device, "--batch-size", str(d.batch_size)]
     cmd += ["--server", layout.generate_server, "--server-log", server_log, "--concurrency", str(d.concurrency),
             "--retries", str(d.retries)]
-    return cmd + ["--"] + server_argv(generate_server(settings, layout))
+    return cmd + ["--"] + (server or generate_server(settings, layout)).command()
 
 
 # --- training -----------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ floating-point reduction order (``tests/test_batch_decode.py`` checks token equa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
