@@ -22,14 +22,14 @@ from draftlab.serving.server_spec import ServerSpec
 
 
 def server_spec(settings: Settings, target: str, drafter: str | None = None, setting: Spec | None = None,
-                max_batch_size: int | None = None) -> ServerSpec:
+                max_batch_size: int | None = None, source: str | None = None) -> ServerSpec:
     """The one server description of the experiment's ``serve`` settings for ``target`` (and ``drafter``
     at ``setting``): built here from the typed settings, then only written (plan, server file) and read."""
     s = settings.serve
     builtin = s.backend == "builtin"
     nums = dataclasses.asdict(setting) if drafter is not None and setting is not None else {}
     return ServerSpec.build(
-        f"{settings.source}: serve", backend=s.backend, target=target, drafter=drafter, **nums, tp=s.tp,
+        source or f"{settings.source}: serve", backend=s.backend, target=target, drafter=drafter, **nums, tp=s.tp,
         mem_fraction_static=None if s.mem_fraction_static is None else float(s.mem_fraction_static),
         cuda_graph_max_bs=s.cuda_graph_max_bs, max_batch_size=max_batch_size,
         trust_remote_code=bool(settings.target.trust_remote_code), host=s.host, port=s.port,

@@ -372,15 +372,13 @@ class Settings:
     def _check_servers(self) -> None:
         """Every server the pipeline will launch passes the launcher's own checks (topk 1 chains, keys
         one backend ignores), so ``check-config`` and the Snakefile refuse what ``bench_plan`` would."""
-        from draftlab.benchmark.bench_plan import server_dict
-        from draftlab.serving.launch import ServerSpec
+        from draftlab.experiment.jobs import server_spec
 
         target = self.target.load_path
-        ServerSpec.from_dict(server_dict(self.config, target, None, None), f"{self.source} (serve)")
+        server_spec(self, target, source=f"{self.source} (serve)")
         for i, spec in enumerate(self.speculative):
-            server = server_dict(self.config, target, "drafter", dataclasses.asdict(spec))
             where = f"{self.source} (speculative[{i}] {spec.id}, serve.backend {self.serve.backend})"
-            ServerSpec.from_dict(server, where)
+            server_spec(self, target, "drafter", spec, source=where)
 
     # --- names derived from the settings ------------------------------------------------------
 
