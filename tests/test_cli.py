@@ -50,7 +50,7 @@ RULE_COMMANDS = {
     "compare": ("compare", "draftlab.static.compare"),
     "patch_config": ("patch-config", "draftlab.static.patch_config"),
     "doctor": ("doctor", "draftlab.static.doctor"),
-    "generate_data": ("generate-data", "draftlab.training.generate_data"),
+    "generate_data": ("generate-data", "draftlab.datagen.generate_data"),
     "tokenize": ("tokenize", "draftlab.training.tokenize"),
     "serve_bench": ("serve-bench", "draftlab.benchmark.serve_bench"),
     "probe_gate": ("probe-gate", "draftlab.benchmark.probe_gate"),

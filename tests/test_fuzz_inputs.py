@@ -231,7 +231,7 @@ def _response_families():
     from draftlab.benchmark.bench_checks import Plausibility
     from draftlab.serving import http_client
     from draftlab.serving.server_info import served_model, server_info
-    from draftlab.training.answerers import _answer
+    from draftlab.datagen.answerers import _answer
     from draftlab.formats.prompt_file import Prompt as DataPrompt
 
     prompt = bench.Prompt("p0", "chat", "hello")

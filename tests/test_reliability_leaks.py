@@ -175,7 +175,7 @@ def test_lock_files_are_never_opened_through_a_symlink(tmp_path, lock):
             merge_into_global(exp / "records.csv", results)
         assert not (results / "records.csv").exists()
     else:
-        from draftlab.training.answer_shards import AnswerShards
+        from draftlab.datagen.answer_shards import AnswerShards
 
         state = results / "state"
         state.mkdir()

@@ -11,7 +11,7 @@ from pathlib import Path
 from draftlab.commands._common import add_json_flag, emit
 from draftlab.errors import DraftlabError
 from draftlab.experiment.settings import schema_default
-from draftlab.training.answerers import TURN_MODES
+from draftlab.datagen.answerers import TURN_MODES
 
 
 def register(sub) -> None:
@@ -273,7 +273,7 @@ def _eval(args: argparse.Namespace) -> int:
 def _generate_data(args: argparse.Namespace) -> int:
     from draftlab.benchmark.bench_plan import check_launch_argv
     from draftlab.fsutil import parse_json_text
-    from draftlab.training.generate_data import generate
+    from draftlab.datagen.generate_data import generate
 
     argv = list(args.argv)
     if argv and argv[0] == "--":

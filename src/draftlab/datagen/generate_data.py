@@ -10,11 +10,11 @@ A multi-turn prompt is answered turn by turn by default (``turns="all"``, as Spe
 every assistant turn of the row is the target's, each written with the target's earlier answers in
 its context; ``turns="last"`` keeps the data's own earlier answers and regenerates the last turn only.
 
-Two engines (:mod:`draftlab.training.answerers`): a server (``server=`` a launch spec, started and
+Two engines (:mod:`draftlab.datagen.answerers`): a server (``server=`` a launch spec, started and
 always torn down like a benchmark server, or ``url=`` one already running) with ``concurrency``
 requests in flight and the chat template applied by the server; or transformers in this process.
 
-At production scale a run takes days, so it is resumable and exact (:mod:`draftlab.training.answer_shards`):
+At production scale a run takes days, so it is resumable and exact (:mod:`draftlab.datagen.answer_shards`):
 answers go to shards keyed by prompt id as they arrive; a killed run (SIGKILL, a lost node) started
 again answers only what is missing; a prompt that keeps failing is retried, then listed in the stats
 instead of stopping the run. The final file is written atomically once every prompt is answered (or
@@ -36,8 +36,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from draftlab.errors import DraftlabError, require_int
 from draftlab.fsutil import write_json
-from draftlab.training.answer_shards import AnswerShards
-from draftlab.training.answerers import (Answer, Failure, Sampling, ServerAnswerer, TransformersAnswerer,
+from draftlab.datagen.answer_shards import AnswerShards
+from draftlab.datagen.answerers import (Answer, Failure, Sampling, ServerAnswerer, TransformersAnswerer,
                                         check_turns)
 from draftlab.formats.prompt_file import Prompt, iter_prompts, read_prompts  # noqa: F401 - read_prompts re-exported
 
