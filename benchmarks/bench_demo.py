@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from draftlab.models import demo_models as demo
+from draftlab.training import demo_models as demo
 from draftlab.training.tokenize import tokenize_file
 from draftlab.fsutil import write_json
 from draftlab.datagen.generate_data import generate

@@ -43,7 +43,7 @@ def _parser_with(func):
 # Rule = command = module: a rule's command (and its module) carry the rule's name, and the old
 # command names keep working with the same flags (the public interface is frozen).
 RULE_COMMANDS = {
-    "demo_models": ("demo-models", "draftlab.models.demo_models"),
+    "demo_models": ("demo-models", "draftlab.training.demo_models"),
     "resolve_target": ("resolve-target", "draftlab.models.resolve_target"),
     "acquire": ("acquire", "draftlab.models.acquire"),
     "inspect": ("inspect", "draftlab.static.inspect"),

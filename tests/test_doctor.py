@@ -379,7 +379,7 @@ def test_cli_hf_sources_from_a_real_hf_cache_offline(tmp_path):
     import subprocess
     import sys
 
-    from draftlab.models.hf_cache import publish_to_cache
+    from draftlab.hf_cache import publish_to_cache
 
     hf_home = tmp_path / "hf_home"
     drafter = broken(tmp_path, edit=lambda t: t["norm.weight"].__setitem__(0, float("inf")))

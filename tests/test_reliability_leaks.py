@@ -154,7 +154,7 @@ def test_names_with_a_final_newline_are_refused_by_check_config(tmp_path, name):
 
 
 def test_hf_sources_with_a_final_newline_are_refused():
-    from draftlab.models.hf_cache import parse_hf_source
+    from draftlab.hf_cache import parse_hf_source
 
     with pytest.raises(DraftlabError):
         parse_hf_source("hf:org/name\n")

@@ -3,7 +3,7 @@
 One client for every server draftlab launches: the builtin server and SGLang through
 ``POST /generate`` (per-request ``meta_info`` counts), vLLM through ``POST /v1/completions`` plus the
 deltas of its Prometheus ``/metrics`` speculative counters. Only the standard library is used for
-HTTP (``draftlab.serving.http_client``: one deadline per request, capped reads, shape-checked JSON)
+HTTP (``draftlab.http_client``: one deadline per request, capped reads, shape-checked JSON)
 and concurrency (a thread pool), so importing this module is cheap.
 
 Counting follows SGLang: accept length = sum(completion_tokens) / sum(spec_verify_ct), bonus token
@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from draftlab.serving import http_client
+from draftlab import http_client
 from draftlab.serving.server_info import server_info, served_model  # noqa: F401 - also this module's API
 from draftlab.benchmark.bench_checks import Plausibility
 from draftlab.errors import DraftlabError

@@ -118,7 +118,7 @@ class TransformersAnswerer:
                  trust_remote_code: bool = False, turns: str = "all"):
         from draftlab.formats.target_config import text_config
         from draftlab.models.target import load_target, load_tokenizer, read_config
-        from draftlab.serving.devices import resolve_device
+        from draftlab.models.devices import resolve_device
 
         if batch_size < 1:
             raise DraftlabError(f"--batch-size: expected a positive integer, got {batch_size}")
@@ -297,7 +297,7 @@ class ServerAnswerer:
 
     def _ask(self, prompt: Prompt, messages: list[dict[str, Any]]) -> Answer | Failure:
         """One request, retried; a Failure once the retries are spent."""
-        from draftlab.serving.http_client import HTTPStatusError, json_call
+        from draftlab.http_client import HTTPStatusError, json_call
 
         attempts, last, avoid = 0, "", None
         while attempts <= self.retries:
@@ -372,7 +372,7 @@ def chat_request(model: str, prompt: Prompt, sampling: Sampling,
 def _answer(prompt: Prompt, reply: Any, where: str, max_new_tokens: int | None = None) -> Answer:
     """An OpenAI chat completion as an Answer; a malformed one (wrong shape, or token counts no server
     can report: negative, or more completion tokens than the request's budget) fails this prompt."""
-    from draftlab.serving.http_client import BadResponse, JsonReader
+    from draftlab.http_client import BadResponse, JsonReader
 
     doc = JsonReader(reply, where)
     choice = doc.field("choices", "list").item(0)

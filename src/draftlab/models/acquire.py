@@ -18,9 +18,8 @@ from typing import Any
 
 from draftlab.formats.checkpoint import INDEX_SUFFIX, read_checkpoint
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import atomic_dir, to_json, write_json
-from draftlab.models.hf_cache import hub_call, is_hf_source, is_offline, parse_hf_source, snapshot_commit
-from draftlab.static.patch_config import link_file, same_file
+from draftlab.fsutil import atomic_dir, link_file, same_file, to_json, write_json
+from draftlab.hf_cache import hub_call, is_hf_source, is_offline, parse_hf_source, snapshot_commit
 from draftlab.formats.target_config import load_json_config, resolve_config_path
 
 ALLOW_PATTERNS = ["config.json", "*.safetensors", "*" + INDEX_SUFFIX]

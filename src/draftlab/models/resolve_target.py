@@ -64,7 +64,7 @@ def resolve_model(source: str, revision: str | None, link: str | os.PathLike, ou
     The link gives every rule one fixed path to print in its command line (the SGLang
     ``--model-path`` included) while the weights stay in the HF cache. Writes ``out`` (JSON).
     """
-    from draftlab.models.hf_cache import hub_call, is_hf_source, is_offline, parse_hf_source, snapshot_commit
+    from draftlab.hf_cache import hub_call, is_hf_source, is_offline, parse_hf_source, snapshot_commit
 
     if is_hf_source(source):
         hub = parse_hf_source(source)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from draftlab.errors import DraftlabError
-from draftlab.serving import http_client
+from draftlab import http_client
 
 BACKENDS = ("builtin", "sglang", "vllm")
 LISTEN_RE = re.compile(r"draftlab-serve listening on http://(\S+):(\d+)\s*$", re.M)

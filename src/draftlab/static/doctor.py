@@ -85,9 +85,7 @@ class Subject:
     @property
     def canonical(self):
         """Tensor headers under the names SGLang's loader resolves them to (``model.`` prefix, legacy names)."""
-        from draftlab.training.model import canonical_name
-
-        return {canonical_name(n): t for n, t in self.tensors.items()}
+        return {fmt.canonical_name(n): t for n, t in self.tensors.items()}
 
     @property
     def data_local(self) -> bool:
@@ -340,11 +338,9 @@ def check_ignored_tensors(s: Subject) -> list[Finding]:
     """Tensors SGLang 0.5.23's loader would skip without a word: the served drafter is not the trained one."""
     if not s.eagle3_layout:
         return []
-    from draftlab.training.model import canonical_name
-
     loaded = set(fmt.expected_tensor_shapes(s.cfg)) | {"embed_tokens.weight"}
     loaded |= {f"layers.{i}.input_layernorm.weight" for i in range(1, int(s.cfg.get("num_hidden_layers") or 1))}
-    skipped = sorted(n for n in s.tensors if canonical_name(n) not in loaded and not n.endswith("rotary_emb.inv_freq"))
+    skipped = sorted(n for n in s.tensors if fmt.canonical_name(n) not in loaded and not n.endswith("rotary_emb.inv_freq"))
     if not skipped:
         return []
     return [_err("ignored-tensors", (

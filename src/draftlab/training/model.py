@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from draftlab.formats import eagle3_format as fmt
 from draftlab.errors import DraftlabError
+from draftlab.formats.eagle3_format import canonical_name
 from draftlab.formats.target_config import load_json_config
 from draftlab.fsutil import atomic_dir, to_json
 
@@ -360,24 +361,6 @@ class Eagle3Drafter(nn.Module):
         out.t2d = out.t2d.bool()
         out.inv_freq = out.inv_freq.float()
         return out
-
-
-LEGACY_NAMES = {"aux_norm_low.": "fc_norm.0.", "aux_norm_mid.": "fc_norm.1.", "aux_norm_high.": "fc_norm.2."}
-
-
-def canonical_name(name: str) -> str:
-    """Map the names seen in the wild (``model.`` prefix, ``layers.0.``) onto SGLang's."""
-    for prefix in ("model.", "draft_model."):
-        if name.startswith(prefix):
-            name = name[len(prefix):]
-    if name.startswith("layers.0."):
-        name = "midlayer." + name[len("layers.0."):]
-    if name.startswith("midlayers.0."):
-        name = "midlayer." + name[len("midlayers.0."):]
-    for legacy, new in LEGACY_NAMES.items():  # SGLang's legacy_name_map in llama_eagle3.py
-        if name.startswith(legacy):
-            name = new + name[len(legacy):]
-    return name
 
 
 def read_drafter_tensors(folder: str | Path) -> dict[str, Tensor]:

@@ -71,7 +71,7 @@ def capture_host_setup(run_config: Mapping[str, Any], *, specforge_version: str,
 
 
 def _server_info(url: str, timeout: float) -> dict[str, Any]:
-    from draftlab.serving.http_client import HTTPStatusError, json_call
+    from draftlab.http_client import HTTPStatusError, json_call
 
     base = url.rstrip("/")
     try:
@@ -131,7 +131,7 @@ def check_capture_server(url: str, *, expected_models: list[str], aux_ids: list[
 def check_mooncake(metadata_server: str | None, master_addr: str | None, timeout: float = 5.0) -> dict[str, Any]:
     """The Mooncake master as SpecForge's own readiness check sees it: its HTTP metadata server answers
     (a 4xx for an unknown key counts) and its RPC port accepts a connection."""
-    from draftlab.serving.http_client import HTTPStatusError, request
+    from draftlab.http_client import HTTPStatusError, request
 
     if not metadata_server or not master_addr:
         missing = [n for n, v in (("mooncake_metadata_server", metadata_server),

@@ -88,7 +88,8 @@ def import_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
     """
     from safetensors.torch import save_file
 
-    from draftlab.training.model import canonical_name, read_drafter_tensors
+    from draftlab.formats.eagle3_format import canonical_name
+    from draftlab.training.model import read_drafter_tensors
 
     src = Path(src)
     if not src.exists():
