@@ -303,15 +303,17 @@ def test_non_finite_scan_streams_in_slabs_and_counts_exactly(tmp_path, target, m
         t["lm_head.weight"][-1, :3] = float("nan")  # in the last slab only
         t["fc.weight"][5, 0] = float("-inf")
     drafter = broken(tmp_path, edit=poison)
-    monkeypatch.setattr(doctor, "SCAN_CHUNK_BYTES", 400)  # at most 100 float32 per read
+    from draftlab.static import weight_scan
+
+    monkeypatch.setattr(weight_scan, "SCAN_CHUNK_BYTES", 400)  # at most 100 float32 per read
     seen = []
-    real = doctor._slabs
+    real = weight_scan._slabs
 
     def spy(*args):
         for chunk in real(*args):
             seen.append(chunk.numel())
             yield chunk
-    monkeypatch.setattr(doctor, "_slabs", spy)
+    monkeypatch.setattr(weight_scan, "_slabs", spy)
     report = doctor.run_doctor(drafter, target)
     assert max(seen) <= 100 and len(seen) > 30
     msg = messages(report, "non-finite-weights")

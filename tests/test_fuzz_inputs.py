@@ -227,7 +227,7 @@ def _check_row(row: dict) -> None:
 
 
 def _response_families():
-    from draftlab.benchmark import bench
+    from draftlab.benchmark import bench_client as bench
     from draftlab.benchmark.bench_checks import Plausibility
     from draftlab import http_client
     from draftlab.serving.server_info import served_model, server_info
