@@ -186,22 +186,9 @@ def run_benchmark(
     summary = summarize(rows, walls, api=api, vllm_delta=delta)
     if api == "vllm":
         summary["vllm_metrics_delta"] = delta
-    config = {
-        "url": url,
-        "api": api,
-        "model": model,
-        "max_new_tokens": max_new_tokens,
-        "repeats": repeats,
-        "warmup": warmup,
-        "concurrency": concurrency,
-        "require_speculation": require_speculation,
-        "ignore_eos": ignore_eos,
-        "temperature": 0.0,
-        "measure_ttft": measure_ttft,
-        "limit": limit,
-        "category": category,
-        "sample_seed": sample_seed,
-    }
+    config = dict(url=url, api=api, model=model, max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup,
+                  concurrency=concurrency, require_speculation=require_speculation, ignore_eos=ignore_eos,
+                  temperature=0.0, measure_ttft=measure_ttft, limit=limit, category=category, sample_seed=sample_seed)
     server = server_info(url, min(request_timeout_s, 30.0)) if api == "sglang" else {}
     checks.check_server_info(server, f"{url}{server.get('endpoint', '')}")
     summary["warnings"] = _warnings(summary, server)
