@@ -23,6 +23,14 @@ MODULE_LAYERS = {"draftlab.experiment.settings": "settings", "draftlab.experimen
 # Module cycles inside one layer that are owned elsewhere; lead: empty after the settings rewrite merges.
 ALLOWED_MODULE_CYCLES = [{"draftlab.experiment.settings", "draftlab.experiment.config"}]
 
+# Files whose function-local imports their owners in issue 25 are rewriting; lead: empty after merging.
+UNMARKED_DEFERRALS = {
+    "experiment/settings.py", "experiment/config.py",  # settings engineer (their cycle, above)
+    "experiment/report.py",  # layout engineer
+    "experiment/jobs.py",  # gate engineer
+    "serving/server.py",  # server engineer
+}
+
 MAX_MODULE_LINES = 600
 MAX_FUNCTION_LINES = 80
 # Files other engineers of issue 25 are splitting right now; lead: empty these after merging them.
@@ -154,6 +162,30 @@ def test_the_contract_sees_a_break_and_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
     here = imports(ROOT / "models" / "acquire.py", set(_modules()))
     assert any(m == "draftlab.fsutil" for m, _ in here)
+
+
+def test_a_library_import_inside_a_function_says_why():
+    """Inside the library a draftlab import sits in a function only to keep a heavy dependency off a
+    light path, and says so (``# deferred: ...``); any other goes to the top of the module. The
+    ``commands/`` handlers import their library inside by rule (docs/layout.md), so they are exempt."""
+    unmarked = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("commands/") or rel == "cli.py" or rel in UNMARKED_DEFERRALS:
+            continue
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        for func in ast.walk(ast.parse(text)):
+            if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                unmarked += [f"{rel}:{node.lineno}" for node in ast.walk(func)
+                             if isinstance(node, (ast.Import, ast.ImportFrom)) and
+                             any(m == "draftlab" or m.startswith("draftlab.") for m in _imported(node))
+                             and "# deferred" not in lines[node.lineno - 1]]
+    assert unmarked == []
+
+
+def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:
+    return [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
 
 
 def _sizes() -> tuple[dict[str, int], dict[str, int]]:

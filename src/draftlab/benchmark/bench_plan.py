@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from draftlab.errors import DraftlabError
+from draftlab.serving.launch import ServerSpec, server_fingerprint
+
 PLAN_VERSION = 1
 
 
@@ -45,8 +48,6 @@ def server_dict(cfg: Mapping[str, Any], target: str, drafter: str | None, spec: 
 
 def server_argv(server: Mapping[str, Any]) -> list[str]:
     """The launch command for a server mapping; ``python`` shown as ``python`` so the line is portable."""
-    from draftlab.serving.launch import ServerSpec
-
     return ServerSpec.from_dict({**server, "python": "python"}).argv()
 
 
@@ -55,7 +56,6 @@ def check_launch_argv(server: Mapping[str, Any], argv: list[str] | None, command
     Snakemake shows (``-n -p``) is exactly what runs; ``argv`` None or empty skips the check."""
     if not argv:
         return
-    from draftlab.errors import DraftlabError
 
     expected = server_argv(server)
     if list(argv) != expected:
@@ -66,8 +66,6 @@ def check_launch_argv(server: Mapping[str, Any], argv: list[str] | None, command
 
 
 def fingerprint(server: Mapping[str, Any]) -> str:
-    from draftlab.serving.launch import ServerSpec, server_fingerprint
-
     return server_fingerprint(ServerSpec.from_dict(dict(server)))
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from draftlab.errors import DraftlabError
+from draftlab.formats.prompt_file import first_user_turn, iter_prompts
 
 # --- prompt sets ------------------------------------------------------------------------------------
 
@@ -50,8 +51,6 @@ def load_prompts(path: str | Path, category: str | None = None) -> list[Prompt]:
     them). Its id is the record's own (``id``, ``question_id``, ``task_id``), else its position in the
     file (``"0"``, ``"1"``, ...); its category is the record's ``category``, else ``category`` (the
     client's name in the workflow), else ``"misc"``."""
-    from draftlab.formats.prompt_file import first_user_turn, iter_prompts
-
     path = resolve_prompts_path(path)
     if not os.path.lexists(path):
         raise DraftlabError(f"{path}: prompt file not found (use --prompts default for the shipped set)")

@@ -16,6 +16,8 @@ from draftlab.benchmark.bench_plan import check_launch_argv, server_argv
 from draftlab.benchmark.probe_gate import SKIP_MARKER
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import read_json, write_json, write_text
+from draftlab.benchmark.bench import run_benchmark, write_results
+from draftlab.serving.launch import ServerSpec, running_server
 
 
 def skip_reason(plan: Mapping[str, Any]) -> str | None:
@@ -50,9 +52,6 @@ def run_plan(plan: Mapping[str, Any], argv: Sequence[str] | None = None, progres
     ``argv``, when given, is the command printed in the rule's shell line: it must be the command the
     plan's server config produces, so what Snakemake shows is exactly what runs.
     """
-    from draftlab.benchmark.bench import run_benchmark, write_results
-    from draftlab.serving.launch import ServerSpec, running_server
-
     server = dict(plan["server"])
     check_launch_argv(server, list(argv) if argv else None, "serve-bench")
     started = time.time()

@@ -26,6 +26,7 @@ from draftlab.errors import DraftlabError
 from draftlab.experiment.layout import Layout
 from draftlab.experiment.settings import spec_id
 from draftlab.fsutil import atomic_path, locked, named_digest, read_json, sha256_file, write_json
+from draftlab.fsutil import read_text_file
 
 # Columns that legitimately differ between two identical runs (clock, machine load, run identity).
 TIMING_COLUMNS = ("tps_median", "tps_mean", "tps_ci_low", "tps_ci_high", "cycle_ms", "speedup",
@@ -138,7 +139,7 @@ def _training_hashes(exp_dir: Path, variant: str) -> dict[str, str | None]:
     conf = _read(Path(_layout(exp_dir).train_file(variant, "train_config.json")))
     if not conf:
         return none
-    from draftlab.training.config import TrainConfig
+    from draftlab.training.config import TrainConfig  # deferred: loads torch
 
     settings = {k: conf.get(k) for k in TrainConfig.RESUME_KEYS if k not in _PATH_KEYS}
     data = conf.get("tokens") or conf.get("data")
@@ -315,8 +316,6 @@ def read_table(path: str | os.PathLike, what: str):
     import io
 
     import pandas as pd
-
-    from draftlab.fsutil import read_text_file
 
     text = read_text_file(path, what, MAX_RECORDS_BYTES)
     if not text.strip():

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from draftlab.errors import DraftlabError
+from draftlab.formats.target_config import check_config_types
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 EAGLE1_ARCHITECTURES = ("LlamaForCausalLMEagle", "EagleLlamaForCausalLM")
@@ -121,8 +122,6 @@ class DrafterConfig:
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any], source: str | Any = "drafter config") -> "DrafterConfig":
         """Read a drafter config dict; ``source`` (its file) names where a bad key came from."""
-        from draftlab.formats.target_config import check_config_types
-
         if not isinstance(cfg, Mapping):
             raise DraftlabError(f"{source}: expected a JSON object, got {type(cfg).__name__}")
         for key in REQUIRED_KEYS:

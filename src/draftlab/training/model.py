@@ -37,6 +37,7 @@ from draftlab.errors import DraftlabError
 from draftlab.formats.eagle3_format import canonical_name
 from draftlab.formats.target_config import load_json_config
 from draftlab.fsutil import atomic_dir, to_json
+from draftlab.formats.checkpoint import read_checkpoint
 
 
 class RMSNorm(nn.Module):
@@ -365,8 +366,6 @@ class Eagle3Drafter(nn.Module):
 
 def read_drafter_tensors(folder: str | Path) -> dict[str, Tensor]:
     """All tensors of a drafter folder, canonically named (``embed_tokens.weight`` included when present)."""
-    from draftlab.formats.checkpoint import read_checkpoint
-
     folder = Path(folder)
     files = read_checkpoint(folder).weight_files  # the index, shard names and every header validated first
     if not files:
