@@ -6,6 +6,7 @@ Imports inside functions count: a deferred import is still a dependency."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "src" / "draftlab"
@@ -79,6 +80,7 @@ def layer(module: str) -> str:
     return parts[1] if len(parts) > 1 else "draftlab"
 
 
+@functools.cache
 def graph() -> dict[str, list[tuple[str, int]]]:
     mods = _modules()
     known = set(mods)
@@ -188,6 +190,7 @@ def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:
     return [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
 
 
+@functools.cache
 def _sizes() -> tuple[dict[str, int], dict[str, int]]:
     modules, functions = {}, {}
     for path in sorted(ROOT.rglob("*.py")):
