@@ -40,7 +40,6 @@ from torch import Tensor
 
 from draftlab.serving.batch_decode import Row, prefill_row
 from draftlab.serving.engine import Engine, accept_cycle
-from draftlab.serving.batch_decode import BatchDecoder
 
 LLAMA_SHAPED = ("llama", "mistral", "qwen2", "qwen3")
 MAX_CACHE_FRACTION = 0.5  # of free GPU memory (CPU: of MAX_CPU_CACHE_BYTES) the slots may take
@@ -387,6 +386,8 @@ def _cache_kw(layer) -> str:
 
 def make_decoder(engine: Engine):
     """The engine's static decoder when it has one (CUDA), else a ``BatchDecoder``."""
+    from draftlab.serving.batch_decode import BatchDecoder
+
     static = getattr(engine, "static_decoder", None)
     return static.reset() if static is not None else BatchDecoder(engine)
 
