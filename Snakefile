@@ -5,7 +5,7 @@ import sys
 from snakemake.utils import min_version
 
 from draftlab.experiment.config import experiment_layers
-from draftlab.experiment.settings import Settings
+from draftlab.experiment.jobs import load_settings
 from draftlab.serving.hostcheck import host_warnings
 
 min_version("9.0")
@@ -21,7 +21,7 @@ report: "workflow/report/workflow.rst"
 # config/config.yaml, every --configfile and --config merged as draftlab merges them (named list items
 # by name; a file that sets `experiment` starts from the defaults), validated once into typed Settings
 # (draftlab check-config runs the same); a bad key stops here with the key, the value and what is allowed.
-SETTINGS = Settings.load(
+SETTINGS = load_settings(
     *experiment_layers(
         "config/config.yaml",
         workflow.config_settings.configfiles,

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import torch
 
-from draftlab.models import demo_models as demo
+from draftlab.training import demo_models as demo
 from draftlab.training.tokenize import tokenize_file
 from draftlab.fsutil import write_json
-from draftlab.training.generate_data import generate
+from draftlab.datagen.generate_data import generate
 from draftlab.training.model import Eagle3Drafter
 from draftlab.models.target import aux_layer_ids_for, input_embeddings, load_target, read_config
 from draftlab.training.attention import ttt_mask

@@ -49,7 +49,7 @@ from draftlab.training.model import Eagle3Drafter, init_weights
 from draftlab.formats.eagle3_format import default_aux_layer_ids, drafter_config
 
 SIZES = {
-    # demo-like: the shape of the demo "default" target (draftlab.models.demo_models.SIZES["default"])
+    # demo-like: the shape of the demo "default" target (draftlab.training.demo_models.SIZES["default"])
     "cpu": dict(hidden_size=128, num_layers=8, heads=4, kv_heads=2, intermediate_size=384, vocab_size=2048,
                 draft_vocab_size=1024, embed_std=0.1, prompts_train=128, train_len=80, train_steps=200,
                 lr=3e-3, eval_prompts=8, max_new_tokens=96, batch=16),

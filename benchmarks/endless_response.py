@@ -98,7 +98,7 @@ def main() -> int:
                                                "--request-timeout", str(args.timeout), "--max-new-tokens", "16"],
         }
         baseline = run([sys.executable, "-c", "import draftlab.cli, draftlab.benchmark.bench, "
-                        "draftlab.training.generate_data"], env, httpd)
+                        "draftlab.datagen.generate_data"], env, httpd)
         print(f"src: {args.src}\nimporting draftlab alone: peak RSS {baseline['peak_rss_mb']} MB")
         for name, cmd in cases.items():
             r = run(cmd, env, httpd)

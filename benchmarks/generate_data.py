@@ -75,7 +75,7 @@ def engine_loop(target: str, prompts: Path, args) -> dict:
 
 def through_server(target: str, prompts: Path, out: Path, args) -> dict:
     from draftlab.serving.launch import ServerSpec, running_server
-    from draftlab.training.generate_data import generate
+    from draftlab.datagen.generate_data import generate
 
     # check_gpus_free off: this process holds the GPU on purpose (the engine loop ran in it)
     spec = {"backend": "builtin", "target": target, "device": args.device, "port": 0, "check_gpus_free": False,
@@ -101,7 +101,7 @@ def through_server(target: str, prompts: Path, out: Path, args) -> dict:
 def kill_and_resume(target: str, prompts: Path, work: Path, reference: Path, args) -> dict:
     """SIGKILL ``generate-data --url`` at random moments, then let it finish; count lost and duplicated."""
     from draftlab.serving.launch import ServerSpec, running_server
-    from draftlab.training.answer_shards import stored_ids
+    from draftlab.datagen.answer_shards import stored_ids
 
     rng = random.Random(args.seed)
     out, state = work / "killed.jsonl", work / "killed.state"

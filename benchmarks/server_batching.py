@@ -61,7 +61,7 @@ def demo_pair(args) -> dict:
 
 def prompts(n: int) -> list[str]:
     from draftlab.benchmark.bench import default_prompts_path, load_prompts
-    from draftlab.models.demo_models import render_chat
+    from draftlab.training.demo_models import render_chat
 
     texts = [render_chat([{"role": "user", "content": p.text}], add_generation_prompt=True)
              for p in load_prompts(default_prompts_path())]
@@ -100,7 +100,7 @@ class Server:
 
 def post(url: str, payload: dict | None = None, timeout: float = 600) -> dict:
     """GET (no payload) or POST JSON through draftlab's client: one deadline, never a proxy, capped reads."""
-    from draftlab.serving import http_client
+    from draftlab import http_client
 
     return http_client.json_call(url, payload, timeout, dict)
 
@@ -128,7 +128,7 @@ def single_stream(pair: dict, args) -> dict:
 
     import torch
 
-    from draftlab.models.demo_models import render_chat  # noqa: F401 (prompts() needs the demo's format)
+    from draftlab.training.demo_models import render_chat  # noqa: F401 (prompts() needs the demo's format)
     from draftlab.models.target import load_tokenizer
     from draftlab.serving.batch_decode import BatchDecoder
     from draftlab.serving.engine import Engine

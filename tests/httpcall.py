@@ -1,12 +1,12 @@
 """One real HTTP request to a server under test: (status, parsed JSON or text), errors included; and the
 JSON answer of a scripted server under test (``send_json``). Requests go through draftlab's own client
-(``draftlab.serving.http_client``: one deadline, never a proxy, capped reads), as every caller does."""
+(``draftlab.http_client``: one deadline, never a proxy, capped reads), as every caller does."""
 
 from __future__ import annotations
 
 import json
 
-from draftlab.serving import http_client
+from draftlab import http_client
 
 
 def call(url: str, payload=None, raw: bytes | None = None, timeout: float = 60.0, headers: dict | None = None):

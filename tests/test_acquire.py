@@ -18,7 +18,7 @@ from helpers import cli_process
 from draftlab.models.acquire import acquire, fetch_config
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import MARKER
-from draftlab.models.hf_cache import publish_to_cache
+from draftlab.hf_cache import publish_to_cache
 
 REPO = "draftlab-demo/drafter-v1"
 CANARY = "hf_CANARYtokenDoNotLeak0123456789"
@@ -221,7 +221,7 @@ class _FakeHub:
         import threading
         from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-        from draftlab.models.hf_cache import git_blob_sha1
+        from draftlab.hf_cache import git_blob_sha1
 
         self.log: list[dict] = []
         self.files: dict[str, dict[str, dict]] = {}

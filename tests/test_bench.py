@@ -20,18 +20,10 @@ from typing import Any, Callable
 import pytest
 from httpcall import send_json
 
-from draftlab.benchmark.bench import (
-    ACCEPT_COUNT_KEYS,
-    CSV_COLUMNS,
-    Prompt,
-    default_prompts_path,
-    load_prompts,
-    mean_ci95,
-    parse_vllm_spec_metrics,
-    run_benchmark,
-    t_quantile_975,
-    write_results,
-)
+from draftlab.benchmark.bench import CSV_COLUMNS, run_benchmark, write_results
+from draftlab.benchmark.bench_client import ACCEPT_COUNT_KEYS, parse_vllm_spec_metrics
+from draftlab.benchmark.bench_prompts import Prompt, default_prompts_path, load_prompts
+from draftlab.benchmark.bench_summary import mean_ci95, t_quantile_975
 from draftlab.cli import main
 from draftlab.errors import DraftlabError
 
@@ -266,7 +258,7 @@ def test_sglang_accept_length_and_cycle_from_raw_counts():
 def test_accept_length_near_one_is_flagged():
     # speculation runs, but nothing is accepted: one token per verify cycle
     with ScriptedServer(verify=lambda c: c) as srv:
-        res = run_benchmark(srv.url, PROMPTS, repeats=1, warmup=0, progress=False, measure_ttft=False,
+        res = run_benchmark(srv.url, PROMPTS, max_new_tokens=128, repeats=1, warmup=0, progress=False, measure_ttft=False,
                             require_speculation=True)
     assert res.summary["accept_length"] < 1.05
     assert "--speculative-algorithm EAGLE" in res.summary["warnings"][0]
@@ -275,7 +267,7 @@ def test_accept_length_near_one_is_flagged():
 @pytest.mark.parametrize("keys", ACCEPT_COUNT_KEYS)
 def test_every_sglang_naming_of_draft_counts(keys):
     with ScriptedServer(accept_keys=keys) as srv:
-        res = run_benchmark(srv.url, PROMPTS, repeats=1, warmup=0, progress=False, measure_ttft=False)
+        res = run_benchmark(srv.url, PROMPTS, max_new_tokens=128, repeats=1, warmup=0, progress=False, measure_ttft=False)
     rows = measured(res)
     assert all(r["accepted_drafts"] == r["completion_tokens"] - r["verify_ct"] for r in rows)
     assert all(r["proposed_drafts"] == 3 * r["verify_ct"] for r in rows)
@@ -287,7 +279,7 @@ def test_draft_plus_verify_time_is_preferred_for_cycle_time():
     # draftlab's builtin server: 5 ms per cycle, and acceptance per draft position
     extra = lambda c, v: {"draft_time": 0.001 * v, "verify_time": 0.004 * v, "spec_accept_by_position": [v, v // 2]}
     with ScriptedServer(extra_meta=extra, delay=0.02) as srv:
-        res = run_benchmark(srv.url, PROMPTS, repeats=1, warmup=0, progress=False, measure_ttft=False)
+        res = run_benchmark(srv.url, PROMPTS, max_new_tokens=128, repeats=1, warmup=0, progress=False, measure_ttft=False)
     assert res.summary["cycle_ms"] == pytest.approx(5.0)
     assert res.summary["cycle_time_source"] == "draft_time+verify_time"
     assert all(r["cycle_ms"] == pytest.approx(5.0) for r in measured(res))
@@ -299,7 +291,7 @@ def test_sglang_first_token_latency_takes_prefill_out_of_the_cycle():
     # SGLang 0.5.23 with --enable-metrics: first_token_latency (arrival -> first token) beside e2e_latency
     extra = lambda c, v: {"e2e_latency": 0.05 + 0.006 * v, "first_token_latency": 0.05}
     with ScriptedServer(extra_meta=extra, delay=0.1) as srv:  # the request lasts longer than its e2e_latency
-        res = run_benchmark(srv.url, PROMPTS, repeats=1, warmup=0, progress=False, measure_ttft=False)
+        res = run_benchmark(srv.url, PROMPTS, max_new_tokens=128, repeats=1, warmup=0, progress=False, measure_ttft=False)
     s = res.summary
     assert s["cycle_time_source"] == "e2e_latency-first_token_latency"
     assert s["cycle_ms"] == pytest.approx(6.0) and s["cycle_ms_is_verify_cycle"] is True
@@ -307,7 +299,7 @@ def test_sglang_first_token_latency_takes_prefill_out_of_the_cycle():
 
 def test_baseline_without_speculation_has_no_accept_length():
     with ScriptedServer(verify=lambda c: None) as srv:
-        res = run_benchmark(srv.url, PROMPTS, repeats=2, warmup=0, progress=False, measure_ttft=False)
+        res = run_benchmark(srv.url, PROMPTS, max_new_tokens=128, repeats=2, warmup=0, progress=False, measure_ttft=False)
     s = res.summary
     assert s["speculation_active"] is False
     assert s["accept_length"] is None and s["cycle_ms"] is None and s["total_verify_ct"] is None
@@ -342,7 +334,7 @@ def test_guard_refuses_and_writes_nothing(tmp_path, capsys, verify):
 def test_guard_fails_right_after_warmup():
     with ScriptedServer(verify=lambda c: None) as srv:
         with pytest.raises(DraftlabError, match=r"for 1 requests \(warm-up\)"):
-            run_benchmark(srv.url, PROMPTS, warmup=1, require_speculation=True, progress=False)
+            run_benchmark(srv.url, PROMPTS, max_new_tokens=128, warmup=1, require_speculation=True, progress=False)
     assert len(srv.requests) == 1
 
 
@@ -368,7 +360,7 @@ def test_guard_passes_with_speculation_and_ignores_single_token_requests():
 
 def test_ttft_from_streaming_and_null_without_it():
     with ScriptedServer(delay=0.15, first_token_delay=0.05) as srv:
-        res = run_benchmark(srv.url, PROMPTS[:2], repeats=1, warmup=0, progress=False)
+        res = run_benchmark(srv.url, PROMPTS[:2], max_new_tokens=128, repeats=1, warmup=0, progress=False)
     ttft = [r for r in res.rows if r["phase"] == "ttft"]
     assert len(ttft) == 2 and res.summary["ttft_requests"] == 2
     for r in ttft:
@@ -381,19 +373,19 @@ def test_ttft_from_streaming_and_null_without_it():
     assert all(r["ttft_s"] is None for r in measured(res))
 
     with ScriptedServer(streaming=False) as srv:  # answers with plain JSON even when asked to stream
-        res = run_benchmark(srv.url, PROMPTS[:2], repeats=1, warmup=0, progress=False)
+        res = run_benchmark(srv.url, PROMPTS[:2], max_new_tokens=128, repeats=1, warmup=0, progress=False)
     assert res.summary["ttft_s_median"] is None and res.summary["ttft_requests"] == 0
 
 
 def test_concurrency_keeps_that_many_requests_in_flight():
     prompts = [Prompt(f"c{i}", "chat", f"prompt {i}") for i in range(8)]
     with ScriptedServer(delay=0.15) as srv:
-        res = run_benchmark(srv.url, prompts, repeats=1, warmup=0, concurrency=4, progress=False, measure_ttft=False)
+        res = run_benchmark(srv.url, prompts, max_new_tokens=128, repeats=1, warmup=0, concurrency=4, progress=False, measure_ttft=False)
     assert srv.max_inflight == 4 and len(srv.arrivals) == 8 and res.summary["requests"] == 8
     # counted, not timed: the first four overlap, and so do the last four (never one by one)
     assert srv.arrivals[:4] == [1, 2, 3, 4] and max(srv.arrivals[4:]) >= 2, srv.arrivals
     with ScriptedServer(delay=0.02) as srv:
-        run_benchmark(srv.url, prompts, repeats=1, warmup=0, concurrency=1, progress=False, measure_ttft=False)
+        run_benchmark(srv.url, prompts, max_new_tokens=128, repeats=1, warmup=0, concurrency=1, progress=False, measure_ttft=False)
     assert srv.max_inflight == 1
 
 
@@ -409,7 +401,7 @@ def test_t_interval_numbers():
 
 def test_throughput_per_repeat_and_ci_are_consistent():
     with ScriptedServer(delay=0.01) as srv:
-        res = run_benchmark(srv.url, PROMPTS, repeats=3, warmup=0, progress=False, measure_ttft=False)
+        res = run_benchmark(srv.url, PROMPTS, max_new_tokens=128, repeats=3, warmup=0, progress=False, measure_ttft=False)
     s = res.summary
     for rep, wall in enumerate(s["repeat_wall_s"]):
         tokens = sum(r["completion_tokens"] for r in measured(res) if r["repeat"] == rep)
@@ -424,7 +416,7 @@ def test_throughput_per_repeat_and_ci_are_consistent():
 
 def test_vllm_accept_length_from_metrics_deltas():
     with ScriptedServer(api="vllm", verify=lambda c: math.ceil(c / 3), delay=0.005) as srv:
-        res = run_benchmark(srv.url, PROMPTS, api="vllm", repeats=2, warmup=3, progress=False)
+        res = run_benchmark(srv.url, PROMPTS, max_new_tokens=128, api="vllm", repeats=2, warmup=3, progress=False)
     comp = [completion_for(p.text, 128) for p in PROMPTS] * 2
     drafts = [math.ceil(c / 3) for c in comp]
     s = res.summary
@@ -441,8 +433,8 @@ def test_vllm_accept_length_from_metrics_deltas():
 def test_vllm_guard_when_counters_do_not_move():
     with ScriptedServer(api="vllm", spec_metrics=False) as srv:
         with pytest.raises(DraftlabError, match=r"vllm:spec_decode_num_drafts_total missing or unchanged\) for 4 requests"):
-            run_benchmark(srv.url, PROMPTS, api="vllm", repeats=1, warmup=0, require_speculation=True, progress=False)
-        res = run_benchmark(srv.url, PROMPTS, api="vllm", repeats=1, warmup=0, progress=False, measure_ttft=False)
+            run_benchmark(srv.url, PROMPTS, max_new_tokens=128, api="vllm", repeats=1, warmup=0, require_speculation=True, progress=False)
+        res = run_benchmark(srv.url, PROMPTS, max_new_tokens=128, api="vllm", repeats=1, warmup=0, progress=False, measure_ttft=False)
     assert res.summary["accept_length"] is None
 
 
@@ -492,7 +484,7 @@ def test_cli_writes_json_and_csv(tmp_path, capsys):
 
 def test_write_results_defaults_csv_next_to_json(tmp_path):
     with ScriptedServer() as srv:
-        res = run_benchmark(srv.url, PROMPTS, repeats=1, warmup=0, progress=False, measure_ttft=False)
+        res = run_benchmark(srv.url, PROMPTS, max_new_tokens=128, repeats=1, warmup=0, progress=False, measure_ttft=False)
     write_results(res, tmp_path / "a.json", tmp_path / "a.csv")
     assert json.loads((tmp_path / "a.json").read_text())["summary"]["requests"] == len(PROMPTS)
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp files left
@@ -527,13 +519,13 @@ def test_unreachable_and_failing_servers_are_user_errors():
     with ScriptedServer() as srv:
         dead = srv.url
     with pytest.raises(DraftlabError, match="cannot reach the server"):
-        run_benchmark(dead, PROMPTS, progress=False, request_timeout_s=5)
+        run_benchmark(dead, PROMPTS, max_new_tokens=128, progress=False, request_timeout_s=5)
     with ScriptedServer(fail_status=503) as srv:
         with pytest.raises(DraftlabError, match="HTTP 503"):
-            run_benchmark(srv.url, PROMPTS, progress=False)
+            run_benchmark(srv.url, PROMPTS, max_new_tokens=128, progress=False)
     with ScriptedServer(api="vllm") as srv:  # wrong protocol for this server
         with pytest.raises(DraftlabError, match="/generate: HTTP 404"):
-            run_benchmark(srv.url, PROMPTS, api="sglang", progress=False)
+            run_benchmark(srv.url, PROMPTS, max_new_tokens=128, api="sglang", progress=False)
 
 
 # --- draftlab's builtin server: real transformers target, real EAGLE-3 drafter ------------------------

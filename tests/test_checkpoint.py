@@ -16,7 +16,7 @@ from draftlab.formats.checkpoint import load_tensors, read_checkpoint
 from draftlab.static.compare import compare_checkpoints
 from draftlab.static.inspect import inspect_checkpoint
 from draftlab.errors import DraftlabError
-from draftlab.models.hf_cache import parse_hf_source, publish_to_cache
+from draftlab.hf_cache import parse_hf_source, publish_to_cache
 from draftlab.formats.target_config import read_config, text_config
 
 

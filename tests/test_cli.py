@@ -41,14 +41,14 @@ def _parser_with(func):
 # Rule = command = module: a rule's command (and its module) carry the rule's name, and the old
 # command names keep working with the same flags (the public interface is frozen).
 RULE_COMMANDS = {
-    "demo_models": ("demo-models", "draftlab.models.demo_models"),
+    "demo_models": ("demo-models", "draftlab.training.demo_models"),
     "resolve_target": ("resolve-target", "draftlab.models.resolve_target"),
     "acquire": ("acquire", "draftlab.models.acquire"),
     "inspect": ("inspect", "draftlab.static.inspect"),
     "compare": ("compare", "draftlab.static.compare"),
     "patch_config": ("patch-config", "draftlab.static.patch_config"),
     "doctor": ("doctor", "draftlab.static.doctor"),
-    "generate_data": ("generate-data", "draftlab.training.generate_data"),
+    "generate_data": ("generate-data", "draftlab.datagen.generate_data"),
     "tokenize": ("tokenize", "draftlab.training.tokenize"),
     "serve_bench": ("serve-bench", "draftlab.benchmark.serve_bench"),
     "probe_gate": ("probe-gate", "draftlab.benchmark.probe_gate"),

@@ -20,7 +20,7 @@ from tiny_models import tiny_target
 from toolenv import run_in, tool_python
 
 from draftlab.serving.launch import ServerSpec, running_server
-from draftlab.training.answerers import Sampling, _answer, chat_request
+from draftlab.datagen.answerers import Sampling, _answer, chat_request
 from draftlab.formats.prompt_file import Prompt, prompt_digest
 
 pytestmark = pytest.mark.contract

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftlab.models import demo_models as demo
+from draftlab.training import demo_models as demo
 from draftlab.cli import main
 
 # A cut-down recipe for the determinism test: the same code paths, a few seconds per build.

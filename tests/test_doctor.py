@@ -304,15 +304,17 @@ def test_non_finite_scan_streams_in_slabs_and_counts_exactly(tmp_path, target, m
         t["lm_head.weight"][-1, :3] = float("nan")  # in the last slab only
         t["fc.weight"][5, 0] = float("-inf")
     drafter = broken(tmp_path, edit=poison)
-    monkeypatch.setattr(doctor, "SCAN_CHUNK_BYTES", 400)  # at most 100 float32 per read
+    from draftlab.static import weight_scan
+
+    monkeypatch.setattr(weight_scan, "SCAN_CHUNK_BYTES", 400)  # at most 100 float32 per read
     seen = []
-    real = doctor._slabs
+    real = weight_scan._slabs
 
     def spy(*args):
         for chunk in real(*args):
             seen.append(chunk.numel())
             yield chunk
-    monkeypatch.setattr(doctor, "_slabs", spy)
+    monkeypatch.setattr(weight_scan, "_slabs", spy)
     report = doctor.run_doctor(drafter, target)
     assert max(seen) <= 100 and len(seen) > 30
     msg = messages(report, "non-finite-weights")
@@ -380,7 +382,7 @@ def test_cli_hf_sources_from_a_real_hf_cache_offline(tmp_path):
     import subprocess
     import sys
 
-    from draftlab.models.hf_cache import publish_to_cache
+    from draftlab.hf_cache import publish_to_cache
 
     hf_home = tmp_path / "hf_home"
     drafter = broken(tmp_path, edit=lambda t: t["norm.weight"].__setitem__(0, float("inf")))

@@ -95,7 +95,7 @@ def test_one_set_of_defaults_from_the_schema():
     # generate-data: the command line's defaults are the pipeline's; the library's are None = the schema's
     import inspect
 
-    from draftlab.training.generate_data import generate
+    from draftlab.datagen.generate_data import generate
 
     gen = parser.parse_args(["generate-data", "--target", "t", "--prompts", "p", "--out", "o"])
     lib = inspect.signature(generate).parameters

@@ -204,11 +204,11 @@ def _check_row(row: dict) -> None:
 
 
 def _response_families():
-    from draftlab.benchmark import bench
+    from draftlab.benchmark import bench_client as bench
     from draftlab.benchmark.bench_checks import Plausibility
-    from draftlab.serving import http_client
+    from draftlab import http_client
     from draftlab.serving.server_info import served_model, server_info
-    from draftlab.training.answerers import _answer
+    from draftlab.datagen.answerers import _answer
     from draftlab.formats.prompt_file import Prompt as DataPrompt
 
     prompt = bench.Prompt("p0", "chat", "hello")

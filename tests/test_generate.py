@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from draftlab.models import demo_models as demo
+from draftlab.training import demo_models as demo
 from draftlab.cli import main
 from draftlab.errors import DraftlabError
-from draftlab.training.generate_data import generate, read_prompts
+from draftlab.datagen.generate_data import generate, read_prompts
 
 
 @pytest.fixture(scope="module")

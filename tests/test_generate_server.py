@@ -21,9 +21,9 @@ from tiny_models import WORDS, tiny_target
 
 from draftlab.errors import DraftlabError
 from draftlab.serving.launch import ServerSpec, running_server
-from draftlab.training import answerers
-from draftlab.training.answer_shards import stored_ids
-from draftlab.training.generate_data import generate
+from draftlab.datagen import answerers
+from draftlab.datagen.answer_shards import stored_ids
+from draftlab.datagen.generate_data import generate
 
 N_PROMPTS = 48
 MAX_NEW = 24
@@ -181,9 +181,9 @@ def test_sigkilled_runs_resume_with_nothing_lost_or_duplicated(server, target, p
 
 def test_a_torn_last_line_is_answered_again(server, target, prompts, reference, tmp_path):
     """A run stored two answers and was killed in the middle of writing the third line."""
-    from draftlab.training.answer_shards import AnswerShards
-    from draftlab.training.answerers import Sampling
-    from draftlab.training.generate_data import _identity
+    from draftlab.datagen.answer_shards import AnswerShards
+    from draftlab.datagen.answerers import Sampling
+    from draftlab.datagen.generate_data import _identity
     from draftlab.formats.prompt_file import iter_prompts
 
     out, state = tmp_path / "gen.jsonl", tmp_path / "state"
@@ -410,7 +410,7 @@ def test_state_of_other_settings_is_moved_aside_and_foreign_folders_are_refused(
     assert (state / "notes.txt").read_text() == "mine"  # nothing of the user's is touched
 
     state2 = tmp_path / "state2"
-    from draftlab.training.answer_shards import AnswerShards
+    from draftlab.datagen.answer_shards import AnswerShards
 
     with AnswerShards(state2, {"max_new_tokens": 999}) as shards:
         shards.append(0, "0" * 16, {"messages": []}, 1, 1, "stop")

@@ -96,7 +96,7 @@ def test_train_every_arm_on_cuda(world, tmp_path, init, mode):
 
 
 def test_generate_on_cuda_matches_the_cpu(world, tmp_path):
-    from draftlab.training.generate_data import generate
+    from draftlab.datagen.generate_data import generate
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"the quick fox {i}"}) + "\n" for i in range(6)))

@@ -7,8 +7,8 @@ import pytest
 from rawserver import Raw
 
 from draftlab.errors import DraftlabError
-from draftlab.serving import http_client
-from draftlab.serving.http_client import BadResponse, JsonReader, ResponseTooLarge
+from draftlab import http_client
+from draftlab.http_client import BadResponse, JsonReader, ResponseTooLarge
 
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n"
@@ -113,16 +113,16 @@ def _client_imports(source: str) -> list[str]:
 
 
 def test_every_request_goes_through_the_one_client():
-    """Only ``serving/http_client.py`` talks HTTP as a client: in the library, the workflow scripts,
+    """Only ``http_client.py`` talks HTTP as a client: in the library, the workflow scripts,
     the benchmarks and the tests' helpers (the tests' hostile clients use raw sockets on purpose)."""
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    own = root / "src" / "draftlab" / "serving" / "http_client.py"
+    own = root / "src" / "draftlab" / "http_client.py"
     files = [*(root / "src").rglob("*.py"), *(root / "workflow").rglob("*.py"), *(root / "benchmarks").glob("*.py"),
              *(root / "tests").glob("*.py")]
     offenders = {str(p.relative_to(root)): hits for p in sorted(files)
                  if p != own and (hits := _client_imports(p.read_text(encoding="utf-8")))}
-    assert offenders == {}, f"HTTP requests outside draftlab.serving.http_client: {offenders}"
+    assert offenders == {}, f"HTTP requests outside draftlab.http_client: {offenders}"
     assert _client_imports("import urllib.request\nfrom http.client import HTTPConnection\nimport httpx.x\n") == [
         "urllib.request", "http.client", "httpx.x"]  # the audit sees each form

@@ -21,7 +21,7 @@ import pytest
 from helpers import no_hang
 
 from draftlab.errors import DraftlabError
-from draftlab.serving import http_client
+from draftlab import http_client
 from draftlab.serving.launch import ServerSpec, check_gpus_free, running_server, server_fingerprint
 
 GRANDCHILD_PIDS = "grandchild.pid"

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from draftlab.benchmark import paired
-from draftlab.benchmark.bench import at_least_counts, parse_sglang_meta
+from draftlab.benchmark.bench_client import at_least_counts, parse_sglang_meta
 from draftlab.benchmark.chain import predict_chain
 
 

@@ -15,7 +15,7 @@ from draftlab.static.compare import compare_checkpoints
 from draftlab.static.inspect import inspect_checkpoint
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import MARKER
-from draftlab.models.hf_cache import publish_to_cache
+from draftlab.hf_cache import publish_to_cache
 from draftlab.static.patch_config import patch_config
 
 

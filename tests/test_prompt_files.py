@@ -244,9 +244,9 @@ def test_rows_carry_the_files_category_else_the_clients_name(tmp_path):
     mt = _jsonl(tmp_path / "question.jsonl", MT_BENCH)
     gsm = _jsonl(tmp_path / "test.jsonl", GSM8K)
     with ScriptedServer() as srv:
-        res = run_benchmark(srv.url, mt, repeats=2, warmup=0, progress=False, category="mtbench")
+        res = run_benchmark(srv.url, mt, max_new_tokens=128, repeats=2, warmup=0, progress=False, category="mtbench")
         sent = [r["text"] for r in srv.requests if r["path"] == "/generate"]
-        plain = run_benchmark(srv.url, gsm, repeats=1, warmup=0, progress=False, measure_ttft=False,
+        plain = run_benchmark(srv.url, gsm, max_new_tokens=128, repeats=1, warmup=0, progress=False, measure_ttft=False,
                               category="gsm8k")
     by_id = {str(q["question_id"]): q for q in MT_BENCH}
     assert len(res.rows) == 2 * 3 + 3  # two passes and the TTFT pass
@@ -258,7 +258,7 @@ def test_rows_carry_the_files_category_else_the_clients_name(tmp_path):
 
 def test_limit_in_a_run_records_the_sample(tmp_path):
     with ScriptedServer() as srv:
-        res = run_benchmark(srv.url, "default", repeats=1, warmup=0, progress=False, measure_ttft=False, limit=6)
+        res = run_benchmark(srv.url, "default", max_new_tokens=128, repeats=1, warmup=0, progress=False, measure_ttft=False, limit=6)
     assert {r["category"] for r in res.rows} == {"chat", "code", "math", "reasoning", "short", "long"}
     assert res.prompt_set["count"] == 6 and res.prompt_set["available"] == 42
     assert res.prompt_set["sample"] == "stratified, seed 0"

@@ -155,7 +155,7 @@ def test_names_with_a_final_newline_are_refused_by_check_config(tmp_path, name):
 
 
 def test_hf_sources_with_a_final_newline_are_refused():
-    from draftlab.models.hf_cache import parse_hf_source
+    from draftlab.hf_cache import parse_hf_source
 
     with pytest.raises(DraftlabError):
         parse_hf_source("hf:org/name\n")
@@ -176,7 +176,7 @@ def test_lock_files_are_never_opened_through_a_symlink(tmp_path, lock):
             merge_into_global(exp / "records.csv", results)
         assert not (results / "records.csv").exists()
     else:
-        from draftlab.training.answer_shards import AnswerShards
+        from draftlab.datagen.answer_shards import AnswerShards
 
         state = results / "state"
         state.mkdir()

@@ -104,8 +104,8 @@ def test_bench_never_writes_its_csv_over_its_own_json(tmp_path):
 
 
 def test_generate_data_state_knows_the_model_not_only_its_path(tmp_path):
-    from draftlab.training.answerers import Sampling
-    from draftlab.training.generate_data import _identity, target_fingerprint
+    from draftlab.datagen.answerers import Sampling
+    from draftlab.datagen.generate_data import _identity, target_fingerprint
 
     target = write_target_config(tmp_path / "target")
     save_file({"w": torch.ones(4, 4)}, str(target / "model.safetensors"))
@@ -118,7 +118,7 @@ def test_generate_data_state_knows_the_model_not_only_its_path(tmp_path):
     assert second != first and second["target"] == first["target"]
     assert second["target_fingerprint"] == target_fingerprint(target) != first["target_fingerprint"]
 
-    from draftlab.training.answer_shards import AnswerShards
+    from draftlab.datagen.answer_shards import AnswerShards
 
     state = tmp_path / "state"
     with AnswerShards(state, first) as shards:

@@ -138,7 +138,7 @@ def test_hf_token_appears_in_no_log_record_or_report_and_commits_are_recorded(mo
     """hf: sources from a real HF cache with a canary token in HF_TOKEN and in HF_HOME/token.
     Runs acquire, resolve, inspect, patch-config, doctor and the probe's serve+bench, then greps
     every file of the run (results/, .snakemake/ logs and metadata) for the token."""
-    from draftlab.models.hf_cache import publish_to_cache
+    from draftlab.hf_cache import publish_to_cache
 
     target, drafter = models
     hf_home = tmp_path / "hf_home"

@@ -149,10 +149,10 @@ EXEMPT = {
     "serving.launch.running_server": "the server's log file, appended while the server runs",
     "training.metrics.MetricsCSV.append": "metrics.csv: a per-step progress log, rewritten atomically on resume",
     "training.metrics.Recorder.__init__": "the optional training log file (--log-file), appended per step",
-    "models.demo_models._StageTimes.__setitem__": "demo-models --log: one line per finished stage, appended",
+    "training.demo_models._StageTimes.__setitem__": "demo-models --log: one line per finished stage, appended",
     "experiment.records._locked": "the lock file of the global records tables, opened for flock",
-    "models.hf_cache._write_small": "writes its own temporary sibling and os.replace()s it",
-    "training.answer_shards.AnswerShards.append": "generate-data's answer shards: append-only, one new file per run, "
+    "hf_cache._write_small": "writes its own temporary sibling and os.replace()s it",
+    "datagen.answer_shards.AnswerShards.append": "generate-data's answer shards: append-only, one new file per run, "
                                                  "a torn last line is not counted; the data file itself is "
                                                  "written atomically by merge()",
 }

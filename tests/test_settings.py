@@ -11,6 +11,7 @@ import yaml
 
 from draftlab.errors import DraftlabError
 from draftlab.experiment.config import experiment_layers, merge_config, read_yaml
+from draftlab.experiment.jobs import load_settings
 from draftlab.experiment.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +37,7 @@ def test_check_config_refuses_what_the_pipeline_refuses_in_one_line(tmp_path, ov
     assert len(lines) == 1 and all(w in lines[0] for w in words), out.stderr
     assert "exp.yaml" in lines[0]
     with pytest.raises(DraftlabError):  # the Snakefile's loading: the same function
-        Settings.load(*experiment_layers(None, [tmp_path / "exp.yaml"]))
+        load_settings(*experiment_layers(None, [tmp_path / "exp.yaml"]))
 
 
 def test_check_config_accepts_the_shipped_configs(tmp_path):

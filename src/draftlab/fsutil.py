@@ -16,14 +16,14 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from draftlab.errors import DraftlabError
+
 
 # Errors of the disk, not of draftlab: full, over quota, read-only, file too large.
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 
 
 def _cannot_write(path: Path, exc: OSError):
-    from draftlab.errors import DraftlabError
-
     return DraftlabError(f"{path}: cannot write this output ({exc.strerror or exc}); nothing was written there")
 
 
@@ -34,8 +34,6 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     A folder at ``path``, a folder that cannot be written, or a disk that fills up while the block
     writes is one user error naming ``path`` (the old file, if any, is kept).
     """
-    from draftlab.errors import DraftlabError
-
     path = Path(path)
     if path.is_dir():
         raise DraftlabError(f"{path}: is a folder; expected the path of a file to write")
@@ -75,8 +73,6 @@ def check_replaceable(path: str | os.PathLike, stage: str, inputs: Iterable[str 
     ``path`` may be absent or an empty folder; otherwise it must hold :data:`MARKER` naming ``stage``.
     It may never equal or contain one of ``inputs``, whether or not it exists yet.
     """
-    from draftlab.errors import DraftlabError
-
     path = Path(path)
     out = path.resolve()
     for inp in inputs:
@@ -181,8 +177,6 @@ def open_regular(path: str | os.PathLike, what: str) -> int:
     ``O_NONBLOCK`` makes opening a FIFO return at once, and the type is checked on the open
     descriptor, so neither a FIFO nor a special file swapped in after a check can make a reader hang.
     """
-    from draftlab.errors import DraftlabError
-
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
@@ -209,9 +203,6 @@ def locked(path: str | os.PathLike, what: str, *, wait: bool = True, busy: str =
     ``wait=False`` refuses at once when another process holds it (``busy`` says what to do).
     """
     import fcntl
-
-    from draftlab.errors import DraftlabError
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
@@ -239,8 +230,6 @@ MAX_JSON_BYTES = 64 << 20
 
 def read_text_file(path: str | os.PathLike, what: str, limit: int = MAX_JSON_BYTES) -> str:
     """The UTF-8 text of a regular file of at most ``limit`` bytes; every failure is one user error."""
-    from draftlab.errors import DraftlabError
-
     fd = open_regular(path, what)
     with os.fdopen(fd, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
@@ -258,8 +247,6 @@ def read_text_file(path: str | os.PathLike, what: str, limit: int = MAX_JSON_BYT
 
 def parse_json_text(text: str, where: str, what: str = "JSON") -> Any:
     """``json.loads`` whose every failure (syntax, nesting too deep, a 5000-digit number) is one user error."""
-    from draftlab.errors import DraftlabError
-
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -273,8 +260,6 @@ def parse_json_text(text: str, where: str, what: str = "JSON") -> Any:
 def read_json(path: str | os.PathLike, what: str = "JSON file") -> dict[str, Any]:
     """Read a JSON object; a missing/unreadable/special file, bad UTF-8 or JSON, or a non-object is a
     user error naming ``path``."""
-    from draftlab.errors import DraftlabError
-
     data = parse_json_text(read_text_file(path, what), str(path), what)
     if not isinstance(data, dict):
         raise DraftlabError(f"{path}: {what}: expected a JSON object, got {type(data).__name__}")
@@ -327,3 +312,22 @@ def named_digest(pairs: Iterable[tuple[str, str]]) -> str:
     import hashlib
 
     return hashlib.sha256("".join(f"{name}:{sha}\n" for name, sha in pairs).encode()).hexdigest()
+
+
+def link_file(src: Path, dst: Path) -> str:
+    """Hard-link ``src`` to ``dst``; fall back to an absolute symlink (never a copy)."""
+    src = src.resolve()
+    try:
+        os.link(src, dst)
+        return "hardlink"
+    except OSError:
+        os.symlink(src, dst)
+        return "symlink"
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths are one file (a hard link counts); a missing path is not."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from draftlab.errors import DraftlabError
+from draftlab.fsutil import read_json
 
 _BISECT_ITERATIONS = 200
 
@@ -165,7 +166,6 @@ def breakeven_table(
 def _load_bench(source: str | Path | Mapping[str, Any], what: str) -> tuple[dict, str]:
     if isinstance(source, Mapping):
         return dict(source), what
-    from draftlab.fsutil import read_json
 
     return read_json(source, f"{what} benchmark result"), str(source)
 

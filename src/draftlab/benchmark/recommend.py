@@ -13,6 +13,7 @@ import shlex
 from typing import Any, Mapping
 
 from draftlab.benchmark.verdict import num
+from draftlab.benchmark.bench_plan import plan_argv
 
 
 def _plain(text: str) -> str:
@@ -28,7 +29,6 @@ def recommendation(decision: Mapping[str, Any], baseline: Mapping[str, Any] | No
     win = decision.get("winner")
     if win is None:
         return {"winner": None, "verdict": decision.get("verdict"), "reason": reason}
-    from draftlab.benchmark.bench_plan import plan_argv
 
     p = decision["paired"]
     base_tps = num(baseline.get("tps_median")) if baseline else None

@@ -16,6 +16,8 @@ from draftlab.benchmark.bench_plan import plan_argv
 from draftlab.benchmark.probe_gate import SKIP_MARKER
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import read_json, write_json, write_text
+from draftlab.benchmark.bench import run_benchmark, write_results
+from draftlab.serving.launch import running_server
 from draftlab.serving.server_spec import ServerSpec, check_command
 
 
@@ -66,8 +68,6 @@ def run_plan(plan: Mapping[str, Any], argv: Sequence[str] | None = None, progres
         summary.update(skipped=True, reason=reason, finished_at=time.time())
         write_json(plan["summary"], summary)
         return summary
-    from draftlab.benchmark.bench import write_results
-
     for result, c in _measure(plan, spec, summary, progress):
         write_results(result, c["out_json"], c["out_csv"])
     summary.update(skipped=False, finished_at=time.time())
@@ -78,9 +78,6 @@ def run_plan(plan: Mapping[str, Any], argv: Sequence[str] | None = None, progres
 def _measure(plan: Mapping[str, Any], spec: ServerSpec, summary: dict[str, Any], progress: bool) -> list:
     """One launch of ``spec``, every client of the plan against it; the results, written only once every
     client has run (a server dying mid-plan leaves no result)."""
-    from draftlab.benchmark.bench import run_benchmark
-    from draftlab.serving.launch import running_server
-
     Path(plan["server_log"]).parent.mkdir(parents=True, exist_ok=True)
     print(f"serve-bench: launching {' '.join(summary['argv'])}", file=sys.stderr)
     measured = []

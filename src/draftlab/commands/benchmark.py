@@ -20,6 +20,12 @@ def _client_default(key: str):
 
 def register(sub) -> None:
     """Add this area's subcommands to the draftlab parser."""
+    _register_bench(sub)
+    _register_serve_bench_and_gate(sub)
+    _register_breakeven(sub)
+
+
+def _register_bench(sub) -> None:
     p = sub.add_parser(
         "bench",
         help="benchmark a running server: output tok/s, accept length, cycle time, TTFT",
@@ -59,6 +65,8 @@ def register(sub) -> None:
     add_json_flag(p)
     p.set_defaults(func=_bench)
 
+
+def _register_serve_bench_and_gate(sub) -> None:
     p = sub.add_parser("serve-bench", help="launch one server, run every client variant of a plan, tear it down",
                        description="Launch the server of PLAN once (the command after -- must be the plan's own "
                                    "launch command, so the printed rule shows what runs), run each client variant "
@@ -84,6 +92,8 @@ def register(sub) -> None:
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the command")
     p.set_defaults(func=_gated)
 
+
+def _register_breakeven(sub) -> None:
     b = sub.add_parser(
         "breakeven",
         help="break-even accept length: where measured drafters stand (--baseline FILE --drafter NAME=FILE, "

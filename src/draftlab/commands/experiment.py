@@ -79,10 +79,10 @@ def _report(args: argparse.Namespace) -> int:
 
 def _check_config(args: argparse.Namespace) -> int:
     from draftlab.experiment.config import experiment_layers
-    from draftlab.experiment.settings import Settings
+    from draftlab.experiment.jobs import load_settings
 
     # Exactly the Snakefile's loading: config/config.yaml (when here), the files in order, one validation.
     raw, source = experiment_layers(DEFAULT_CONFIG, args.configfile)
-    settings = Settings.load(raw, source)
+    settings = load_settings(raw, source)
     emit(args, settings.as_dict(), lambda c: f"{' + '.join(args.configfile)}: valid (experiment {c['experiment']})")
     return 0

@@ -89,7 +89,7 @@ def cmd_fetch_config(args: argparse.Namespace) -> int:
 
 
 def _demo_models(args: argparse.Namespace) -> int:
-    from draftlab.models.demo_models import build_demo_models
+    from draftlab.training.demo_models import build_demo_models
 
     result = build_demo_models(args.out, size=args.size, seed=args.seed, threads=args.threads, force=args.force,
                                log_file=args.log, device=args.device)

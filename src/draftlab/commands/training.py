@@ -12,7 +12,7 @@ from pathlib import Path
 from draftlab.commands._common import add_json_flag, emit
 from draftlab.errors import DraftlabError
 from draftlab.experiment.settings import schema_default
-from draftlab.training.answerers import TURN_MODES
+from draftlab.datagen.answerers import TURN_MODES
 from draftlab.training.config import INIT_MODES, VOCAB_MODES
 from draftlab.training.config import default as train_default
 
@@ -317,8 +317,8 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _generate_data(args: argparse.Namespace) -> int:
     from draftlab.fsutil import parse_json_text
+    from draftlab.datagen.generate_data import generate
     from draftlab.serving.server_spec import ServerSpec, check_command
-    from draftlab.training.generate_data import generate
 
     argv = list(args.argv)
     if argv and argv[0] == "--":

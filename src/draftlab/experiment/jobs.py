@@ -43,6 +43,19 @@ def server_spec(settings: Settings, target: str, drafter: str | None = None, set
     )
 
 
+def load_settings(cfg: Any, source: str | None = None) -> Settings:
+    """The pipeline's one loading (the Snakefile and ``check-config`` both call it): the settings
+    validated, then every server they will launch built, so the launcher's own checks (topk-1 chains,
+    keys one backend ignores) refuse a config before any job runs, in one line naming its file."""
+    settings = Settings.load(cfg, source)
+    target = settings.target.load_path
+    server_spec(settings, target, source=f"{settings.source} (serve)")
+    for i, spec in enumerate(settings.speculative):
+        where = f"{settings.source} (speculative[{i}] {spec.id}, serve.backend {settings.serve.backend})"
+        server_spec(settings, target, "drafter", spec, source=where)
+    return settings
+
+
 def server(settings: Settings, layout: Layout, variant: str, spec: str) -> ServerSpec:
     """The server of ``variant`` at speculative setting ``spec`` (``baseline``/``plain``: no drafter)."""
     drafter = None if variant == "baseline" else layout.drafter_dir(variant)

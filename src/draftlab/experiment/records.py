@@ -26,6 +26,7 @@ from draftlab.errors import DraftlabError
 from draftlab.experiment.layout import Layout
 from draftlab.experiment.settings import spec_id
 from draftlab.fsutil import atomic_path, locked, named_digest, read_json, sha256_file, write_json
+from draftlab.fsutil import read_text_file
 
 # Columns that legitimately differ between two identical runs (clock, machine load, run identity).
 TIMING_COLUMNS = ("tps_median", "tps_mean", "tps_ci_low", "tps_ci_high", "cycle_ms", "speedup",
@@ -138,7 +139,7 @@ def _training_hashes(exp_dir: Path, variant: str) -> dict[str, str | None]:
     conf = _read(Path(_layout(exp_dir).train_file(variant, "train_config.json")))
     if not conf:
         return none
-    from draftlab.training.config import TrainConfig
+    from draftlab.training.config import TrainConfig  # deferred: loads torch
 
     settings = {k: conf.get(k) for k in TrainConfig.RESUME_KEYS if k not in _PATH_KEYS}
     data = conf.get("tokens") or conf.get("data")
@@ -184,16 +185,13 @@ def _row_id(parts: Sequence[Any]) -> str:
 def build_records(exp_dir: str | os.PathLike, cfg: Mapping[str, Any], *, servers: Sequence[tuple[str, str]],
                   clients: Sequence[str]) -> "pandas.DataFrame":  # noqa: F821
     """One row per (server, client) benchmark result of the experiment under ``exp_dir``."""
-    import pandas as pd
+    import pandas as pd  # deferred: the records rules alone need pandas
 
     exp_dir = Path(exp_dir)
     layout = _layout(exp_dir)
-    target = _read(Path(layout.target_record)) or {}
-    gate = _read(Path(layout.gate)) or {}
-    chash = config_hash(cfg)
-    commit = draftlab_commit()
-    versions = json.dumps(package_versions(), sort_keys=True)
-    hw = hardware()
+    run = {"target": _read(Path(layout.target_record)) or {}, "gate": _read(Path(layout.gate)) or {},
+           "config_hash": config_hash(cfg), "commit": draftlab_commit(),
+           "versions": json.dumps(package_versions(), sort_keys=True), "hardware": hardware()}
     specs = {spec_id(s): s for s in cfg["speculative"]}
     client_cfg = {c["name"]: c for c in cfg["bench"]["clients"]}
     rows: list[dict[str, Any]] = []
@@ -201,69 +199,14 @@ def build_records(exp_dir: str | os.PathLike, cfg: Mapping[str, Any], *, servers
         serve = _read(Path(layout.serve_summary(variant, sid))) or {}
         dinfo = _drafter_info(exp_dir, cfg, variant)
         val_acc, val_mean = _validation(exp_dir, variant)
-        spec = specs.get(sid) or {}
         for client in clients:
             path = Path(layout.bench_result(variant, sid, client))
             res = _read(path)
             if res is None:
                 raise DraftlabError(f"{path}: benchmark result missing")
-            summary = res.get("summary") or {}
-            skipped = bool(res.get("skipped"))
-            ci = summary.get("output_tps_ci95") or [None, None]
-            created = serve.get("finished_at")
-            row = {
-                "experiment": cfg["experiment"],
-                "variant": variant,
-                "spec_id": sid,
-                "client": client,
-                "status": "skipped" if skipped else "ok",
-                "skip_reason": res.get("reason") if skipped else None,
-                "target_source": cfg["target"]["source"],
-                "target_revision": cfg["target"].get("revision"),
-                "target_commit": target.get("resolved_commit"),
-                "target_weights_sha256": target.get("weights_sha256"),
-                **dinfo,
-                "backend": cfg["serve"]["backend"],
-                "tp": cfg["serve"]["tp"],
-                "serve_device": cfg["serve"].get("device"),
-                "train_device": _train_device(exp_dir, variant),
-                "num_steps": spec.get("num_steps"),
-                "topk": spec.get("topk"),
-                "num_draft_tokens": spec.get("num_draft_tokens"),
-                "server_fingerprint": (res.get("server") or {}).get("fingerprint") or serve.get("fingerprint"),
-                "prompts_sha256": (res.get("prompt_set") or {}).get("sha256"),
-                "prompt_count": (res.get("prompt_set") or {}).get("count"),
-                "max_new_tokens": client_cfg[client]["max_new_tokens"],
-                "concurrency": client_cfg[client]["concurrency"],
-                "repeats": client_cfg[client]["repeats"],
-                "requests": summary.get("requests"),
-                "completion_tokens": summary.get("total_completion_tokens"),
-                "verify_ct": summary.get("total_verify_ct"),
-                "accept_length": summary.get("accept_length"),
-                "tps_median": summary.get("output_tps_median"),
-                "tps_mean": summary.get("output_tps_mean"),
-                "tps_ci_low": ci[0],
-                "tps_ci_high": ci[1],
-                "cycle_ms": summary.get("cycle_ms"),
-                # what the cycle was timed from: only draftlab.benchmark.bench.VERIFY_CYCLE_SOURCES time the
-                # verify cycle; e2e_latency / client_latency include prefill and queueing
-                "cycle_ms_source": summary.get("cycle_time_source"),
-                "ttft_s": summary.get("ttft_s_median"),
-                "ttft_note": _ttft_note(res, summary),
-                "latency_s_median": summary.get("latency_s_median"),
-                "speedup": None,
-                "val_acc_per_step": val_acc,
-                "val_acc_mean": val_mean,
-                "gate_decision": gate.get("decision"),
-                "config_hash": chash,
-                **_training_hashes(exp_dir, variant),
-                "draftlab_commit": commit,
-                "versions": versions,
-                "hardware": hw,
-                "bench_seconds": (created - serve["started_at"]) if created and serve.get("started_at") else None,
-                "server_ready_s": serve.get("ready_s"),
-                "created_at": pd.Timestamp(created, unit="s", tz="UTC").isoformat() if created else None,
-            }
+            row = _record_row(cfg, variant, sid, client, res, serve=serve, spec=specs.get(sid) or {},
+                              client_cfg=client_cfg[client], drafter=dinfo, validation=(val_acc, val_mean),
+                              run=run, exp_dir=exp_dir)
             # a row is a measurement: keyed by the result file's bytes, not by the config that asked for it,
             # so a rerun that did not re-measure (a train.* change leaves the baseline's result as it was)
             # adds no row to the global tables
@@ -278,6 +221,72 @@ def build_records(exp_dir: str | os.PathLike, cfg: Mapping[str, Any], *, servers
     for col in INT_COLUMNS:  # counts stay integers when some rows (baseline, skipped) have none
         frame[col] = frame[col].astype("Int64")
     return frame[["row_id"] + [c for c in frame.columns if c != "row_id"]]
+
+
+def _record_row(cfg: Mapping[str, Any], variant: str, sid: str, client: str, res: Mapping[str, Any], *,
+                serve: Mapping[str, Any], spec: Mapping[str, Any], client_cfg: Mapping[str, Any],
+                drafter: Mapping[str, Any], validation: tuple[Any, Any], run: Mapping[str, Any],
+                exp_dir: Path) -> dict[str, Any]:
+    """One benchmark result as a records row (its columns in the tables' order), before its ids."""
+    import pandas as pd  # deferred: the records rules alone need pandas
+
+    summary = res.get("summary") or {}
+    skipped = bool(res.get("skipped"))
+    ci = summary.get("output_tps_ci95") or [None, None]
+    created = serve.get("finished_at")
+    return {
+        "experiment": cfg["experiment"],
+        "variant": variant,
+        "spec_id": sid,
+        "client": client,
+        "status": "skipped" if skipped else "ok",
+        "skip_reason": res.get("reason") if skipped else None,
+        "target_source": cfg["target"]["source"],
+        "target_revision": cfg["target"].get("revision"),
+        "target_commit": run["target"].get("resolved_commit"),
+        "target_weights_sha256": run["target"].get("weights_sha256"),
+        **drafter,
+        "backend": cfg["serve"]["backend"],
+        "tp": cfg["serve"]["tp"],
+        "serve_device": cfg["serve"].get("device"),
+        "train_device": _train_device(exp_dir, variant),
+        "num_steps": spec.get("num_steps"),
+        "topk": spec.get("topk"),
+        "num_draft_tokens": spec.get("num_draft_tokens"),
+        "server_fingerprint": (res.get("server") or {}).get("fingerprint") or serve.get("fingerprint"),
+        "prompts_sha256": (res.get("prompt_set") or {}).get("sha256"),
+        "prompt_count": (res.get("prompt_set") or {}).get("count"),
+        "max_new_tokens": client_cfg["max_new_tokens"],
+        "concurrency": client_cfg["concurrency"],
+        "repeats": client_cfg["repeats"],
+        "requests": summary.get("requests"),
+        "completion_tokens": summary.get("total_completion_tokens"),
+        "verify_ct": summary.get("total_verify_ct"),
+        "accept_length": summary.get("accept_length"),
+        "tps_median": summary.get("output_tps_median"),
+        "tps_mean": summary.get("output_tps_mean"),
+        "tps_ci_low": ci[0],
+        "tps_ci_high": ci[1],
+        "cycle_ms": summary.get("cycle_ms"),
+        # what the cycle was timed from: only draftlab.benchmark.bench.VERIFY_CYCLE_SOURCES time the
+        # verify cycle; e2e_latency / client_latency include prefill and queueing
+        "cycle_ms_source": summary.get("cycle_time_source"),
+        "ttft_s": summary.get("ttft_s_median"),
+        "ttft_note": _ttft_note(res, summary),
+        "latency_s_median": summary.get("latency_s_median"),
+        "speedup": None,
+        "val_acc_per_step": validation[0],
+        "val_acc_mean": validation[1],
+        "gate_decision": run["gate"].get("decision"),
+        "config_hash": run["config_hash"],
+        **_training_hashes(exp_dir, variant),
+        "draftlab_commit": run["commit"],
+        "versions": run["versions"],
+        "hardware": run["hardware"],
+        "bench_seconds": (created - serve["started_at"]) if created and serve.get("started_at") else None,
+        "server_ready_s": serve.get("ready_s"),
+        "created_at": pd.Timestamp(created, unit="s", tz="UTC").isoformat() if created else None,
+    }
 
 
 def _parquet_safe(frame):
@@ -307,8 +316,6 @@ def read_table(path: str | os.PathLike, what: str):
     import io
 
     import pandas as pd
-
-    from draftlab.fsutil import read_text_file
 
     text = read_text_file(path, what, MAX_RECORDS_BYTES)
     if not text.strip():

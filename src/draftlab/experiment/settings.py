@@ -367,18 +367,6 @@ class Settings:
         ids = [s.id for s in self.speculative]
         if len(set(ids)) != len(ids):
             raise DraftlabError(f"{self.source}: key 'speculative': settings repeat ({', '.join(ids)})")
-        self._check_servers()
-
-    def _check_servers(self) -> None:
-        """Every server the pipeline will launch passes the launcher's own checks (topk 1 chains, keys
-        one backend ignores), so ``check-config`` and the Snakefile refuse what ``bench_plan`` would."""
-        from draftlab.experiment.jobs import server_spec
-
-        target = self.target.load_path
-        server_spec(self, target, source=f"{self.source} (serve)")
-        for i, spec in enumerate(self.speculative):
-            where = f"{self.source} (speculative[{i}] {spec.id}, serve.backend {self.serve.backend})"
-            server_spec(self, target, "drafter", spec, source=where)
 
     # --- names derived from the settings ------------------------------------------------------
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from draftlab.errors import DraftlabError
-from draftlab.models.hf_cache import HubSource, hub_call, is_hf_source, is_offline, parse_hf_source, snapshot_commit
+from draftlab.hf_cache import HubSource, hub_call, is_hf_source, is_offline, parse_hf_source, snapshot_commit
 from draftlab.formats.safetensors_header import TensorInfo, parse_header, read_header
 from draftlab.formats.target_config import load_json_config
 

@@ -25,10 +25,29 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from draftlab.errors import DraftlabError
+from draftlab.formats.target_config import check_config_types
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 EAGLE1_ARCHITECTURES = ("LlamaForCausalLMEagle", "EagleLlamaForCausalLM")
 OPTIONAL_TENSORS = ("embed_tokens.weight",)
+
+
+LEGACY_NAMES = {"aux_norm_low.": "fc_norm.0.", "aux_norm_mid.": "fc_norm.1.", "aux_norm_high.": "fc_norm.2."}
+
+
+def canonical_name(name: str) -> str:
+    """Map the names seen in the wild (``model.`` prefix, ``layers.0.``) onto SGLang's."""
+    for prefix in ("model.", "draft_model."):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+    if name.startswith("layers.0."):
+        name = "midlayer." + name[len("layers.0."):]
+    if name.startswith("midlayers.0."):
+        name = "midlayer." + name[len("midlayers.0."):]
+    for legacy, new in LEGACY_NAMES.items():  # SGLang's legacy_name_map in llama_eagle3.py
+        if name.startswith(legacy):
+            name = new + name[len(legacy):]
+    return name
 
 
 def default_aux_layer_ids(num_target_layers: int) -> list[int]:
@@ -103,8 +122,6 @@ class DrafterConfig:
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any], source: str | Any = "drafter config") -> "DrafterConfig":
         """Read a drafter config dict; ``source`` (its file) names where a bad key came from."""
-        from draftlab.formats.target_config import check_config_types
-
         if not isinstance(cfg, Mapping):
             raise DraftlabError(f"{source}: expected a JSON object, got {type(cfg).__name__}")
         for key in REQUIRED_KEYS:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from draftlab.errors import DraftlabError
+from draftlab.formats.data import is_json_file, iter_lines, parse_turns
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,6 @@ def prompt_digest(messages: list[dict[str, str]] | tuple[dict[str, str], ...]) -
 
 def iter_prompts(path: str | os.PathLike) -> Iterator[Prompt]:
     """Every prompt of ``path`` in file order, streamed (a million-line file is never held whole)."""
-    from draftlab.formats.data import is_json_file, iter_lines
-
     path = Path(path)
     as_json = is_json_file(path)
     n = 0
@@ -99,7 +98,6 @@ def _record(obj: Any, where: str) -> tuple[list[dict[str, str]], Any, str | None
             raise DraftlabError(f"{where}: key 'turns': expected a list of non-empty strings (MT-Bench user turns), "
                                 f"got {value!r:.60}")
         return [{"role": "user", "content": t} for t in value], source_id, category
-    from draftlab.formats.data import parse_turns
 
     if not isinstance(value, list):
         raise DraftlabError(f"{where}: key '{key}': expected a list of turns, got {value!r:.60}")

@@ -13,7 +13,7 @@ from typing import Any
 
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import parse_json_text, read_text_file
-from draftlab.models.hf_cache import is_hf_source, is_offline, hub_call, parse_hf_source
+from draftlab.hf_cache import is_hf_source, is_offline, hub_call, parse_hf_source
 
 # Keys under which multimodal wrappers nest the language model's config, most common first.
 NESTED_TEXT_KEYS = ("text_config", "language_config", "llm_config")

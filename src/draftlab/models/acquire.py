@@ -18,10 +18,10 @@ from typing import Any
 
 from draftlab.formats.checkpoint import INDEX_SUFFIX, read_checkpoint
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import atomic_dir, to_json, write_json
-from draftlab.models.hf_cache import hub_call, is_hf_source, is_offline, parse_hf_source, snapshot_commit
-from draftlab.static.patch_config import link_file, same_file
+from draftlab.fsutil import atomic_dir, link_file, same_file, to_json, write_json
+from draftlab.hf_cache import hub_call, is_hf_source, is_offline, parse_hf_source, snapshot_commit
 from draftlab.formats.target_config import load_json_config, resolve_config_path
+from draftlab.fsutil import sha256_file as _sha256_file
 
 ALLOW_PATTERNS = ["config.json", "*.safetensors", "*" + INDEX_SUFFIX]
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -33,8 +33,6 @@ def _wanted(name: str) -> bool:
 
 def sha256_file(path: Path, progress: bool = True) -> str:
     """sha256 of a (possibly multi-GB) file, with a tqdm bar on stderr for big ones."""
-    from draftlab.fsutil import sha256_file as _sha256_file
-
     return _sha256_file(path, progress=progress)
 
 

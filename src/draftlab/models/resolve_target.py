@@ -13,6 +13,7 @@ from typing import Any
 
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import named_digest, sha256_file, write_json
+from draftlab.hf_cache import hub_call, is_hf_source, is_offline, parse_hf_source, snapshot_commit
 
 # What a server and the data stages need from a target repo: config, weights, tokenizer, and the
 # repo's own code for trust_remote_code models. Never pickles.
@@ -64,8 +65,6 @@ def resolve_model(source: str, revision: str | None, link: str | os.PathLike, ou
     The link gives every rule one fixed path to print in its command line (the SGLang
     ``--model-path`` included) while the weights stay in the HF cache. Writes ``out`` (JSON).
     """
-    from draftlab.models.hf_cache import hub_call, is_hf_source, is_offline, parse_hf_source, snapshot_commit
-
     if is_hf_source(source):
         hub = parse_hf_source(source)
         hub = type(hub)(hub.repo_id, revision or hub.revision)

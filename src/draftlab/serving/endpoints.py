@@ -12,6 +12,7 @@ import uuid
 from typing import Any, Callable
 
 from draftlab.errors import DraftlabError
+from draftlab.formats.data import chat_prompt_ids
 from draftlab.serving.engine import meta_info
 from draftlab.serving.server_state import BadRequest, ServerState
 
@@ -228,8 +229,6 @@ def handle_chat_completions(state: ServerState, body: dict[str, Any],
                             client_gone: Callable[[], bool] | None = None) -> dict[str, Any]:
     """``POST /v1/chat/completions`` (OpenAI shape, as SGLang answers it): the target's chat template
     (``chat_template_kwargs`` passed to it) renders the messages, the reply is the assistant's turn."""
-    from draftlab.formats.data import chat_prompt_ids
-
     _greedy_params(body, "")
     if body.get("stream"):
         raise BadRequest("stream: the builtin server answers whole responses only; send stream false")

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from draftlab.errors import DraftlabError
-from draftlab.serving import http_client
+from draftlab import http_client
 from draftlab.serving.server_spec import BACKENDS, ServerSpec, server_fingerprint  # noqa: F401 - launch's input, re-exported
 LISTEN_RE = re.compile(r"draftlab-serve listening on http://(\S+):(\d+)\s*$", re.M)
 LOG_TAIL_LINES = 50

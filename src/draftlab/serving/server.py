@@ -221,7 +221,7 @@ def load_state(target: str | Path, drafter: str | Path | None = None, *, num_ste
     ``cuda_graph_max_bs``
     (see ``ServerState``).
     """
-    from draftlab.models.target import load_tokenizer
+    from draftlab.models.target import load_tokenizer  # deferred: transformers, only when serving
 
     engine = Engine.from_folders(target, drafter, num_steps=num_steps, device=device, dtype=dtype,
                                  trust_remote_code=trust_remote_code)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from draftlab.errors import DraftlabError
-from draftlab.serving import http_client
+from draftlab import http_client
 
 SERVER_INFO_PATHS = ("/server_info", "/get_server_info")  # SGLang 0.5.23 deprecates the second (a warning per call)
 SERVER_INFO_KEYS = ("model_path", "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",

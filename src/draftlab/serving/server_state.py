@@ -14,6 +14,7 @@ from typing import Any, Callable
 from draftlab import __version__
 from draftlab.errors import DraftlabError
 from draftlab.serving.engine import Engine, GenerationResult
+from draftlab.serving.static_decode import enable_static
 from draftlab.serving.scheduler import DEFAULT_MAX_BATCH_SIZE, Scheduler, Ticket
 
 MAX_PROMPTS = 256  # prompts in one /generate or /v1/completions request (--max-prompts-per-request)
@@ -59,8 +60,6 @@ class ServerState:
                  read_timeout_s: float = READ_TIMEOUT_S, max_body_bytes: int | None = None,
                  max_batch_size: int = DEFAULT_MAX_BATCH_SIZE, max_prompts: int = MAX_PROMPTS,
                  cuda_graph_max_bs: int | None = None):
-        from draftlab.serving.static_decode import enable_static
-
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_path = model_path

@@ -27,6 +27,8 @@ from tqdm import tqdm
 
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import atomic_path, open_regular
+from draftlab.formats.checkpoint import load_tensors, read_checkpoint
+from draftlab.formats.target_config import MAX_VOCAB
 
 MAPPING_FORMAT = "draftlab-vocab-mapping"
 EXAMPLES = 10  # how many example ids a diff lists
@@ -347,7 +349,6 @@ def load_mapping(source: str | os.PathLike) -> VocabMapping:
         if path.suffix != ".safetensors":
             raise DraftlabError(f"{path}: expected a .safetensors mapping file or a drafter folder")
         return _load_file(path)
-    from draftlab.formats.checkpoint import load_tensors, read_checkpoint
 
     info = read_checkpoint(text)
     if "d2t" not in info.tensors:
@@ -422,8 +423,6 @@ def _mapping_from(tensors: dict[str, torch.Tensor], where: str, vocab_size: int 
 
 def check_vocab_size(value: Any, where: str) -> int:
     """An integer vocabulary size within :data:`MAX_VOCAB` (a dense ``t2d`` of it must be cheap)."""
-    from draftlab.formats.target_config import MAX_VOCAB
-
     try:
         n = int(value) if not isinstance(value, bool) else None
     except (TypeError, ValueError):

@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import math
 import os
-import struct
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 import torch
-from tqdm import tqdm
 
 from draftlab.formats import aux_layers
 
@@ -32,23 +30,13 @@ from draftlab.formats.checkpoint import CheckpointInfo, checkpoint_format, load_
 from draftlab.errors import DraftlabError
 from draftlab.formats.target_config import nested_text_key, read_config, text_config
 from draftlab.static.d2t import VocabMapping, validate
+from draftlab.static.weight_scan import FLOAT_DTYPES, FP8_NONFINITE, scan_non_finite
 from draftlab.textsafe import code, md, plain
 
 ERROR, WARNING = "error", "warning"
 ALGORITHMS = ("EAGLE3", "EAGLE")
-FLOAT_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
-# fp8 NaN/inf are bit patterns (torch has no isnan/isinf for fp8 on CPU): counts from the raw bytes.
-_E4M3_NAN = lambda r: (int(((r & 0x7F) == 0x7F).sum()), 0)  # noqa: E731 - S.1111.111 is NaN, no inf
-FP8_NONFINITE = {
-    "F8_E4M3": _E4M3_NAN,
-    "F8_E5M2": lambda r: (int(((r & 0x7F) > 0x7C).sum()), int(((r & 0x7F) == 0x7C).sum())),  # IEEE-like
-    "F8_E4M3FNUZ": lambda r: (int((r == 0x80).sum()), 0),  # only "negative zero" is NaN
-    "F8_E5M2FNUZ": lambda r: (int((r == 0x80).sum()), 0),
-    "F8_E8M0": lambda r: (int((r == 0xFF).sum()), 0),
-}
 CONFIG_DTYPES = {"bfloat16": "BF16", "float16": "F16", "half": "F16", "float32": "F32", "float": "F32", "float64": "F64"}
 MESSAGE_CHARS = 1000  # a finding's message as shown (names from the drafter's files are in it)
-SCAN_CHUNK_BYTES = 64 << 20  # one reused read buffer: bounded memory on a 2.4 GB drafter
 _REQUIRED_DRAFTER_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
 _REQUIRED_TARGET_KEYS = ("hidden_size", "num_hidden_layers", "vocab_size")
 
@@ -85,9 +73,7 @@ class Subject:
     @property
     def canonical(self):
         """Tensor headers under the names SGLang's loader resolves them to (``model.`` prefix, legacy names)."""
-        from draftlab.training.model import canonical_name
-
-        return {canonical_name(n): t for n, t in self.tensors.items()}
+        return {fmt.canonical_name(n): t for n, t in self.tensors.items()}
 
     @property
     def data_local(self) -> bool:
@@ -340,11 +326,9 @@ def check_ignored_tensors(s: Subject) -> list[Finding]:
     """Tensors SGLang 0.5.23's loader would skip without a word: the served drafter is not the trained one."""
     if not s.eagle3_layout:
         return []
-    from draftlab.training.model import canonical_name
-
     loaded = set(fmt.expected_tensor_shapes(s.cfg)) | {"embed_tokens.weight"}
     loaded |= {f"layers.{i}.input_layernorm.weight" for i in range(1, int(s.cfg.get("num_hidden_layers") or 1))}
-    skipped = sorted(n for n in s.tensors if canonical_name(n) not in loaded and not n.endswith("rotary_emb.inv_freq"))
+    skipped = sorted(n for n in s.tensors if fmt.canonical_name(n) not in loaded and not n.endswith("rotary_emb.inv_freq"))
     if not skipped:
         return []
     return [_err("ignored-tensors", (
@@ -387,63 +371,6 @@ def check_non_finite(s: Subject) -> list[Finding]:
         f"{len(bad)} tensors hold NaN/inf values: {', '.join(parts[:8])}; the checkpoint is corrupt or was "
         "saved after a diverged step: use an earlier checkpoint"
     ))]
-
-
-def scan_non_finite(tensors: dict[str, Any]) -> dict[str, dict[str, int]]:
-    """NaN/inf counts per tensor, reading at most ``SCAN_CHUNK_BYTES`` at a time.
-
-    Plain reads into one reused buffer (not mmap), so resident memory stays at one chunk however
-    large the drafter is. ``aminmax`` propagates NaN and shows inf, so one cheap pass clears a
-    clean chunk; only a chunk that fails it is counted exactly.
-    """
-    total = sum(t.nbytes for t in tensors.values())
-    by_file: dict[str, list[str]] = {}
-    for name, t in tensors.items():
-        by_file.setdefault(t.file, []).append(name)
-    buf = bytearray(SCAN_CHUNK_BYTES)
-    bad: dict[str, dict[str, int]] = {}
-    with tqdm(total=total, desc="scanning weights", unit="B", unit_scale=True, disable=None) as bar:
-        for file, names in by_file.items():
-            try:
-                with open(file, "rb") as fh:
-                    (header_len,) = struct.unpack("<Q", fh.read(8))
-                    for name in sorted(names, key=lambda n: tensors[n].offsets[0]):
-                        nan = inf = 0
-                        fp8 = FP8_NONFINITE.get(tensors[name].dtype)
-                        for chunk in _slabs(fh, 8 + header_len, tensors[name], buf):
-                            if fp8 is not None:
-                                n_nan, n_inf = fp8(chunk)
-                                nan, inf = nan + n_nan, inf + n_inf
-                            elif chunk.numel() and not _all_finite(chunk):
-                                nan += int(torch.isnan(chunk).sum())
-                                inf += int(torch.isinf(chunk).sum())
-                            bar.update(chunk.numel() * chunk.element_size())
-                        if nan or inf:
-                            bad[name] = {"nan": nan, "inf": inf}
-            except OSError as exc:
-                raise DraftlabError(f"{file}: could not read tensor data ({exc})") from None
-    return bad
-
-
-def _all_finite(chunk: torch.Tensor) -> bool:
-    lo, hi = torch.aminmax(chunk)
-    return bool(torch.isfinite(lo)) and bool(torch.isfinite(hi))
-
-
-def _slabs(fh: Any, data_start: int, info: Any, buf: bytearray):
-    """Yield the tensor ``info`` as flat chunks of at most ``len(buf)`` bytes, read into ``buf``."""
-    dtype = FLOAT_DTYPES.get(info.dtype, torch.uint8)  # fp8: the raw bytes
-    size = torch.empty((), dtype=dtype).element_size()
-    step = len(buf) // size * size
-    begin, end = info.offsets
-    fh.seek(data_start + begin)
-    view = memoryview(buf)
-    for pos in range(begin, end, step):
-        want = min(step, end - pos)
-        got = fh.readinto(view[:want])
-        if got != want:
-            raise DraftlabError(f"{info.file}: file ends inside tensor data (wanted {want} bytes at {data_start + pos}, got {got})")
-        yield torch.frombuffer(buf, dtype=dtype, count=want // size)
 
 
 def _config_dtype(cfg: dict[str, Any]) -> str | None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from draftlab.formats.context_length import CONTEXT_LENGTH_KEYS, derive
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import MARKER, atomic_dir, to_json
+from draftlab.fsutil import MARKER, atomic_dir, link_file, same_file, to_json
 from draftlab.formats.checkpoint import read_checkpoint
 from draftlab.formats.target_config import load_json_config, nested_text_key, read_config, resolve_config_path, text_config
 
@@ -92,24 +92,6 @@ def plan_patch(
     for key, reason in DRAFTER_ONLY.items():
         left.append({"field": key, "drafter": _get(drafter_cfg, key), "target": None, "reason": reason})
     return patched, changed, left
-
-
-def link_file(src: Path, dst: Path) -> str:
-    """Hard-link ``src`` to ``dst``; fall back to an absolute symlink (never a copy)."""
-    src = src.resolve()
-    try:
-        os.link(src, dst)
-        return "hardlink"
-    except OSError:
-        os.symlink(src, dst)
-        return "symlink"
-
-
-def same_file(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
 
 
 def patch_config(

@@ -78,7 +78,7 @@ class TrainConfig:
 
     def validate(self) -> None:
         """Refuse settings with no meaning before any file is read or written."""
-        from draftlab.training.loss import LOSS_NORMS, MASK_ALIGNMENTS  # torch: only when a run is checked
+        from draftlab.training.loss import LOSS_NORMS, MASK_ALIGNMENTS  # deferred: torch only when a run is checked
 
         if self.loss_norm not in LOSS_NORMS:
             raise DraftlabError(f"train: loss_norm {self.loss_norm!r}: expected one of {', '.join(LOSS_NORMS)}")

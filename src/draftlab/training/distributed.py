@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from draftlab.serving.devices import resolve_device
+from draftlab.models.devices import resolve_device
 from draftlab.errors import DraftlabError
 from draftlab.training.model import Eagle3Drafter
 

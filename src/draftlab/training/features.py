@@ -10,26 +10,23 @@ from torch import Tensor
 
 from draftlab.errors import DraftlabError
 from draftlab.training.config import TrainConfig
+from draftlab.formats.data import read_records, read_tokens
+from draftlab.models.target import aux_hidden, load_target, load_tokenizer
+from draftlab.training.hidden_states import HiddenStateShards, target_head_and_embeddings
+from draftlab.training.tokenize import tokenize_record
 
 
 class Samples:
     """Training samples by index: tokens only (online target) or tokens + features (offline shards)."""
 
     def __init__(self, cfg: TrainConfig, vocab_size: int):
-        from draftlab.formats.data import read_records, read_tokens
-        from draftlab.training.tokenize import tokenize_record
-
         self.shards = None
         if cfg.hidden_states:
-            from draftlab.training.hidden_states import HiddenStateShards
-
             self.shards = HiddenStateShards(cfg.hidden_states)
             self.tokens = self.shards.token_samples()
         elif cfg.tokens:
             self.tokens = read_tokens(cfg.tokens, vocab_size=vocab_size)
         elif cfg.data:
-            from draftlab.models.target import load_tokenizer
-
             tok = load_tokenizer(cfg.target, trust_remote_code=cfg.trust_remote_code)
             self.tokens = [tokenize_record(tok, r, cfg.max_length) for r in read_records(cfg.data)]
         else:
@@ -101,8 +98,6 @@ class Features:
     def model(self):
         """The frozen target (online features only), loaded once."""
         if self._model is None and self.online:
-            from draftlab.models.target import load_target
-
             self._model = load_target(self.target, dtype=self.dtype, device=self.device,
                                       trust_remote_code=self.trust_remote_code)
         return self._model
@@ -111,8 +106,6 @@ class Features:
     def head(self) -> Tensor:
         """The target's lm_head (offline features: read from its weights, not from a model)."""
         if self._head is None:
-            from draftlab.training.hidden_states import target_head_and_embeddings
-
             head, _ = target_head_and_embeddings(self.target)
             self._head = head.to(device=self.device, dtype=torch.float32)
         return self._head
@@ -120,7 +113,6 @@ class Features:
     def embeddings(self, target: str) -> Tensor:
         if self.online:
             return self.model.get_input_embeddings().weight.detach()
-        from draftlab.training.hidden_states import target_head_and_embeddings
 
         return target_head_and_embeddings(target)[1]
 
@@ -135,8 +127,6 @@ class Features:
         toks = [self.samples.tokens_at(i) for i in idx]
         ids, mask, att = collate(toks, self.device)
         if self.online:
-            from draftlab.models.target import aux_hidden
-
             out = self.model(input_ids=ids, attention_mask=att, output_hidden_states=True, use_cache=False)
             return ids, mask, aux_hidden(out.hidden_states, self.aux_ids), out.logits
         feats = [self.samples.features_at(i) for i in idx]

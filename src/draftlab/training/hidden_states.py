@@ -35,6 +35,10 @@ from tqdm import tqdm
 
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import atomic_dir, read_json, to_json
+from draftlab.formats.aux_layers import check_output_ids
+from draftlab.formats.data import read_tokens
+from draftlab.formats.target_config import text_config
+from draftlab.models.target import aux_hidden, aux_layer_ids_for, load_target, read_config
 
 FORMAT = "draftlab-hidden-states/1"
 STORES = ("last_hidden", "logits")
@@ -69,11 +73,6 @@ def dump_hidden_states(target: str | os.PathLike, tokens: str | os.PathLike, out
                        device: str | None = None, dtype: torch.dtype | None = None, trust_remote_code: bool = False,
                        progress: bool = True) -> dict[str, Any]:
     """Run the target over a tokens file and write the shards; returns the index dict."""
-    from draftlab.formats.data import read_tokens
-    from draftlab.formats.aux_layers import check_output_ids
-    from draftlab.models.target import aux_hidden, aux_layer_ids_for, load_target, read_config
-    from draftlab.formats.target_config import text_config
-
     if store not in STORES:
         raise DraftlabError(f"store {store!r}: expected one of {', '.join(STORES)}")
     raw = read_config(target)

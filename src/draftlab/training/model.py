@@ -34,8 +34,10 @@ from torch import Tensor, nn
 
 from draftlab.formats import eagle3_format as fmt
 from draftlab.errors import DraftlabError
+from draftlab.formats.eagle3_format import canonical_name
 from draftlab.formats.target_config import load_json_config
 from draftlab.fsutil import atomic_dir, to_json
+from draftlab.formats.checkpoint import read_checkpoint
 
 
 class RMSNorm(nn.Module):
@@ -362,28 +364,8 @@ class Eagle3Drafter(nn.Module):
         return out
 
 
-LEGACY_NAMES = {"aux_norm_low.": "fc_norm.0.", "aux_norm_mid.": "fc_norm.1.", "aux_norm_high.": "fc_norm.2."}
-
-
-def canonical_name(name: str) -> str:
-    """Map the names seen in the wild (``model.`` prefix, ``layers.0.``) onto SGLang's."""
-    for prefix in ("model.", "draft_model."):
-        if name.startswith(prefix):
-            name = name[len(prefix):]
-    if name.startswith("layers.0."):
-        name = "midlayer." + name[len("layers.0."):]
-    if name.startswith("midlayers.0."):
-        name = "midlayer." + name[len("midlayers.0."):]
-    for legacy, new in LEGACY_NAMES.items():  # SGLang's legacy_name_map in llama_eagle3.py
-        if name.startswith(legacy):
-            name = new + name[len(legacy):]
-    return name
-
-
 def read_drafter_tensors(folder: str | Path) -> dict[str, Tensor]:
     """All tensors of a drafter folder, canonically named (``embed_tokens.weight`` included when present)."""
-    from draftlab.formats.checkpoint import read_checkpoint
-
     folder = Path(folder)
     files = read_checkpoint(folder).weight_files  # the index, shard names and every header validated first
     if not files:

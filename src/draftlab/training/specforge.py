@@ -34,6 +34,15 @@ from draftlab.formats import eagle3_format as fmt
 from draftlab.errors import DraftlabError
 from draftlab.experiment.settings import schema_default
 from draftlab.fsutil import atomic_path, read_json, to_json, write_json
+from draftlab.experiment.config import load_yaml_text
+from draftlab.experiment.settings import Settings
+from draftlab.formats import aux_layers
+from draftlab.formats.checkpoint import INDEX_SUFFIX, read_checkpoint
+from draftlab.formats.data import read_records
+from draftlab.formats.target_config import load_json_config
+from draftlab.fsutil import read_text_file
+from draftlab.training.specforge_capture import capture_host_setup
+from draftlab.training.specforge_offline import TARGET_VIEW, write_target_view
 
 SPECFORGE_VERSION = "0.2.0"  # keep in step with envs/specforge.yaml
 RUN_ID = "draftlab"  # SpecForge's run_id: checkpoints are <output_dir>/draftlab-step<N>/
@@ -115,8 +124,6 @@ def job_from_experiment(cfg: dict[str, Any], *, target_model_path: str, draft_mo
     read back): the values are typed through :class:`draftlab.experiment.settings.Settings`, so a bad
     one was already refused naming its ``train.<key>``.
     """
-    from draftlab.experiment.settings import Settings
-
     s = cfg if isinstance(cfg, Settings) else Settings.from_validated(cfg, "experiment config")
     t = s.train
     job = SpecForgeJob(
@@ -183,8 +190,6 @@ def target_weight_keys(target: str) -> tuple[str, str]:
     ``language_model.lm_head.weight``); SpecForge's defaults (``model.embed_tokens.weight``,
     ``lm_head.weight``) would not find them. A tied head without its own tensor reads the embedding.
     """
-    from draftlab.formats.checkpoint import INDEX_SUFFIX, read_checkpoint
-
     folder = Path(target)
     indexes = sorted(folder.glob(f"*{INDEX_SUFFIX}")) if folder.is_dir() else []
     if indexes:  # a sharded target (Kimi: 64 shards): the index names every tensor, no shard is opened
@@ -222,8 +227,7 @@ def specforge_aux_ids(drafter_cfg: dict[str, Any], target_cfg: dict[str, Any]) -
     the output ids draftlab reads for this drafter (:func:`draftlab.models.target.aux_layer_ids_for`) become
     the config ids that SGLang's rule for the target's architecture maps back onto them.
     """
-    from draftlab.formats import aux_layers
-    from draftlab.models.target import aux_layer_ids_for
+    from draftlab.models.target import aux_layer_ids_for  # deferred: loads torch
 
     return aux_layers.config_ids_for(aux_layer_ids_for(drafter_cfg, target_cfg), target_cfg)
 
@@ -324,7 +328,6 @@ def run_config(job: SpecForgeJob, *, control_dir: str, resume_from: str | None =
         },
     }
     if job.hidden_states_path:  # offline: SpecForge's own colocated trainer reads the features, nothing captures
-        from draftlab.training.specforge_offline import TARGET_VIEW
 
         cfg["deployment"] = {"mode": "local_colocated", "trainer": {"nnodes": 1, "nproc_per_node": job.nproc}}
         model["target_model_path"] = str(out / TARGET_VIEW)
@@ -363,7 +366,7 @@ def run_identity(job: SpecForgeJob, cfg: dict[str, Any]) -> dict[str, Any]:
     """Settings (the run config without attempt-only keys) and fingerprints of every input file."""
     import hashlib
 
-    from draftlab.training.resume import path_fingerprint
+    from draftlab.training.resume import path_fingerprint  # deferred: loads numpy, torch
 
     settings = _drop(cfg, VOLATILE)
     settings["model"].pop("draft_checkpoint_path", None)
@@ -390,7 +393,7 @@ def _drop(cfg: dict[str, Any], paths) -> dict[str, Any]:
 
 
 def _resume_decision(job: SpecForgeJob, ident: dict[str, Any], write: bool) -> tuple[str | None, list[str]]:
-    from draftlab.training.resume import identity_changes, move_aside
+    from draftlab.training.resume import identity_changes, move_aside  # deferred: loads numpy, torch
 
     out = Path(job.output_dir)
     latest = latest_checkpoint(out)
@@ -418,7 +421,7 @@ def write_mapping(job: SpecForgeJob, path: Path) -> None:
     """The pinned mapping in the format ``DraftModel.load_vocab_mapping`` reads, sizes checked."""
     import torch
 
-    from draftlab.static.d2t import load_mapping
+    from draftlab.static.d2t import load_mapping  # deferred: loads numpy, torch
 
     if job.vocab_mapping is None:
         raise DraftlabError(f"{job.output_dir}: SpecForge's disaggregated run needs a pinned vocab mapping "
@@ -442,8 +445,6 @@ def write_conversations(src: str | os.PathLike, dst: Path) -> int:
     ``data.is_preformatted``; plain-text rows have no assistant turn to mask, so they are refused here.
     """
     import json
-
-    from draftlab.formats.data import read_records
 
     n = 0
     with atomic_path(dst) as tmp, open(tmp, "w", encoding="utf-8") as fh:
@@ -480,8 +481,6 @@ def prepare(job: SpecForgeJob, write: bool = True) -> dict[str, Any]:
     """
     import yaml
 
-    from draftlab.formats.target_config import load_json_config
-
     out = Path(job.output_dir)
     cfg_file = Path(job.draft_config_file())
     warnings: list[str] = []
@@ -517,8 +516,6 @@ def prepare(job: SpecForgeJob, write: bool = True) -> dict[str, Any]:
         out.mkdir(parents=True, exist_ok=True)
         write_mapping(job, out / MAPPING_FILE)
         if job.hidden_states_path:
-            from draftlab.training.specforge_offline import write_target_view
-
             write_target_view(job.target_model_path, out)
         elif not job.prompts_path:
             write_conversations(job.train_data_path, out / CONVERSATIONS_FILE)
@@ -531,8 +528,6 @@ def prepare(job: SpecForgeJob, write: bool = True) -> dict[str, Any]:
 
 def _capture_host(cfg: dict[str, Any]) -> list[str]:
     """The capture host's setup for this run config (none with managed_local: SpecForge starts it)."""
-    from draftlab.training.specforge_capture import capture_host_setup
-
     dep = cfg.get("deployment", {})
     if dep.get("mode") != "disaggregated" or (dep.get("disaggregated") or {}).get("managed_local"):
         return []
@@ -541,9 +536,6 @@ def _capture_host(cfg: dict[str, Any]) -> list[str]:
 
 def read_job_file(path: str | os.PathLike) -> dict[str, Any]:
     """A YAML or JSON mapping from ``path`` (a job file or an experiment config)."""
-    from draftlab.experiment.config import load_yaml_text
-    from draftlab.fsutil import read_text_file
-
     path = Path(path)
     if not path.is_file():
         raise DraftlabError(f"{path}: config file not found")

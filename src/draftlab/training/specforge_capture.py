@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from draftlab.errors import DraftlabError
+from draftlab.http_client import HTTPStatusError, json_call, request
 
 SGLANG_CAPTURE_VERSION = "0.5.14"  # the SGLang the 0.2.0 capture patch is made for (specforge pins it too)
 PATCH_SCRIPT = "scripts/apply_sglang_spec_capture_patch.sh"
@@ -71,8 +72,6 @@ def capture_host_setup(run_config: Mapping[str, Any], *, specforge_version: str,
 
 
 def _server_info(url: str, timeout: float) -> dict[str, Any]:
-    from draftlab.serving.http_client import HTTPStatusError, json_call
-
     base = url.rstrip("/")
     try:
         info = json_call(f"{base}/server_info", None, timeout)
@@ -131,8 +130,6 @@ def check_capture_server(url: str, *, expected_models: list[str], aux_ids: list[
 def check_mooncake(metadata_server: str | None, master_addr: str | None, timeout: float = 5.0) -> dict[str, Any]:
     """The Mooncake master as SpecForge's own readiness check sees it: its HTTP metadata server answers
     (a 4xx for an unknown key counts) and its RPC port accepts a connection."""
-    from draftlab.serving.http_client import HTTPStatusError, request
-
     if not metadata_server or not master_addr:
         missing = [n for n, v in (("mooncake_metadata_server", metadata_server),
                                   ("mooncake_master_server_addr", master_addr)) if not v]

@@ -23,6 +23,8 @@ import torch
 from draftlab.formats import eagle3_format as fmt
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import atomic_dir, read_json, to_json
+from draftlab.formats.eagle3_format import canonical_name
+from draftlab.training.model import read_drafter_tensors
 
 STATE_FILE = "training_state.pt"
 STEP_RE = re.compile(r"^(.+)-step(\d+)$")
@@ -88,8 +90,6 @@ def import_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
     """
     from safetensors.torch import save_file
 
-    from draftlab.training.model import canonical_name, read_drafter_tensors
-
     src = Path(src)
     if not src.exists():
         raise DraftlabError(f"{src}: not found (expected a SpecForge output dir, a <run_id>-step<N> folder or an export)")
@@ -148,7 +148,7 @@ def import_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
 
 
 def _check_mapping(ckpt: Path, tensors: dict[str, torch.Tensor], expect_mapping) -> str:
-    from draftlab.static.d2t import load_mapping
+    from draftlab.static.d2t import load_mapping  # deferred: loads numpy
 
     want = load_mapping(expect_mapping)
     same = torch.equal(want.d2t.to(torch.int64), tensors["d2t"]) and torch.equal(want.t2d.bool(), tensors["t2d"])

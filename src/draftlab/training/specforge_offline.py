@@ -27,6 +27,7 @@ from typing import Any
 
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import atomic_dir, write_json
+from draftlab.formats.checkpoint import INDEX_SUFFIX
 
 TARGET_VIEW = "target"  # under the run's output_dir
 
@@ -36,7 +37,7 @@ def write_features(dump: str | os.PathLike, out: str | os.PathLike, progress: bo
     import torch
     from tqdm import tqdm
 
-    from draftlab.training.hidden_states import HiddenStateShards
+    from draftlab.training.hidden_states import HiddenStateShards  # deferred: loads torch
 
     shards = HiddenStateShards(dump)
     if shards.store != "last_hidden":
@@ -62,8 +63,6 @@ def write_target_view(target: str | os.PathLike, output_dir: str | os.PathLike) 
     """``output_dir/target``: the target's files as symlinks, and ``model.safetensors.index.json`` when the
     target is one unindexed ``model.safetensors`` (SpecForge's TargetHead needs an index)."""
     from safetensors import safe_open
-
-    from draftlab.formats.checkpoint import INDEX_SUFFIX
 
     src = Path(target).resolve()
     if not (src / "config.json").is_file():

@@ -91,7 +91,7 @@ def _encode(tokenizer, text: str, spans: list[tuple[int, int]] | None, special: 
 def tokenize_file(target: str | os.PathLike, data: str | os.PathLike, out: str | os.PathLike,
                   max_length: int | None = schema_default("train.max_length"), trust_remote_code: bool = False) -> dict[str, Any]:
     """Tokenize a data file with the target's tokenizer into ``out``; returns counts."""
-    from draftlab.models.target import load_tokenizer
+    from draftlab.models.target import load_tokenizer  # deferred: loads torch
 
     if max_length is not None:
         require_int("--max-length", max_length)

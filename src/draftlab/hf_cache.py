@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from draftlab.errors import DraftlabError
+from draftlab.fsutil import sha256_file
 
 HF_PREFIX = "hf:"
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -117,8 +118,6 @@ def git_blob_sha1(data: bytes) -> str:
 
 
 def _file_sha256(path: Path) -> str:
-    from draftlab.fsutil import sha256_file
-
     return sha256_file(path)
 
 

@@ -27,6 +27,10 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from draftlab.errors import DraftlabError
 from draftlab.formats.prompt_file import Prompt, turn_segments
+from draftlab.formats.data import chat_prompt_ids
+from draftlab.formats.target_config import text_config
+from draftlab.http_client import BadResponse, HTTPStatusError, JsonReader, json_call
+from draftlab.serving.server_info import served_model
 
 TURN_MODES = ("all", "last")
 
@@ -116,9 +120,8 @@ class TransformersAnswerer:
 
     def __init__(self, target: str, sampling: Sampling, *, device: str | None = None, batch_size: int = 1,
                  trust_remote_code: bool = False, turns: str = "all"):
-        from draftlab.formats.target_config import text_config
-        from draftlab.models.target import load_target, load_tokenizer, read_config
-        from draftlab.serving.devices import resolve_device
+        from draftlab.models.target import load_target, load_tokenizer, read_config  # deferred: loads torch
+        from draftlab.models.devices import resolve_device  # deferred: loads torch
 
         if batch_size < 1:
             raise DraftlabError(f"--batch-size: expected a positive integer, got {batch_size}")
@@ -139,8 +142,6 @@ class TransformersAnswerer:
 
     def _job(self, messages: list[dict[str, Any]]) -> tuple[list[int], int, bool]:
         """Prompt ids and token budget; a prompt too long for the context keeps its end (the header)."""
-        from draftlab.formats.data import chat_prompt_ids
-
         ids = chat_prompt_ids(self.tokenizer, request_messages(messages), dict(self.sampling.template_kwargs))
         budget, cut = self.sampling.max_new_tokens, False
         if self.context is not None and len(ids) + budget > self.context:
@@ -243,8 +244,6 @@ class ServerAnswerer:
     def __init__(self, urls: str | Sequence[str], sampling: Sampling, *, concurrency: int = 8, retries: int = 3,
                  request_timeout_s: float = 1800.0, alive: Callable[[], bool] | None = None,
                  backoff_s: tuple[float, ...] | None = None, turns: str = "all"):
-        from draftlab.serving.server_info import served_model
-
         if concurrency < 1:
             raise DraftlabError(f"--concurrency: expected a positive integer, got {concurrency}")
         if retries < 0:
@@ -297,8 +296,6 @@ class ServerAnswerer:
 
     def _ask(self, prompt: Prompt, messages: list[dict[str, Any]]) -> Answer | Failure:
         """One request, retried; a Failure once the retries are spent."""
-        from draftlab.serving.http_client import HTTPStatusError, json_call
-
         attempts, last, avoid = 0, "", None
         while attempts <= self.retries:
             attempts += 1
@@ -372,8 +369,6 @@ def chat_request(model: str, prompt: Prompt, sampling: Sampling,
 def _answer(prompt: Prompt, reply: Any, where: str, max_new_tokens: int | None = None) -> Answer:
     """An OpenAI chat completion as an Answer; a malformed one (wrong shape, or token counts no server
     can report: negative, or more completion tokens than the request's budget) fails this prompt."""
-    from draftlab.serving.http_client import BadResponse, JsonReader
-
     doc = JsonReader(reply, where)
     choice = doc.field("choices", "list").item(0)
     message = choice.field("message")

@@ -10,11 +10,11 @@ A multi-turn prompt is answered turn by turn by default (``turns="all"``, as Spe
 every assistant turn of the row is the target's, each written with the target's earlier answers in
 its context; ``turns="last"`` keeps the data's own earlier answers and regenerates the last turn only.
 
-Two engines (:mod:`draftlab.training.answerers`): a server (``server=`` a launch spec, started and
+Two engines (:mod:`draftlab.datagen.answerers`): a server (``server=`` a launch spec, started and
 always torn down like a benchmark server, or ``url=`` one already running) with ``concurrency``
 requests in flight and the chat template applied by the server; or transformers in this process.
 
-At production scale a run takes days, so it is resumable and exact (:mod:`draftlab.training.answer_shards`):
+At production scale a run takes days, so it is resumable and exact (:mod:`draftlab.datagen.answer_shards`):
 answers go to shards keyed by prompt id as they arrive; a killed run (SIGKILL, a lost node) started
 again answers only what is missing; a prompt that keeps failing is retried, then listed in the stats
 instead of stopping the run. The final file is written atomically once every prompt is answered (or
@@ -35,11 +35,14 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from draftlab.errors import DraftlabError, require_int
+from draftlab.experiment.settings import schema_default
 from draftlab.fsutil import write_json
-from draftlab.training.answer_shards import AnswerShards
-from draftlab.training.answerers import (Answer, Failure, Sampling, ServerAnswerer, TransformersAnswerer,
+from draftlab.datagen.answer_shards import AnswerShards
+from draftlab.datagen.answerers import (Answer, Failure, Sampling, ServerAnswerer, TransformersAnswerer,
                                         check_turns)
 from draftlab.formats.prompt_file import Prompt, iter_prompts, read_prompts  # noqa: F401 - read_prompts re-exported
+from draftlab.serving.launch import ServerSpec, running_server, server_fingerprint
+from draftlab.serving.server_info import served_model, server_info
 
 LIST_LIMIT = 1000  # failures/skips listed by id in the stats (all are counted)
 
@@ -80,30 +83,13 @@ def generate(
     A setting left None takes the experiment schema's default (``data.*``, ``train.seed``), as the
     command line and the pipeline do.
     """
-    from draftlab.experiment.settings import schema_default
-
-    def default(value, key):
-        return schema_default(key) if value is None else value
-
-    max_new_tokens = default(max_new_tokens, "data.max_new_tokens")
-    seed, batch_size = default(seed, "train.seed"), default(batch_size, "data.batch_size")
-    concurrency, retries = default(concurrency, "data.concurrency"), default(retries, "data.retries")
-    max_failed_fraction = default(max_failed_fraction, "data.max_failed_fraction")
-    turns = check_turns(default(turns, "data.turns"))
-    require_int("--max-new-tokens", max_new_tokens)
-    require_int("--batch-size", batch_size)
-    require_int("--concurrency", concurrency)
-    require_int("--retries", retries, 0)
-    if temperature is not None and not 0 <= temperature < math.inf:
-        raise DraftlabError(f"--temperature: expected a finite value >= 0, got {temperature}")
-    if not 0 < top_p <= 1:
-        raise DraftlabError(f"--top-p: expected a value in (0, 1], got {top_p}")
-    if not 0 <= max_failed_fraction <= 1:
-        raise DraftlabError(f"--max-failed-fraction: expected a fraction in [0, 1], got {max_failed_fraction}")
+    sampling, turns, knobs = _settings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                       seed=seed, batch_size=batch_size, concurrency=concurrency, retries=retries,
+                                       max_failed_fraction=max_failed_fraction, turns=turns,
+                                       template_kwargs=template_kwargs)
+    batch_size, concurrency, retries, max_failed_fraction = knobs
     if server is not None and url is not None:
         raise DraftlabError("generate-data: give a server to launch or the --url of a running one, not both")
-    sampling = Sampling(max_new_tokens, float(temperature or 0.0), float(top_p), int(seed),
-                        tuple(sorted((template_kwargs or {}).items())))
     spec = _server_spec(server, sampling) if server is not None else None
     out = Path(out)
     state = Path(state_dir) if state_dir else out.with_name(out.name + ".parts")
@@ -125,35 +111,12 @@ def generate(
             answerer, engine, server_record = _answerer(stack, target, sampling, spec, server_log, urls, device,
                                                         batch_size, trust_remote_code, concurrency, retries,
                                                         request_timeout_s, turns)
-            meter = _Meter(todo, progress)
-            run.started = time.perf_counter()
-            try:
-                for res in answerer.answer(plan.pending(shards)):
-                    if isinstance(res, Failure):
-                        failures.append(res)
-                    else:
-                        shards.append(res.prompt.id, res.prompt.digest, _row(res), res.prompt_tokens,
-                                      res.completion_tokens, res.finish_reason)
-                        run.add(res)
-                    meter.update(run.tokens, len(failures))
-            finally:
-                run.seconds = time.perf_counter() - run.started
-                meter.close()
-                stack.close()  # the server goes down before the merge: it is not needed any more
+            _answer_all(answerer, plan, shards, run, failures, _Meter(todo, progress), stack)
         seconds = time.perf_counter() - t0
-        failed = len(failures)
         result = _stats(out, plan, sampling, turns, engine, server_record, state, resumed, run, failures, seconds,
                         shards)
-        allowed = max_failed_fraction * len(plan.wanted)
-        if failed > allowed:
-            if stats:
-                write_json(stats, result)
-            first = min(failures, key=lambda f: f.prompt.id)
-            raise DraftlabError(
-                f"generate-data: {failed} of {len(plan.wanted)} prompts failed (retried up to {retries} times), "
-                f"more than --max-failed-fraction {max_failed_fraction:g} allows (first: prompt {first.prompt.id}: "
-                f"{first.error[:200]}); {len(shards.index)} answers are kept in {state} and a rerun "
-                "asks only for the rest" + (f"; see {stats}" if stats else ""))
+        _refuse_too_many_failures(failures, len(plan.wanted), max_failed_fraction, retries, result, stats, shards,
+                                  state)
         counts = shards.merge(out, plan.wanted)
         result.update(answers=counts["rows"], prompt_tokens=counts["prompt_tokens"],
                       generated_tokens=counts["completion_tokens"], empty=counts["empty"])
@@ -162,6 +125,68 @@ def generate(
     if stats:
         write_json(stats, result)
     return result
+
+
+def _settings(*, max_new_tokens, temperature, top_p, seed, batch_size, concurrency, retries, max_failed_fraction,
+              turns, template_kwargs) -> tuple[Sampling, str, tuple[int, int, int, float]]:
+    """The run's settings, a None taking the schema's default; a bad one is refused naming its flag."""
+    def default(value, key):
+        return schema_default(key) if value is None else value
+
+    max_new_tokens = default(max_new_tokens, "data.max_new_tokens")
+    seed, batch_size = default(seed, "train.seed"), default(batch_size, "data.batch_size")
+    concurrency, retries = default(concurrency, "data.concurrency"), default(retries, "data.retries")
+    max_failed_fraction = default(max_failed_fraction, "data.max_failed_fraction")
+    turns = check_turns(default(turns, "data.turns"))
+    require_int("--max-new-tokens", max_new_tokens)
+    require_int("--batch-size", batch_size)
+    require_int("--concurrency", concurrency)
+    require_int("--retries", retries, 0)
+    if temperature is not None and not 0 <= temperature < math.inf:
+        raise DraftlabError(f"--temperature: expected a finite value >= 0, got {temperature}")
+    if not 0 < top_p <= 1:
+        raise DraftlabError(f"--top-p: expected a value in (0, 1], got {top_p}")
+    if not 0 <= max_failed_fraction <= 1:
+        raise DraftlabError(f"--max-failed-fraction: expected a fraction in [0, 1], got {max_failed_fraction}")
+    sampling = Sampling(max_new_tokens, float(temperature or 0.0), float(top_p), int(seed),
+                        tuple(sorted((template_kwargs or {}).items())))
+    return sampling, turns, (batch_size, concurrency, retries, max_failed_fraction)
+
+
+def _answer_all(answerer, plan: _Plan, shards: AnswerShards, run: _RunCounts, failures: list[Failure],
+                meter: _Meter, stack: ExitStack) -> None:
+    """Store every answer as it comes (a kill loses none); the engine goes down before the merge."""
+    run.started = time.perf_counter()
+    try:
+        for res in answerer.answer(plan.pending(shards)):
+            if isinstance(res, Failure):
+                failures.append(res)
+            else:
+                shards.append(res.prompt.id, res.prompt.digest, _row(res), res.prompt_tokens,
+                              res.completion_tokens, res.finish_reason)
+                run.add(res)
+            meter.update(run.tokens, len(failures))
+    finally:
+        run.seconds = time.perf_counter() - run.started
+        meter.close()
+        stack.close()  # the server goes down before the merge: it is not needed any more
+
+
+def _refuse_too_many_failures(failures: list[Failure], wanted: int, max_failed_fraction: float, retries: int,
+                              result: dict[str, Any], stats: str | os.PathLike | None, shards: AnswerShards,
+                              state: Path) -> None:
+    """More failed prompts than ``--max-failed-fraction`` allows: stats written, one error, answers kept."""
+    failed = len(failures)
+    if failed <= max_failed_fraction * wanted:
+        return
+    if stats:
+        write_json(stats, result)
+    first = min(failures, key=lambda f: f.prompt.id)
+    raise DraftlabError(
+        f"generate-data: {failed} of {wanted} prompts failed (retried up to {retries} times), "
+        f"more than --max-failed-fraction {max_failed_fraction:g} allows (first: prompt {first.prompt.id}: "
+        f"{first.error[:200]}); {len(shards.index)} answers are kept in {state} and a rerun "
+        "asks only for the rest" + (f"; see {stats}" if stats else ""))
 
 
 # --- the prompt plan ---------------------------------------------------------------------------------
@@ -213,8 +238,6 @@ class _Plan:
 
 def _server_spec(server, sampling: Sampling):
     """The description to launch (a ``ServerSpec``, or a mapping of one read here), checked for generating."""
-    from draftlab.serving.server_spec import ServerSpec
-
     spec = server if isinstance(server, ServerSpec) else ServerSpec.from_dict(dict(server), source="generate-data server")
     if spec.drafter is not None:
         raise DraftlabError("generate-data server: key 'drafter': data is generated by the target alone; "
@@ -235,8 +258,6 @@ def _answerer(stack: ExitStack, target, sampling, spec, server_log, urls, device
     alive = None
     record: dict[str, Any]
     if spec is not None:
-        from draftlab.serving.launch import running_server, server_fingerprint
-
         log = server_log or "generate-data-server.log"
         _say(f"generate-data: launching {' '.join(spec.argv())}")
         srv = stack.enter_context(running_server(spec, log))
@@ -246,7 +267,6 @@ def _answerer(stack: ExitStack, target, sampling, spec, server_log, urls, device
                   "url": srv.url, "pid": srv.pid, "log": str(log)}
     else:
         record = {"backend": "external", "url": urls[0], "urls": urls}
-    from draftlab.serving.server_info import server_info
 
     info = server_info(urls[0], 30.0)
     if info:
@@ -259,8 +279,6 @@ def _answerer(stack: ExitStack, target, sampling, spec, server_log, urls, device
 def _what_urls_serve(urls: list[str]) -> str:
     """The model the running servers serve, as they name it (the same model at another address is the
     same engine); servers of different models cannot share one run."""
-    from draftlab.serving.server_info import server_info, served_model
-
     models = {u: str(server_info(u, 30.0).get("model_path") or served_model(u, 30.0)) for u in urls}
     if len(set(models.values())) > 1:
         raise DraftlabError("--url: the servers serve different models ("
@@ -271,7 +289,7 @@ def _what_urls_serve(urls: list[str]) -> str:
 def target_fingerprint(target: str | os.PathLike) -> str:
     """A short hash of what the target folder holds (config, tokenizer, weights: sizes and sampled
     bytes, never times): another model behind the same path is another run's answers."""
-    from draftlab.training.resume import path_fingerprint
+    from draftlab.training.resume import path_fingerprint  # deferred: loads numpy, torch
 
     def timeless(fp: Any) -> Any:
         return {k: timeless(v) for k, v in fp.items() if k != "mtime_ns"} if isinstance(fp, dict) else fp
@@ -283,8 +301,6 @@ def target_fingerprint(target: str | os.PathLike) -> str:
 def _identity(target, spec, served: str | None, sampling: Sampling, trust_remote_code: bool,
               turns: str) -> dict[str, Any]:
     """What makes two runs' answers interchangeable: the target and engine, and the sampling settings."""
-    from draftlab.serving.launch import server_fingerprint
-
     if spec is not None:
         engine = f"server {server_fingerprint(spec)}"
     elif served is not None:

@@ -1,0 +1,269 @@
+"""The benchmark's requests: one call per API (SGLang/builtin ``/generate``, vLLM ``/v1/completions``)
+through :mod:`draftlab.http_client`, each answer's counts parsed, and vLLM's ``/metrics`` counters."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from draftlab import http_client
+from draftlab.benchmark.bench_checks import Plausibility
+from draftlab.benchmark.bench_prompts import Prompt
+from draftlab.errors import DraftlabError
+
+# Newer SGLang versions report accepted/proposed draft counts under one of these pairs.
+ACCEPT_COUNT_KEYS = (
+    ("spec_accept_token_num", "spec_draft_token_num"),
+    ("spec_accepted_drafts", "spec_proposed_drafts"),
+    ("spec_num_correct_drafts", "spec_num_proposed_drafts"),
+)
+
+VLLM_COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
+}
+VLLM_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+# --- one request per API ---------------------------------------------------------------------------
+
+
+def _int_or_none(value: Any) -> int | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _float_or_none(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def accept_count_keys(meta: dict) -> tuple[str, str] | None:
+    """The (accepted, proposed) draft-count pair this ``meta_info`` uses, if any."""
+    return next(((a, p) for a, p in ACCEPT_COUNT_KEYS if a in meta or p in meta), None)
+
+
+def at_least_counts(histogram: Any) -> list[int] | None:
+    """SGLang 0.5.23's ``spec_correct_drafts_histogram`` as accepts per draft position.
+
+    Entry j of the histogram counts the verify cycles with exactly j correct drafts (SGLang's
+    ``io_struct``: "histogram[3] = 10 means 10 steps with 3 accepted tokens"); in a chain, draft i was
+    accepted in every cycle with at least i correct, so position i counts sum_{j>=i} histogram[j]
+    (the builtin server's ``spec_accept_by_position``). None when absent or malformed.
+    """
+    if isinstance(histogram, list) and len(histogram) == 1 and isinstance(histogram[0], list):
+        histogram = histogram[0]  # a batch-shaped answer to one prompt
+    if not isinstance(histogram, list) or len(histogram) < 2:
+        return None
+    counts = [_int_or_none(x) for x in histogram]
+    if any(c is None or c < 0 for c in counts):
+        return None
+    return [sum(counts[i:]) for i in range(1, len(counts))]
+
+
+def parse_sglang_meta(meta: dict) -> dict[str, Any]:
+    """Raw counts from an SGLang/builtin ``meta_info``, tolerating every known field naming."""
+    accepted = proposed = None
+    keys = accept_count_keys(meta)
+    if keys:
+        accepted, proposed = _int_or_none(meta.get(keys[0])), _int_or_none(meta.get(keys[1]))
+    draft_t, verify_t = _float_or_none(meta.get("draft_time")), _float_or_none(meta.get("verify_time"))
+    e2e = _float_or_none(meta.get("e2e_latency"))
+    first = _float_or_none(meta.get("first_token_latency"))  # SGLang with --enable-metrics
+    if draft_t is not None and verify_t is not None:
+        decode, source = draft_t + verify_t, "draft_time+verify_time"
+    elif e2e is not None and first is not None and e2e >= first:
+        decode, source = e2e - first, "e2e_latency-first_token_latency"
+    elif e2e is not None:
+        decode, source = e2e, "e2e_latency"
+    else:
+        decode, source = None, None
+    by_pos = meta.get("spec_accept_by_position")  # draftlab's builtin server: accepts per draft position
+    if not isinstance(by_pos, list):
+        by_pos = at_least_counts(meta.get("spec_correct_drafts_histogram"))  # SGLang 0.5.23
+    return {
+        "prompt_tokens": _int_or_none(meta.get("prompt_tokens")),
+        "completion_tokens": _int_or_none(meta.get("completion_tokens")),
+        "verify_ct": _int_or_none(meta.get("spec_verify_ct")),
+        "accept_by_position": [int(x) for x in by_pos] if isinstance(by_pos, list) else None,
+        "accepted_drafts": accepted,
+        "proposed_drafts": proposed,
+        "server_latency_s": e2e,
+        "decode_time_s": decode,
+        "decode_time_source": source,
+    }
+
+
+@dataclass
+class _Client:
+    """Sends one prompt to one server API and returns a row of raw measurements."""
+
+    url: str
+    api: str
+    max_new_tokens: int
+    ignore_eos: bool
+    timeout: float
+    model: str | None = None
+    checks: Plausibility | None = None
+
+    def generate(self, prompt: Prompt, stream: bool = False) -> dict[str, Any]:
+        send = self._sglang if self.api == "sglang" else self._vllm
+        return send(prompt, stream)
+
+    def _sglang(self, prompt: Prompt, stream: bool) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "text": prompt.text,
+            "sampling_params": {
+                "max_new_tokens": self.max_new_tokens,
+                "temperature": 0.0,
+                "ignore_eos": self.ignore_eos,
+            },
+        }
+        if stream:
+            payload["stream"] = True
+        url = f"{self.url}/generate"
+        start = time.perf_counter()
+        ttft = None
+        with http_client.request(url, payload, self.timeout) as resp:
+            streamed = stream and "text/event-stream" in resp.content_type
+            if streamed:
+                final: Any = {}
+                for n, event in enumerate(resp.events()):
+                    meta = http_client.JsonReader(event, url, f"event {n}").get("meta_info", "object", default={})
+                    if ttft is None and ((_int_or_none(meta.get("completion_tokens")) or 0) >= 1 or event.get("text")):
+                        ttft = time.perf_counter() - start
+                    final = event
+            else:
+                final = resp.json()
+        latency = time.perf_counter() - start
+        if isinstance(final, list):  # a batch answer to a single prompt
+            final = final[0] if final else {}
+        if not isinstance(final, dict) or "meta_info" not in final:
+            raise DraftlabError(f"{url}: response has no 'meta_info' (is this an SGLang-style server? try --api vllm)")
+        meta = final["meta_info"]
+        if not isinstance(meta, dict):
+            raise DraftlabError(f"{url}: key 'meta_info': expected an object, got {type(meta).__name__}")
+        if self.checks is not None:
+            self.checks.check_sglang_meta(meta, url, accept_count_keys(meta), latency)
+        row = parse_sglang_meta(meta)
+        if row["completion_tokens"] is None:
+            raise DraftlabError(f"{url}: key 'meta_info.completion_tokens' missing from the response")
+        row.update(latency_s=latency, ttft_s=ttft, streamed=streamed)
+        return row
+
+    def _vllm(self, prompt: Prompt, stream: bool) -> dict[str, Any]:
+        payload: dict[str, Any] = {
+            "model": self.model,
+            "prompt": prompt.text,
+            "max_tokens": self.max_new_tokens,
+            "temperature": 0.0,
+        }
+        if self.ignore_eos:
+            payload["ignore_eos"] = True
+        if stream:
+            payload["stream"] = True
+            payload["stream_options"] = {"include_usage": True}
+        url = f"{self.url}/v1/completions"
+        start = time.perf_counter()
+        ttft = None
+        usage: dict = {}
+        with http_client.request(url, payload, self.timeout) as resp:
+            streamed = stream and "text/event-stream" in resp.content_type
+            if streamed:
+                for n, event in enumerate(resp.events()):
+                    ev = http_client.JsonReader(event, url, f"event {n}")
+                    choices = ev.get("choices", "list", default=[])
+                    if ttft is None and choices and ev.field("choices", "list").item(0).get("text", "str"):
+                        ttft = time.perf_counter() - start
+                    usage = ev.get("usage", "object") or usage
+            else:
+                usage = http_client.JsonReader(resp.json(dict), url).get("usage", "object", default={})
+        latency = time.perf_counter() - start
+        if self.checks is not None:
+            self.checks.check_usage(usage, url)
+        completion = _int_or_none(usage.get("completion_tokens"))
+        if completion is None:
+            raise DraftlabError(f"{url}: key 'usage.completion_tokens' missing from the response")
+        return {
+            "prompt_tokens": _int_or_none(usage.get("prompt_tokens")),
+            "completion_tokens": completion,
+            "verify_ct": None,
+            "accepted_drafts": None,
+            "proposed_drafts": None,
+            "server_latency_s": None,
+            "decode_time_s": latency,
+            "decode_time_source": "client_latency",
+            "latency_s": latency,
+            "ttft_s": ttft,
+            "streamed": streamed,
+        }
+
+
+# --- vLLM /metrics --------------------------------------------------------------------------------
+
+_PROM_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+_POSITION = re.compile(r'position="(\d+)"')
+
+
+def parse_vllm_spec_metrics(text: str) -> dict[str, Any]:
+    """Sum the speculative counters of a Prometheus exposition over all label sets (engines).
+
+    Counters appear with the ``_total`` suffix the exposition format adds; the bare name is accepted
+    too. Missing counters are absent from the result (speculation off, or not vLLM).
+    """
+    wanted = {}
+    for key, name in VLLM_COUNTERS.items():
+        wanted[name] = key
+        wanted[name + "_total"] = key
+    out: dict[str, Any] = {}
+    per_pos: dict[int, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _PROM_LINE.match(line)
+        if not m:
+            continue
+        name, labels, raw = m.group(1), m.group(2) or "", m.group(3)
+        try:
+            value = float(raw)
+        except ValueError:
+            continue
+        if name in wanted:
+            out[wanted[name]] = out.get(wanted[name], 0.0) + value
+        elif name in (VLLM_PER_POS, VLLM_PER_POS + "_total"):
+            pos = _POSITION.search(labels)
+            if pos:
+                per_pos[int(pos.group(1))] = per_pos.get(int(pos.group(1)), 0.0) + value
+    if per_pos:
+        out["accepted_per_pos"] = [per_pos.get(i, 0.0) for i in range(max(per_pos) + 1)]
+    return out
+
+
+def _vllm_metrics(url: str, timeout: float) -> dict[str, Any]:
+    with http_client.request(f"{url}/metrics", None, timeout) as resp:
+        return parse_vllm_spec_metrics(resp.read().decode("utf-8", "replace"))
+
+
+def _metrics_delta(before: dict, after: dict) -> dict[str, Any] | None:
+    if not all(k in before and k in after for k in VLLM_COUNTERS):
+        return None
+    delta: dict[str, Any] = {k: int(round(after[k] - before[k])) for k in VLLM_COUNTERS}
+    a, b = after.get("accepted_per_pos") or [], before.get("accepted_per_pos") or []
+    b = b + [0.0] * (len(a) - len(b))
+    delta["accepted_per_pos"] = [int(round(x - y)) for x, y in zip(a, b)]
+    return delta
