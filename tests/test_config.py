@@ -11,14 +11,11 @@ from helpers import cli, one_error_line
 from draftlab.experiment.config import (
     config_hash,
     deep_merge,
-    drafter_variants,
     experiment_layers,
     load_config,
     read_yaml,
-    server_gpus,
-    spec_id,
-    trained_arms,
 )
+from draftlab.experiment.settings import Settings, spec_id
 from draftlab.errors import DraftlabError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,10 +38,11 @@ def test_default_config_is_valid_and_filled():
     assert cfg["experiment"] == "demo-k2-to-k25"
     assert cfg["serve"]["backend"] == "builtin" and cfg["demo"]["enabled"] is True
     assert cfg["gate"]["min_accept_length"] == 1.1
-    assert trained_arms(cfg) == ["finetune-keep", "finetune-remap", "finetune-regenerate", "scratch"]
-    assert drafter_variants(cfg)[0] == "probe" and "reference" not in drafter_variants(cfg)
-    assert [spec_id(s) for s in cfg["speculative"]] == ["s2-k1-d3", "s4-k1-d5"]
-    assert server_gpus(cfg) == 0
+    s = Settings.from_validated(cfg)
+    assert s.arms == ["finetune-keep", "finetune-remap", "finetune-regenerate", "scratch"]
+    assert s.drafted[0] == "probe" and "reference" not in s.drafted
+    assert [spec_id(x) for x in cfg["speculative"]] == ["s2-k1-d3", "s4-k1-d5"]
+    assert s.serve.job_gpus == 0
 
 
 def test_smoke_size_applies_its_preset():
@@ -78,7 +76,7 @@ def test_kimi_config_valid_as_snakemake_merges_it():
     assert cfg["target"]["trust_remote_code"] is True
     assert cfg["drafter"]["source"] == "hf:AQ-MedAI/Kimi-K2-Instruct-eagle3"
     assert cfg["speculative"] == [{"num_steps": 2, "topk": 1, "num_draft_tokens": 3}]
-    assert cfg["serve"]["backend"] == "sglang" and cfg["serve"]["tp"] == 8 and server_gpus(cfg) == 8
+    assert cfg["serve"]["backend"] == "sglang" and cfg["serve"]["tp"] == 8 and Settings.from_validated(cfg).serve.job_gpus == 8
     assert cfg["serve"]["health_interval_s"] * cfg["serve"]["health_tries"] == 30 * 60
     assert cfg["train"]["backend"] == "specforge"
     # K2.5 regenerates its own answers through its SGLang server: prompts in, no ready-made data

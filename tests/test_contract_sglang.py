@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from draftlab.experiment.config import load_config, spec_id
+from draftlab.experiment.config import load_config
+from draftlab.experiment.settings import spec_id
 from test_workflow_dag import ROOT, _run
 from toolenv import run_in, tool_python
 

@@ -23,6 +23,7 @@ import jsonschema
 import yaml
 
 from draftlab.errors import DraftlabError
+from draftlab.fsutil import read_text_file
 
 SCHEMA_PACKAGE, SCHEMA_NAME = "draftlab.experiment", "config.schema.yaml"
 
@@ -107,8 +108,6 @@ def check_size(cfg: Any, source: str, budget: int = MAX_YAML_NODES) -> None:
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    from draftlab.fsutil import read_text_file
-
     path = Path(path)
     data = load_yaml_text(read_text_file(path, "config file"), str(path))
     if not isinstance(data, dict):
@@ -385,44 +384,3 @@ def config_hash(cfg: Mapping[str, Any]) -> str:
     """sha256 of the validated config as canonical JSON (what a record says it ran with)."""
     blob = json.dumps(cfg, sort_keys=True, separators=(",", ":"), default=str).encode()
     return hashlib.sha256(blob).hexdigest()
-
-
-# --- names the workflow derives from a config -------------------------------------------------
-# Kept for callers holding a plain validated dict; each answer comes from draftlab.experiment.settings,
-# where the rule is written once.
-
-
-def spec_id(spec: Mapping[str, Any]) -> str:
-    """Folder name of one speculative setting, e.g. ``s2-k1-d3``."""
-    from draftlab.experiment.settings import spec_id as _spec_id
-
-    return _spec_id(spec)
-
-
-def _settings(cfg: Mapping[str, Any]):
-    from draftlab.experiment.settings import Settings
-
-    return cfg if isinstance(cfg, Settings) else Settings.from_validated(cfg)
-
-
-def trained_arms(cfg: Mapping[str, Any]) -> list[str]:
-    """``finetune-<mode>`` for every configured vocab mode, plus ``scratch`` (the control arm)."""
-    return _settings(cfg).arms
-
-
-def drafter_variants(cfg: Mapping[str, Any]) -> list[str]:
-    """Every variant that serves a drafter: the probe, the reference (if any), the trained arms."""
-    return _settings(cfg).drafted
-
-
-def model_path(cfg: Mapping[str, Any]) -> str:
-    """What the server and the data stages load for the target."""
-    return _settings(cfg).target.load_path
-
-
-def server_gpus(cfg: Mapping[str, Any]) -> int:
-    return _settings(cfg).serve.job_gpus
-
-
-def train_gpus(cfg: Mapping[str, Any]) -> int:
-    return _settings(cfg).train_gpus

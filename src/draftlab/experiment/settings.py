@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 from draftlab.errors import DraftlabError
+from draftlab.experiment.config import config_hash, load_config
+from draftlab.fsutil import write_text
 
 
 def schema_default(key: str) -> Any:
@@ -339,8 +341,6 @@ class Settings:
     @classmethod
     def load(cls, cfg: str | Path | Mapping[str, Any], source: str | None = None) -> "Settings":
         """Validate a config file or a merged mapping once (defaults, ``sizes.<size>``) and type it."""
-        from draftlab.experiment.config import load_config
-
         src = source or (str(cfg) if isinstance(cfg, (str, Path)) else "config")
         return cls.from_validated(load_config(cfg, source=src), src)
 
@@ -421,13 +421,9 @@ class Settings:
 
     def write(self, path: str | Path) -> None:
         """Write the merged config atomically (a job reading it never sees half a file)."""
-        from draftlab.fsutil import write_text
-
         write_text(path, self.to_json())
 
     def hash(self) -> str:
-        from draftlab.experiment.config import config_hash
-
         return config_hash(self.as_dict())
 
 
