@@ -14,25 +14,39 @@ import shlex
 from typing import Any
 
 from draftlab.benchmark.bench_plan import build_plan, server_argv, server_dict  # noqa: F401 - server_argv for the rules
-from draftlab.experiment.layout import Layout, is_trained
+from draftlab.experiment.layout import Layout
 from draftlab.experiment.settings import Settings
+from draftlab.experiment.variants import BASELINE, Variant
 
 # --- servers ------------------------------------------------------------------------------------
 
 
 def server(settings: Settings, layout: Layout, variant: str, spec: str) -> dict[str, Any]:
     """The server of ``variant`` at speculative setting ``spec`` (``baseline``/``plain``: no drafter)."""
-    drafter = None if variant == "baseline" else layout.drafter_dir(variant)
+    drafter = layout.drafter_dir(variant) if Variant(variant).has_drafter else None
     setting = None if spec == "plain" else dataclasses.asdict(settings.specs[spec])
     return server_dict(settings.config, layout.target_model, drafter, setting)
 
 
 def plan(settings: Settings, layout: Layout, variant: str, spec: str) -> dict[str, Any]:
-    """The serve-bench plan of one server job: a trained arm's plan carries the gate and its train folder."""
-    trained = is_trained(variant)
+    """The serve-bench plan of one server job. A trained arm's job exists only when the probe gate opened
+    (the checkpoint decides), so no plan carries the gate."""
     return build_plan(settings.config, variant=variant, spec_id=spec, server=server(settings, layout, variant, spec),
-                      out_dir=layout.bench_dir(variant, spec), server_log=layout.server_log(variant, spec),
-                      gate=layout.gate if trained else None, train_dir=layout.train_dir(variant) if trained else None)
+                      out_dir=layout.bench_dir(variant, spec), server_log=layout.server_log(variant, spec))
+
+
+# --- which variants exist -------------------------------------------------------------------------
+
+
+def drafted(settings: Settings, open_arms) -> list[str]:
+    """Every variant that serves a drafter: the probe, the reference (if any), and those of the configured
+    arms in ``open_arms`` (all of them when the probe gate passed, none when it closed)."""
+    return [v for v in settings.drafted if not Variant(v).is_trained or v in open_arms]
+
+
+def server_jobs(settings: Settings, open_arms) -> list[tuple[str, str]]:
+    """(variant, spec) of every distinct server: plain baseline, every drafter x every setting."""
+    return [(BASELINE, "plain")] + [(v, s) for v in drafted(settings, open_arms) for s in settings.specs]
 
 
 # --- data ---------------------------------------------------------------------------------------
@@ -92,10 +106,10 @@ def builtin_train_command(settings: Settings, layout: Layout, arm: str) -> list[
     t = settings.train
     mapping = layout.vocab_mapping
     cmd = ["draftlab", "train", "--target", layout.target_model, "--tokens", layout.tokens]
-    if arm == "scratch":
+    mode = Variant(arm).finetune_mode
+    if mode is None:  # the scratch control arm
         cmd += ["--init", "scratch", "--vocab-mapping", mapping]
     else:
-        mode = arm.removeprefix("finetune-")
         cmd += ["--init", "checkpoint", "--checkpoint", layout.patched, "--vocab-mode", mode]
         if mode != "keep":
             cmd += ["--vocab-mapping", mapping]
@@ -170,23 +184,20 @@ def specforge_capture_note(settings: Settings, layout: Layout, arm: str) -> str:
             "this job (the job's specforge-preflight asks it):\n#   " + "\n#   ".join(setup))
 
 
-def gated_train_shell(settings: Settings, layout: Layout, arm: str) -> str:
-    """Each training command wrapped in ``draftlab gated`` so a closed gate writes SKIPPED.json instead."""
-    run = layout.train_dir(arm)
-    parts = []
-    for i, cmd in enumerate(train_commands(settings, layout, arm)):
-        guard = f"--gate {layout.gate} --skip-dir {run}" if i == 0 else f"--unless-skipped {run}"
-        parts.append(f"draftlab gated {guard} -- {shlex.join(cmd)}")
-    return " && ".join(parts)
+def train_shell(settings: Settings, layout: Layout, arm: str) -> str:
+    """The training commands of one arm as one shell line (``&&``): the job exists only when the probe
+    gate opened, so nothing in it checks the gate."""
+    return " && ".join(shlex.join(cmd) for cmd in train_commands(settings, layout, arm))
 
 
 # --- what records and the report read -------------------------------------------------------------
 
 
-def static_summaries(settings: Settings, layout: Layout) -> list[str]:
-    """The Markdown of every static-analysis job, gathered into the report's static.html."""
+def static_summaries(settings: Settings, layout: Layout, drafted_now: list[str]) -> list[str]:
+    """The Markdown of every static-analysis job, gathered into the report's static.html (a doctor report
+    per variant of ``drafted_now``, the drafters that exist)."""
     pairs = [("drafter", "patched")] + ([("patched", "reference")] if settings.has_reference else [])
     return ([layout.inspect(w, "md") for w in ("target", "drafter")] + [layout.patch_summary]
             + [layout.compare(a, b, "md") for a, b in pairs]
             + [layout.d2t_diff("md"), layout.d2t_coverage("md")]
-            + [layout.doctor(v, "md") for v in settings.drafted])
+            + [layout.doctor(v, "md") for v in drafted_now])

@@ -16,10 +16,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
-
-def is_trained(variant: str) -> bool:
-    """A variant whose drafter this pipeline trains (a fine-tune arm or the scratch control arm)."""
-    return variant == "scratch" or variant.startswith("finetune-")
+from draftlab.experiment.variants import PROBE, REFERENCE, is_trained  # noqa: F401 - is_trained: older import path
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +141,7 @@ class Layout:
 
     # --- training -------------------------------------------------------------------------------
     def train_dir(self, arm: str) -> str:
-        """The train rule's output folder of one arm (summary, validation, the drafter or SKIPPED.json)."""
+        """The train rule's output folder of one arm (summary, validation, the drafter)."""
         return self._p("train", arm)
 
     def train_file(self, arm: str, name: str) -> str:
@@ -157,18 +154,18 @@ class Layout:
     # --- drafters by variant --------------------------------------------------------------------
     def drafter_dir(self, variant: str) -> str:
         """The folder a variant's server loads as its drafter."""
-        if variant == "probe":
+        if variant == PROBE:
             return self.patched
-        if variant == "reference":
-            return self.model_dir("reference")
+        if variant == REFERENCE:
+            return self.model_dir(REFERENCE)
         return self.train_file(variant, "drafter")
 
     def drafter_marker(self, variant: str) -> str:
         """The file (or folder) whose existence says the variant's drafter is ready."""
-        if variant == "probe":
+        if variant == PROBE:
             return self.patch_record
-        if variant == "reference":
-            return self.acquire_record("reference")
+        if variant == REFERENCE:
+            return self.acquire_record(REFERENCE)
         return self.train_dir(variant)
 
     # --- serve + bench, gate ---------------------------------------------------------------------

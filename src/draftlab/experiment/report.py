@@ -95,7 +95,8 @@ def decision_text(rows: list[dict[str, Any]], gate: dict[str, Any] | None, bench
         verdict = "passed" if gate.get("pass") else "failed"
         out.append(f"Probe gate {verdict}: {esc(gate.get('reason'), 500)}.")
     if gate and not gate.get("pass"):
-        out.append("Fine-tuning and the from-scratch control arm were skipped, so their rows are marked `skipped`.")
+        out.append("Fine-tuning and the from-scratch control arm were not trained (the gate decides which arms "
+                   "exist), so no trained arm has a row.")
     tuned = [a for a in d.get("arms", []) if a["row"]["variant"].startswith("finetune-")]
     if tuned:
         ft = tuned[0]
