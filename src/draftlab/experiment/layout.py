@@ -19,6 +19,21 @@ from typing import Iterable
 from draftlab.experiment.variants import PROBE, REFERENCE, is_trained  # noqa: F401 - is_trained: older import path
 
 
+# What rule report writes into report/ (``draftlab report --out-dir``), by key; the rule's outputs and the
+# report's own file names both come from here.
+REPORT_FILES = {
+    "summary": "summary.md",
+    "recommendation": "recommendation.json",
+    "summary_html": "summary.html",
+    "decision_fragment": "decision-fragment.html",
+    "accept": "accept_length.png",
+    "tps": "throughput.png",
+    "ttt": "ttt_accuracy.png",
+    "records_html": "records.html",
+    "static_html": "static.html",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """The result tree of experiment ``experiment`` under ``results`` (default ``results/``)."""
@@ -208,14 +223,18 @@ class Layout:
     def report_file(self, name: str) -> str:
         return self._p("report", name)
 
+    def report_output(self, key: str) -> str:
+        """One of the files rule report writes, by its key in ``REPORT_FILES``."""
+        return self.report_file(REPORT_FILES[key])
+
     @property
     def summary(self) -> str:
-        return self.report_file("summary.md")
+        return self.report_output("summary")
 
     @property
     def recommendation(self) -> str:
         """The deploy recommendation: winning drafter, setting, launch command, expected speedup."""
-        return self.report_file("recommendation.json")
+        return self.report_output("recommendation")
 
     def standing(self, spec: str, client: str) -> str:
         """The breakeven rule's standing of every drafter at one setting and client."""
