@@ -7,7 +7,7 @@ import shlex
 
 from draftlab.benchmark.probe_gate import gate_open
 from draftlab.experiment import jobs, variants
-from draftlab.experiment.layout import Layout
+from draftlab.experiment.layout import Layout, demo_hub_cache, demo_record
 from draftlab.experiment.settings import Settings
 from draftlab.experiment.variants import Variant
 
@@ -35,7 +35,7 @@ DEMO_GPUS = 1 if S.demo.device.startswith("cuda") else 0
 GENERATE_SERVER_LOG = L.log("generate_data.server.log")
 
 # Every shell job sees the same Hugging Face cache and offline switch (the demo pair has its own cache).
-_hub_cache = S.hub.cache_dir or (f"{DEMO_DIR}/hf_cache" if DEMO else None)
+_hub_cache = S.hub.cache_dir or (demo_hub_cache(DEMO_DIR) if DEMO else None)
 _cache_env = (
     f"export HF_HUB_CACHE={shlex.quote(os.path.abspath(_hub_cache))}; "
     if _hub_cache
@@ -55,7 +55,7 @@ wildcard_constraints:
 
 def get_demo():
     """The demo build, when the experiment uses the offline demo pair."""
-    return [f"{DEMO_DIR}/demo.json"] if DEMO else []
+    return [demo_record(DEMO_DIR)] if DEMO else []
 
 
 def get_source_args(section):

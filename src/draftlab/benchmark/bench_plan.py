@@ -7,7 +7,7 @@ into one *plan*; ``draftlab serve-bench`` (:mod:`draftlab.benchmark.serve_bench`
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 PLAN_VERSION = 1
 
@@ -77,18 +77,22 @@ def build_plan(
     variant: str,
     spec_id: str,
     server: Mapping[str, Any],
-    out_dir: str,
+    result_path: Callable[[str, str], str],
+    summary: str,
     server_log: str,
     gate: str | None = None,
     train_dir: str | None = None,
 ) -> dict[str, Any]:
-    """Everything ``draftlab serve-bench`` needs for one server: the server and its client runs."""
+    """Everything ``draftlab serve-bench`` needs for one server: the server and its client runs.
+
+    ``result_path(client, ext)`` names a client's result (``json``/``csv``) and ``summary`` the server's
+    own: the caller's Layout spells them (``Layout.bench_result``, ``Layout.serve_summary``), not this."""
     clients = []
     for c in cfg["bench"]["clients"]:
         clients.append({
             **{k: c[k] for k in ("name", "prompts", "max_new_tokens", "repeats", "warmup", "concurrency", "limit", "ignore_eos")},
-            "out_json": f"{out_dir}/{c['name']}.json",
-            "out_csv": f"{out_dir}/{c['name']}.csv",
+            "out_json": result_path(c["name"], "json"),
+            "out_csv": result_path(c["name"], "csv"),
         })
     return {
         "version": PLAN_VERSION,
@@ -103,5 +107,5 @@ def build_plan(
         "train_dir": train_dir,
         "clients": clients,
         "server_log": server_log,
-        "summary": f"{out_dir}/serve.json",
+        "summary": summary,
     }

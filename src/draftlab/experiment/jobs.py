@@ -32,7 +32,8 @@ def plan(settings: Settings, layout: Layout, variant: str, spec: str) -> dict[st
     """The serve-bench plan of one server job. A trained arm's job exists only when the probe gate opened
     (the checkpoint decides), so no plan carries the gate."""
     return build_plan(settings.config, variant=variant, spec_id=spec, server=server(settings, layout, variant, spec),
-                      out_dir=layout.bench_dir(variant, spec), server_log=layout.server_log(variant, spec))
+                      result_path=lambda client, ext: layout.bench_result(variant, spec, client, ext),
+                      summary=layout.serve_summary(variant, spec), server_log=layout.server_log(variant, spec))
 
 
 # --- which variants exist -------------------------------------------------------------------------

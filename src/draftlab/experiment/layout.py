@@ -34,6 +34,16 @@ REPORT_FILES = {
 }
 
 
+def demo_record(demo_dir: str) -> str:
+    """``resources/demo/<size>/demo.json``: rule demo_models' record that the demo pair is built."""
+    return f"{demo_dir}/demo.json"
+
+
+def demo_hub_cache(demo_dir: str) -> str:
+    """The Hugging Face cache the demo pair is published into (shared by the experiments of one size)."""
+    return f"{demo_dir}/hf_cache"
+
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """The result tree of experiment ``experiment`` under ``results`` (default ``results/``)."""
