@@ -109,6 +109,12 @@ def test_closed_gate_leaves_the_arms_out_of_the_dag_and_the_report_is_told_why(t
     report = next(l for l in out.splitlines() if "draftlab report " in l)
     assert "--gate results/demo-k2-to-k25/gate/gate.json" in report
     assert re.search(r"--train --", report) and "doctor-finetune" not in report
+    # rule records is handed its files as declared inputs: the baseline's and probe's results, the gate
+    records = next(b for b in job_blocks(out) if "rule records:" in b)
+    inputs = re.search(r"^\s+input: (.+)$", records, re.M).group(1).split(", ")
+    exp = "results/demo-k2-to-k25"
+    assert f"{exp}/bench/baseline/plain/default.json" in inputs and f"{exp}/gate/gate.json" in inputs
+    assert f"{exp}/bench/probe/s2-k1-d3/serve.json" in inputs and not any("/train/" in i for i in inputs)
 
 
 def test_kimi_dag_on_gpu8_prints_real_sglang_and_training_commands(tmp_path):

@@ -21,9 +21,6 @@ rule records:
         config=config,
         clients=CLIENTS,
         servers=get_server_jobs,
-        results_dir=lambda wildcards, output: os.path.dirname(
-            os.path.dirname(output.csv)
-        ),
     script:
         "../scripts/records.py"
 
