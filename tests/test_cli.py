@@ -74,7 +74,7 @@ def test_each_rule_runs_its_own_named_command_from_its_named_module():
 
     rules_dir = Path(__file__).resolve().parents[1] / "workflow" / "rules"
     text = "\n".join(p.read_text() for p in sorted(rules_dir.glob("*.smk")))
-    rules = re.split(r"^\s*rule (\w+):", text, flags=re.M)
+    rules = re.split(r"^\s*(?:rule|checkpoint) (\w+):", text, flags=re.M)
     bodies = dict(zip(rules[1::2], rules[2::2]))
     commands = _subcommands()
     for rule, (command, module) in RULE_COMMANDS.items():

@@ -27,6 +27,7 @@ import yaml
 
 from draftlab.static.d2t import VocabMapping, load_mapping, save_mapping
 from factories import drafter_tensors, tiny_drafter_config
+from gate_seed import SEEDED_DRY_RUN, seed_past_gate
 from toolenv import run_in, tool_python
 
 pytestmark = pytest.mark.contract
@@ -93,13 +94,9 @@ def _kimi_inputs(d: Path) -> None:
 
 
 def _segments(shell: str) -> list[list[str]]:
-    """The commands inside ``draftlab gated ... -- CMD && ...`` of one train job's shell line."""
-    shell = shell.split(" > ")[0]
-    out = []
-    for part in shell.split(" && "):
-        argv = shlex.split(part)
-        out.append(argv[argv.index("--") + 1:])
-    return out
+    """The commands ``CMD && CMD ...`` of one train job's shell line (from its first ``draftlab``)."""
+    shell = shell[shell.index("draftlab specforge-command"):].split(" > ")[0]
+    return [shlex.split(part) for part in shell.split(" && ")]
 
 
 @pytest.fixture(scope="module")
@@ -112,12 +109,16 @@ def kimi_runs(tmp_path_factory):
     os.symlink("profiles/gpu8", d / "gpu8")
     _kimi_inputs(d)
     kimi = ("config/kimi-k25.yaml",)
-    plan = snakemake(d, "--profile", "gpu8", "-n", "-p", "all", configfiles=kimi, env=_env())
+    for seeded in (False, True):  # up to the probe gate (a checkpoint), then past it with the gate open
+        plan = snakemake(d, *(SEEDED_DRY_RUN if seeded else []), "--profile", "gpu8", "-n", "-p", "all",
+                         configfiles=kimi, env=_env())
+        if not seeded:
+            seed_past_gate(d, plan.stdout, passed=True)
     # the merged config the plan's prepare step reads: written by its own rule, as the run would
     snakemake(d, "--cores", "1", f"{EXP}/config.json", configfiles=kimi, env=_env())
     runs = {}
     for line in plan.stdout.splitlines():
-        m = re.search(r"--skip-dir results/kimi-k25/train/([\w-]+) -- draftlab specforge-command", line)
+        m = re.search(r"draftlab specforge-command .* --out results/kimi-k25/train/([\w-]+)/drafter ", line)
         if not m:
             continue
         segs = _segments(line.strip())

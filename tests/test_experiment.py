@@ -124,9 +124,9 @@ def test_layout_names_every_artifact_under_the_experiment():
     assert layout.train_state("scratch") == "results/demo-k2-to-k25/train-state/scratch"
     # placeholders go through unchanged, so a rule's output pattern and its input function agree
     assert layout.doctor("{variant}") == "results/demo-k2-to-k25/static/doctor-{variant}.json"
-    # the plan of a trained arm carries the gate and its train folder, all from the layout
+    # a trained arm's plan: its job exists only when the gate (a checkpoint) opened, so it carries no gate
     plan = jobs.plan(s, layout, "finetune-keep", "s2-k1-d3")
-    assert plan["gate"] == layout.gate and plan["train_dir"] == layout.train_dir("finetune-keep")
+    assert plan["gate"] is None and plan["train_dir"] is None
     assert plan["server"]["drafter"] == layout.drafter_dir("finetune-keep") and plan["summary"] == \
         layout.serve_summary("finetune-keep", "s2-k1-d3")
 

@@ -254,3 +254,27 @@ def test_concurrent_merges_lose_nothing(tmp_path):
         assert sum(pool.map(_merge, csvs)) == 16
     assert len(pd.read_csv(out / "records.csv")) == 16
 
+
+
+def test_the_rule_hands_its_declared_inputs_and_they_are_the_layout_files(tmp_path):
+    """Issue 25: rule records passes its named inputs (servers x clients in order, the open arms' train
+    folders); read from them, the table is the one the experiment's Layout files give."""
+    from types import SimpleNamespace
+
+    from draftlab.experiment.layout import Layout
+    from draftlab.experiment.records import RecordInputs, records_of
+
+    cfg = experiment_config()
+    exp = make_experiment(tmp_path, cfg)
+    layout = Layout(exp.name, str(exp.parent))
+    declared = SimpleNamespace(
+        target=layout.target_record, gate=layout.gate, drafter=layout.acquire_record("drafter"), reference=[],
+        results=layout.bench_results(SERVERS, ["default"]), servers=[layout.serve_summary(v, s) for v, s in SERVERS],
+        train=[layout.train_dir(a) for a in ("finetune-keep", "scratch")])
+    inputs = RecordInputs.from_rule(declared, SERVERS, ["default"])
+    assert inputs.train == {"finetune-keep": layout.train_dir("finetune-keep"), "scratch": layout.train_dir("scratch")}
+    assert inputs.results[("probe", "s2-k1-d3", "default")] == layout.bench_result("probe", "s2-k1-d3", "default")
+    by_rule = records_of(inputs, cfg, servers=SERVERS, clients=["default"]).drop(columns=["created_at"])
+    by_hand = build_records(exp, cfg, servers=SERVERS, clients=["default"]).drop(columns=["created_at"])
+    cols = [c for c in by_rule.columns if c not in ("versions", "hardware", "draftlab_commit")]
+    assert by_rule[cols].equals(by_hand[cols])

@@ -30,6 +30,7 @@ from helpers import DRAFTLAB, cli_process
 from draftlab.benchmark.bench_plan import build_plan
 from draftlab.experiment.config import load_config
 from draftlab.experiment.jobs import server_spec
+from draftlab.experiment.layout import Layout
 from draftlab.experiment.settings import Settings
 from draftlab.serving.server_spec import ServerSpec
 
@@ -104,10 +105,11 @@ def _experiment(backend: str, clients=CLIENTS) -> dict:
 
 
 def _plan(tmp_path: Path, cfg: dict, server: ServerSpec, variant: str = "probe", spec_id: str = "s2-k1-d3") -> Path:
-    out_dir = tmp_path / "results" / "exp" / "bench" / variant / spec_id
-    plan = build_plan(cfg, variant=variant, spec_id=spec_id, server=server, out_dir=str(out_dir),
-                      server_log=str(tmp_path / "results" / "exp" / "logs" / "server" / f"{variant}-{spec_id}.log"))
-    path = out_dir / "plan.json"
+    layout = Layout("exp", str(tmp_path / "results"))
+    plan = build_plan(cfg, variant=variant, spec_id=spec_id, server=server,
+                      result_path=lambda client, ext: layout.bench_result(variant, spec_id, client, ext),
+                      summary=layout.serve_summary(variant, spec_id), server_log=layout.server_log(variant, spec_id))
+    path = Path(layout.bench_plan(variant, spec_id))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(plan))
     return path

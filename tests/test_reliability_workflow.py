@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from gate_seed import SEEDED_DRY_RUN, seed_past_gate
 from helpers import snakemake, snakemake_cmd
 
 REPO = Path(__file__).resolve().parents[1]
@@ -36,6 +37,7 @@ def models(tmp_path_factory):
 
 def _override(workdir: Path, text: str) -> Path:
     path = workdir / "override.yaml"
+    workdir.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
 
@@ -105,9 +107,13 @@ def test_second_run_on_one_results_folder_is_refused_and_a_killed_run_needs_unlo
 
 
 def _shell_lines(workdir: Path, override: Path) -> list[str]:
+    """The draftlab command lines of a dry run: up to the probe gate, then (it passed) the arms'."""
     proc = _run(workdir, override, "-n", "-p")
     assert proc.returncode == 0, proc.stderr
-    return [line for line in (proc.stdout + proc.stderr).splitlines() if "draftlab " in line]
+    seed_past_gate(workdir, proc.stdout, passed=True)
+    after = _run(workdir, override, *SEEDED_DRY_RUN, "-n", "-p")
+    assert after.returncode == 0, after.stderr
+    return [line for line in (proc.stdout + proc.stderr + after.stdout).splitlines() if "draftlab " in line]
 
 
 def test_trust_remote_code_and_host_only_when_configured(models, tmp_path):
@@ -115,7 +121,7 @@ def test_trust_remote_code_and_host_only_when_configured(models, tmp_path):
     --trust-remote-code only when target.trust_remote_code is set; servers bind 127.0.0.1 unless
     serve.host says otherwise."""
     target, drafter = models
-    plain = _shell_lines(tmp_path, _local_config(tmp_path, target, drafter))
+    plain = _shell_lines(tmp_path / "plain", _local_config(tmp_path / "plain", target, drafter))
     loads_target = [line for line in plain if any(f"draftlab {c} " in line or f"draftlab.cli {c} " in line
                                                   for c in ("serve", "generate", "tokenize", "train"))]
     assert len(loads_target) >= 6
@@ -123,8 +129,8 @@ def test_trust_remote_code_and_host_only_when_configured(models, tmp_path):
     serves = [line for line in plain if "draftlab.cli serve " in line]
     assert serves and all("--host 127.0.0.1 " in line for line in serves)
 
-    trusted = _shell_lines(tmp_path, _local_config(
-        tmp_path, target, drafter,
+    trusted = _shell_lines(tmp_path / "trusted", _local_config(
+        tmp_path / "trusted", target, drafter,
         f"target: {{source: {target}, revision: null, trust_remote_code: true}}\nserve: {{host: 0.0.0.0}}\n"))
     t_loads = [line for line in trusted if any(f"draftlab {c} " in line or f"draftlab.cli {c} " in line
                                                for c in ("serve", "generate", "tokenize", "train"))]

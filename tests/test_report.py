@@ -119,7 +119,7 @@ def test_cycle_from_end_to_end_latency_is_never_shown_as_the_verify_cycle(tmp_pa
 def test_report_says_why_fine_tuning_was_skipped(tmp_path):
     _, out, md = _report(tmp_path, gate_pass=False, probe_accept=1.0)
     assert "Probe gate failed: probe accept length 1.000 < 1.1" in md
-    assert "Fine-tuning and the from-scratch control arm were skipped" in md
+    assert "Fine-tuning and the from-scratch control arm were not trained" in md
     assert "| finetune-keep (skipped) |" in md and "No trained drafter" in md
     assert "| finetune-keep | s2-k1-d3 | default | – | – | skipped: " in md
     assert "decision: **skip**" in md

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from gate_seed import SEEDED_DRY_RUN, seed_past_gate
 from helpers import snakemake
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,38 +47,82 @@ def job_counts(text: str) -> dict[str, int]:
     return counts
 
 
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory) -> Path:
-    """A copy of the workflow, so dry runs never touch the repository's .snakemake/ or results/."""
-    d = tmp_path_factory.mktemp("wf")
+def _copy_workflow(d: Path) -> Path:
+    """A copy of the workflow in ``d``, so dry runs never touch the repository's .snakemake/ or results/."""
+    d.mkdir(parents=True, exist_ok=True)
     for name in ("Snakefile", "workflow", "config", "profiles", "envs"):
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy)(src, d / name)
     os.symlink("profiles/gpu8", d / "gpu8")
+    os.symlink("profiles/gpu1", d / "gpu1")
     return d
 
 
-def test_default_dag_has_every_stage(workdir):
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return _copy_workflow(tmp_path_factory.mktemp("wf"))
+
+
+def past_gate(tmp_path: Path, args: list[str], passed: bool = True) -> str:
+    """The dry run ``args`` (with -n) of a fresh copy in ``tmp_path`` once the probe gate has decided."""
+    return gate_plans(tmp_path, args, passed)[1].stdout
+
+
+def gate_plans(tmp_path: Path, args: list[str], passed: bool = True):
+    """The dry runs ``args`` of a fresh copy in ``tmp_path``: before the probe gate (up to it) and after
+    it decided (``passed``): what follows it."""
+    cwd = _copy_workflow(tmp_path)
+    before = _run(args, cwd=cwd)
+    seed_past_gate(cwd, before.stdout, passed)
+    return before, _run(SEEDED_DRY_RUN + args, cwd=cwd)
+
+
+def test_default_dag_has_every_stage(workdir, tmp_path):
     out = _run(["-n", "--cores", "2", "all"], cwd=workdir)
     counts = job_counts(out.stdout)
-    # 1 baseline + (probe + 4 trained arms) x 2 speculative settings = 11 servers, one job each
-    assert counts["serve_bench"] == 11
-    assert counts["train"] == 4 and counts["doctor"] == 5 and counts["probe_gate"] == 1
+    # the probe gate is a checkpoint: before it has decided, the plan ends at it (the probe's two servers)
+    assert counts["serve_bench"] == 2 and counts["probe_gate"] == 1 and counts["doctor"] == 1
+    assert "train" not in counts and "breakeven" not in counts
+    assert "DAG of jobs will be updated after completion" in out.stdout
     for rule in ("demo_models", "resolve_target", "acquire", "inspect", "patch_config", "compare", "d2t_diff",
                  "d2t_coverage", "generate_data", "tokenize", "vocab_mapping", "records", "records_merge", "report"):
         assert counts.get(rule) == (2 if rule == "inspect" else 1), rule
-    # break-even standing of every drafter: one job per (speculative setting, client variant)
-    assert counts["breakeven"] == 2
     assert "sglang" not in out.stdout
+    # once it passed: 1 baseline + 4 trained arms x 2 speculative settings more servers, one job each
+    # (11 with the probe's), the arms' training and doctor, and break-even per (setting, client)
+    after = job_counts(past_gate(tmp_path, ["-n", "--cores", "2", "all"]))
+    assert after["serve_bench"] == 9 and after["train"] == 4 and after["doctor"] == 4 and after["breakeven"] == 2
+    assert "probe_gate" not in after
 
 
-def test_kimi_dag_on_gpu8_prints_real_sglang_and_training_commands():
-    """Exactly as a user types it, from the repository root, on a machine with no GPU and no network."""
-    out = _run(["--profile", "gpu8", "--configfile", "config/kimi-k25.yaml", "-n", "-p", "all"])
-    text = out.stdout
-    assert "Using profile gpu8" in out.stdout + out.stderr
+def test_closed_gate_leaves_the_arms_out_of_the_dag_and_the_report_is_told_why(tmp_path):
+    """Issue 25: the gate decides which arms exist. Closed: no train, no arm doctor or server; the report
+    is handed the gate decision (its reason is what the summary says) and no train folder."""
+    out = past_gate(tmp_path, ["-n", "-p", "--cores", "2", "all"], passed=False)
+    counts = job_counts(out)
+    assert counts["serve_bench"] == 1 and counts["breakeven"] == 2 and counts["report"] == 1
+    assert {"train", "doctor", "experiment_config"}.isdisjoint(counts)
+    assert not re.search(r"bench/(finetune-|scratch)", out)
+    report = next(l for l in out.splitlines() if "draftlab report " in l)
+    assert "--gate results/demo-k2-to-k25/gate/gate.json" in report
+    assert re.search(r"--train --", report) and "doctor-finetune" not in report
+    # rule records is handed its files as declared inputs: the baseline's and probe's results, the gate
+    records = next(b for b in job_blocks(out) if "rule records:" in b)
+    inputs = re.search(r"^\s+input: (.+)$", records, re.M).group(1).split(", ")
+    exp = "results/demo-k2-to-k25"
+    assert f"{exp}/bench/baseline/plain/default.json" in inputs and f"{exp}/gate/gate.json" in inputs
+    assert f"{exp}/bench/probe/s2-k1-d3/serve.json" in inputs and not any("/train/" in i for i in inputs)
+
+
+def test_kimi_dag_on_gpu8_prints_real_sglang_and_training_commands(tmp_path):
+    """Exactly as a user types it (in a copy of the repository), on a machine with no GPU and no network:
+    first up to the probe gate, then (the gate passed) the arms."""
+    before, after = gate_plans(tmp_path, ["--profile", "gpu8", "--configfile", "config/kimi-k25.yaml", "-n", "-p",
+                                          "all"])
+    text = before.stdout + after.stdout
+    assert "Using profile gpu8" in before.stdout + before.stderr
     launches = [l for l in text.splitlines() if "python -m sglang.launch_server" in l and "serve-bench" in l]
-    assert len(launches) == 5  # baseline, probe, finetune-keep, finetune-regenerate, scratch
+    assert len(launches) == 5  # probe; after the gate: baseline, finetune-keep, finetune-regenerate, scratch
     # the fine-tune data: K2.5 answers the prompts through its own SGLang server (tp 8, no drafter)
     gen = [l for l in text.splitlines() if "draftlab generate-data " in l]
     assert len(gen) == 1 and "--prompts data/kimi-k25-prompts.jsonl" in gen[0] and "--concurrency 128" in gen[0]
@@ -99,24 +144,26 @@ def test_kimi_dag_on_gpu8_prints_real_sglang_and_training_commands():
     train = [l for l in text.splitlines() if "draftlab specforge-command" in l]
     assert len(train) == 3 and "torchrun" not in text and "train_eagle3.py" not in text
     for l in train:
-        arm = re.search(r"--skip-dir results/kimi-k25/train/([\w-]+) ", l).group(1)
+        arm = re.search(r"--out results/kimi-k25/train/([\w-]+)/drafter ", l).group(1)
         out = f"results/kimi-k25/train-state/{arm}/specforge"
-        assert ("-- draftlab specforge-command --config results/kimi-k25/config.json "
-                "--target results/kimi-k25/models/target/model "
-                "--draft-config results/kimi-k25/drafter/patched/config.json ") in l
+        assert re.search("(^|: )draftlab specforge-command --config results/kimi-k25/config.json "
+                         "--target results/kimi-k25/models/target/model "
+                         "--draft-config results/kimi-k25/drafter/patched/config.json ", l.strip()), l
         assert f"--output-dir {out}" in l and "--tokens results/kimi-k25/data/tokens.jsonl" in l
-        assert f"-- draftlab specforge-preflight --job {out}/draftlab_specforge_job.json --expect-model " in l
-        assert f"-- specforge train --config {out}/draftlab_run.yaml &&" in l
-        assert (f"-- draftlab import-specforge {out} --out results/kimi-k25/train/{arm}/drafter "
+        assert f"&& draftlab specforge-preflight --job {out}/draftlab_specforge_job.json --expect-model " in l
+        assert f"&& specforge train --config {out}/draftlab_run.yaml &&" in l
+        assert (f"&& draftlab import-specforge {out} --out results/kimi-k25/train/{arm}/drafter "
                 "--expect-mapping ") in l and "--expect-steps 20000" in l
+        assert "draftlab gated" not in l  # the arm exists only because the gate opened
         assert ("--ckpt-dir results/kimi-k25/drafter/patched" in l) == (arm != "scratch")
         pinned = "results/kimi-k25/drafter/patched" if arm == "finetune-keep" else "results/kimi-k25/data/vocab.safetensors"
         assert f"--mapping {pinned} " in l
     assert re.search(r"rule experiment_config:\s+output: results/kimi-k25/config.json", text)
     # the doctor report precedes every launch of a drafter; GPU jobs reserve the whole host
-    probe_job = next(b for b in job_blocks(text) if "rule serve_bench:" in b and "bench/probe/" in b)
+    probe_job = next(b for b in job_blocks(before.stdout) if "rule serve_bench:" in b and "bench/probe/" in b)
     assert re.search(r"input: .*results/kimi-k25/static/doctor-probe\.json", probe_job)
-    gpu_jobs = [b for b in job_blocks(text) if re.search(r"^rule (serve_bench|train):", b.strip())]
+    gpu_jobs = [b for t in (before.stdout, after.stdout) for b in job_blocks(t)
+                if re.search(r"^rule (serve_bench|train):", b.strip())]
     assert len(gpu_jobs) == 5 + 3
     for block in gpu_jobs:
         assert re.search(r"resources: .*\bgpu=8\b", block), block
@@ -133,10 +180,10 @@ def test_sweep_shares_one_launch_per_server_configuration(workdir, tmp_path):
     cfg["reference"] = {"source": "hf:draftlab-demo/drafter-v1", "revision": "main"}
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    out = _run(["-n", "--cores", "2", "all", "--configfile", str(path)], cwd=workdir)
-    counts = job_counts(out.stdout)
-    drafters = 4  # probe, reference, finetune-remap, scratch
-    assert counts["serve_bench"] == 1 + drafters * 3
+    out, after = gate_plans(tmp_path / "wf", ["-n", "--cores", "2", "all", "--configfile", str(path)])
+    counts, after = job_counts(out.stdout), job_counts(after.stdout)
+    drafters = 4  # probe (before the gate), reference, finetune-remap, scratch (after it passed)
+    assert counts["serve_bench"] == 3 and counts["serve_bench"] + after["serve_bench"] == 1 + drafters * 3
     assert counts["acquire"] == 2 and counts["compare"] == 2
     # every result of a server comes from that server's single job
     assert out.stdout.count("bench/probe/s2-k1-d3/a.json") >= 1
@@ -149,7 +196,7 @@ def test_report_is_handed_exactly_the_configured_arms(workdir, tmp_path):
     declares the doctor reports and train folders of the configured arms and names them on its command line."""
     path = tmp_path / "noscratch.yaml"
     path.write_text(yaml.safe_dump({"train": {"scratch": False, "finetune_modes": ["keep"]}}))
-    out = _run(["-n", "-p", "--cores", "1", "all", "--configfile", str(path)], cwd=workdir).stdout
+    out = past_gate(tmp_path / "wf", ["-n", "-p", "--cores", "1", "all", "--configfile", str(path)])
     report = next(l for l in out.splitlines() if l.startswith("draftlab report ") or " draftlab report " in l)
     doctor = report.split("--doctor ", 1)[1].split(" --", 1)[0].split()
     train = report.split("--train ", 1)[1].split(" --", 1)[0].split()
@@ -202,15 +249,16 @@ def test_gpu8_profile_resolves_from_the_repository_root():
 
 def test_local_profile_runs_the_default(workdir):
     out = _run(["--profile", "profiles/local", "-n", "all"], cwd=workdir)
-    assert job_counts(out.stdout)["serve_bench"] == 11
+    assert job_counts(out.stdout)["serve_bench"] == 2  # the probe's, up to the gate
 
 
-def test_specforge_reads_the_merged_config_of_every_configfile_and_override(workdir, tmp_path):
+def test_specforge_reads_the_merged_config_of_every_configfile_and_override(tmp_path):
     """Two config files and a --config override: the prepare step reads what Snakemake merged, not the last file."""
     more = tmp_path / "more.yaml"
     more.write_text("train:\n  max_length: 3072\n  steps: 77\n")
     args = ["--configfile", "config/kimi-k25.yaml", str(more), "--config", "experiment=k25-merged"]
-    plan = _run(args + ["-n", "-p", "all"], cwd=workdir).stdout
+    workdir = tmp_path / "wf"
+    plan = past_gate(workdir, args + ["-n", "-p", "all"])
     prepare = [l for l in plan.splitlines() if "draftlab specforge-command" in l]
     assert prepare and all("--config results/k25-merged/config.json " in l for l in prepare)
     _run(args + ["--cores", "1", "results/k25-merged/config.json"], cwd=workdir)
@@ -230,22 +278,25 @@ def test_specforge_reads_the_merged_config_of_every_configfile_and_override(work
     assert (workdir / "results/k25-merged/config.json").stat().st_mtime_ns == before and merged
 
 
-def test_demo_gpu_dag_on_gpu1_runs_every_stage_on_the_one_gpu():
+def test_demo_gpu_dag_on_gpu1_runs_every_stage_on_the_one_gpu(tmp_path):
     """`snakemake --profile gpu1 --configfile config/demo-gpu.yaml all`, dry, on a machine with no GPU:
     the whole loop (demo build included) with every GPU job holding the one GPU and CPU jobs beside."""
     link = ROOT / "gpu1"
     assert link.is_symlink() and link.resolve() == (ROOT / "profiles" / "gpu1").resolve()
     prof = yaml.safe_load((ROOT / "profiles" / "gpu1" / "config.yaml").read_text())
     assert prof["resources"]["gpu"] == 1 and prof["cores"] >= 2
-    out = _run(["--profile", "gpu1", "--configfile", "config/demo-gpu.yaml", "-n", "-p", "all"])
-    text = out.stdout
-    assert "Using profile gpu1" in text + out.stderr
-    counts = job_counts(text)
-    assert counts["serve_bench"] == 6  # baseline + (probe + 3 fine-tune arms + scratch) x 1 setting
-    assert counts["train"] == 4 and counts["demo_models"] == 1 and counts["generate_data"] == 1
+    out, after = gate_plans(tmp_path / "wf", ["--profile", "gpu1", "--configfile", "config/demo-gpu.yaml", "-n",
+                                              "-p", "all"])
+    text = out.stdout + after.stdout
+    assert "Using profile gpu1" in out.stdout + out.stderr
+    counts, later = job_counts(out.stdout), job_counts(after.stdout)
+    # the probe up to the gate, then baseline + (3 fine-tune arms + scratch) x 1 setting
+    assert counts["serve_bench"] + later["serve_bench"] == 6
+    assert later["train"] == 4 and counts["demo_models"] == 1 and counts["generate_data"] == 1
     for rule in ("resolve_target", "acquire", "inspect", "patch_config", "doctor", "probe_gate", "tokenize",
-                 "vocab_mapping", "records", "records_merge", "report", "breakeven"):
+                 "vocab_mapping", "records", "records_merge", "report"):
         assert counts.get(rule), rule
+    assert later.get("breakeven")
     lines = text.splitlines()
     assert any("draftlab demo-models --out resources/demo/gpu --size gpu" in l and "--device cuda" in l
                for l in lines)
@@ -254,7 +305,7 @@ def test_demo_gpu_dag_on_gpu1_runs_every_stage_on_the_one_gpu():
     assert "--concurrency 64" in gen
     assert gen.split(" -- ")[1].startswith("python -m draftlab.cli serve --target results/demo-gpu/models/target/model "
                                           "--device cuda --max-batch-size 64 ")
-    trains = [l for l in lines if "draftlab gated" in l and " train " in l]
+    trains = [l for l in lines if re.search("(^|: )draftlab train ", l.strip())]
     assert len(trains) == 4 and all("--device cuda" in l for l in trains)
     serves = [l for l in lines if "draftlab serve-bench" in l]
     assert len(serves) == 6 and all("--device cuda" in l for l in serves)
@@ -269,7 +320,7 @@ def test_demo_gpu_dag_on_gpu1_runs_every_stage_on_the_one_gpu():
     # (--forcerun: another test may have built the smoke demo in this checkout already)
     smoke = _run(["--profile", "gpu1", "--configfile", "config/demo-gpu.yaml", "--config", "size=smoke", "-n",
                   "-p", "--forcerun", "demo_models", "--", "all"])
-    assert "--size smoke --threads" in smoke.stdout and job_counts(smoke.stdout)["train"] == 4
+    assert "--size smoke --threads" in smoke.stdout and job_counts(smoke.stdout)["probe_gate"] == 1
 
 
 def _dag_files(text: str) -> set[str]:

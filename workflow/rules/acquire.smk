@@ -5,7 +5,7 @@ if DEMO:
 
     rule demo_models:
         output:
-            demo=f"{DEMO_DIR}/demo.json",
+            demo=demo_record(DEMO_DIR),
         log:
             L.log("demo_models.log"),
         benchmark:

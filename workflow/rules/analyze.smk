@@ -78,13 +78,12 @@ rule doctor:
     conda:
         "../../envs/analysis.yaml"
     params:
-        drafter=get_drafter_dir_from,
+        drafter=get_drafter_dir,
         target=lambda wildcards, input: model_dir(input.target),
         algorithm=S.doctor.algorithm,
         backend=S.serve.backend,
-        gated=get_doctor_gate,
     shell:
-        "{params.gated}draftlab doctor --drafter {params.drafter} --target {params.target}"
+        "draftlab doctor --drafter {params.drafter} --target {params.target}"
         " --algorithm {params.algorithm} --backend {params.backend} --out {output.json}"
         " --summary {output.md} > {log} 2>&1"
 

@@ -6,9 +6,11 @@ import json
 import os
 import shlex
 
-from draftlab.experiment import jobs
-from draftlab.experiment.layout import Layout
+from draftlab.benchmark.probe_gate import gate_open
+from draftlab.experiment import jobs, variants
+from draftlab.experiment.layout import Layout, demo_hub_cache, demo_record
 from draftlab.experiment.settings import Settings
+from draftlab.experiment.variants import Variant
 
 # The Snakefile loaded and validated the experiment once (SETTINGS); every rule file reads it as S.
 S = SETTINGS
@@ -17,7 +19,6 @@ L = Layout(S.experiment)
 SPECS = S.specs
 CLIENTS = S.clients
 ARMS = S.arms
-DRAFTED = S.drafted
 HAS_REFERENCE = S.has_reference
 DEMO = S.demo.enabled
 DEMO_DIR = S.demo_dir
@@ -33,7 +34,7 @@ DEMO_GPUS = 1 if S.demo.device.startswith("cuda") else 0
 GENERATE_SERVER_LOG = L.log("generate_data.server.log")
 
 # Every shell job sees the same Hugging Face cache and offline switch (the demo pair has its own cache).
-_hub_cache = S.hub.cache_dir or (f"{DEMO_DIR}/hf_cache" if DEMO else None)
+_hub_cache = S.hub.cache_dir or (demo_hub_cache(DEMO_DIR) if DEMO else None)
 _cache_env = (
     f"export HF_HUB_CACHE={shlex.quote(os.path.abspath(_hub_cache))}; "
     if _hub_cache
@@ -44,16 +45,16 @@ shell.prefix(f"set -euo pipefail; {_cache_env}{_offline_env}")
 
 
 wildcard_constraints:
-    variant="|".join(["baseline", "probe", "reference"] + ARMS) or "baseline",
+    variant="|".join([variants.BASELINE, variants.PROBE, variants.REFERENCE] + ARMS),
     spec="plain|s[0-9]+-k[0-9]+-d[0-9]+",
-    arm="finetune-keep|finetune-remap|finetune-regenerate|scratch",
+    arm=variants.ARM_PATTERN,
     role="drafter|reference",
     client="[A-Za-z0-9][A-Za-z0-9_.-]*",
 
 
 def get_demo():
     """The demo build, when the experiment uses the offline demo pair."""
-    return [f"{DEMO_DIR}/demo.json"] if DEMO else []
+    return [demo_record(DEMO_DIR)] if DEMO else []
 
 
 def get_source_args(section):
@@ -75,11 +76,9 @@ def model_dir(input_file):
     return os.path.join(os.path.dirname(input_file), "model")
 
 
-def get_drafter_dir_from(wildcards, input):
-    """The drafter folder of `wildcards.variant`, derived from its input marker."""
-    if wildcards.variant in ARMS:
-        return os.path.join(input.drafter, "drafter")
-    return os.path.dirname(input.drafter)
+def get_drafter_dir(wildcards):
+    """The drafter folder of `wildcards.variant`."""
+    return L.drafter_dir(wildcards.variant)
 
 
 def get_model_record(what):
@@ -110,26 +109,96 @@ def get_server_command(wildcards):
 def get_serve_bench_inputs(wildcards):
     v = wildcards.variant
     inputs = {"plan": L.bench_plan(v, wildcards.spec), "target": L.target_record}
-    if v != "baseline":
+    if Variant(v).has_drafter:
         inputs["drafter"] = L.drafter_marker(v)
         inputs["doctor"] = L.doctor(v)
-    if v in ARMS:
-        inputs["gate"] = L.gate
     return inputs
 
 
-def get_server_jobs():
+# --- the probe gate decides which arms exist ------------------------------------------------------
+# probe_gate is a checkpoint: the functions below read its decision, so every rule whose input asks for
+# them waits for the gate, and Snakemake re-plans what follows once it has run. Before that (a first
+# dry run) the DAG ends at probe_gate and the rules after it; with the gate closed the trained arms
+# (their train, doctor and serve_bench jobs) are never in the DAG.
+
+
+def get_open_arms(wildcards=None):
+    """The configured arms the probe gate let exist: all of them when it passed, none when it closed."""
+    if not ARMS:
+        return []
+    gate = checkpoints.probe_gate.get().output.gate
+    return list(ARMS) if gate_open(gate) else []
+
+
+def get_drafted(wildcards=None):
+    """Every variant that serves a drafter now: the probe, the reference, the open arms."""
+    return jobs.drafted(S, get_open_arms())
+
+
+def get_server_jobs(wildcards=None):
     """(variant, spec) of every distinct server: plain baseline, every drafter x every setting."""
-    return S.server_jobs
-
-
-def get_bench_results(variants=None, clients=None, ext="json"):
-    servers = [(v, s) for v, s in S.server_jobs if variants is None or v in variants]
-    return L.bench_results(servers, clients or CLIENTS, ext)
+    return jobs.server_jobs(S, get_open_arms())
 
 
 def get_gate_results():
     return [L.bench_result("probe", s, S.gate_client) for s in SPECS]
+
+
+def get_records_inputs(wildcards):
+    """The records rule's files that depend on the gate; each server's benchmark outputs and summary, the open
+    arms' train folders (and the tokens their train_data_sha256 hashes)."""
+    servers, arms = get_server_jobs(), get_open_arms()
+    return {
+        "results": L.bench_results(servers, CLIENTS),
+        "servers": [L.serve_summary(v, s) for v, s in servers],
+        "train": [L.train_dir(arm) for arm in arms],
+        "tokens": [L.tokens] if arms else [],
+    }
+
+
+def get_report_inputs(wildcards):
+    """The report rule's files that depend on the gate, each named on its command line."""
+    drafted, servers = get_drafted(), get_server_jobs()
+    return {
+        "doctor": [L.doctor(v) for v in drafted],
+        "train": [L.train_dir(arm) for arm in get_open_arms()],
+        "standing": get_standing_files(),
+        "static_md": jobs.static_summaries(S, L, drafted),
+        # per-request rows: paired speedups, per-category results, chain predictions
+        "bench": L.bench_results(servers, CLIENTS),
+        # the servers' plans: the recommendation's launch command comes from the same builder
+        "plans": [L.bench_plan(v, s) for v, s in servers if Variant(v).has_drafter],
+    }
+
+
+# The report rule's named inputs and the `draftlab report` flag each is passed after, in command-line order
+REPORT_FLAGS = (
+    ("records", "--records"),
+    ("standing", "--standing"),
+    ("gate", "--gate"),
+    ("doctor", "--doctor"),
+    ("train", "--train"),
+    ("d2t", "--d2t-diff"),
+    ("coverage", "--d2t-coverage"),
+    ("static_md", "--static-md"),
+    ("data_stats", "--data-stats"),
+    ("bench", "--bench"),
+    ("plans", "--plans"),
+)
+
+
+def get_report_args(wildcards, input):
+    """Each declared input of the report rule after its flag. A dry run before the probe gate has run does
+    not know the inputs the gate decides yet: their flags are left out of the line it prints.
+    """
+    parts = []
+    for key, flag in REPORT_FLAGS:
+        files = getattr(input, key, None)
+        if files is None or (key == "data_stats" and not files):
+            continue
+        files = [files] if isinstance(files, str) else list(files)
+        parts.append(" ".join([flag] + files))
+    return " ".join(parts)
 
 
 def get_train_data():
@@ -203,31 +272,15 @@ def get_train_settings(wildcards):
     return get_training_settings() if S.train.backend == "specforge" else ""
 
 
-def get_gated_train_shell(wildcards):
-    """Each training command wrapped in `draftlab gated` so a closed gate writes SKIPPED.json instead."""
-    return jobs.gated_train_shell(S, L, wildcards.arm)
+def get_train_shell(wildcards):
+    """The training commands of one arm (the job exists only when the probe gate opened)."""
+    return jobs.train_shell(S, L, wildcards.arm)
 
 
 def get_train_capture_note(wildcards):
     """A SpecForge arm's capture-host setup as comment lines after its command (`-n -p` prints them,
     bash skips them); nothing for the builtin trainer."""
     return jobs.specforge_capture_note(S, L, wildcards.arm)
-
-
-def get_doctor_gate(wildcards):
-    """A trained arm's doctor job is skipped (explicit skip files) when its training was skipped."""
-    v = wildcards.variant
-    if v not in ARMS:
-        return ""
-    return (
-        f"draftlab gated --unless-skipped {L.train_dir(v)}"
-        f" --skip-file {L.doctor(v)} --skip-file {L.doctor(v, 'md')} -- "
-    )
-
-
-def get_static_summaries():
-    """The Markdown of every static-analysis job, gathered into the report's static.html."""
-    return jobs.static_summaries(S, L)
 
 
 def get_compare_outputs():

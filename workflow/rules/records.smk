@@ -4,14 +4,11 @@
 
 rule records:
     input:
-        results=get_bench_results(),
-        servers=[L.serve_summary(v, s) for v, s in get_server_jobs()],
+        # the servers the probe gate let exist (a checkpoint): the trained arms' only when it opened
+        unpack(get_records_inputs),
         target=L.target_record,
         drafter=L.acquire_record("drafter"),
         reference=[L.acquire_record("reference")] if HAS_REFERENCE else [],
-        train=[L.train_dir(arm) for arm in ARMS],
-        # train_data_sha256 hashes the tokens each arm's train_config.json names (these)
-        tokens=[L.tokens] if ARMS else [],
         gate=L.gate,
     output:
         csv=L.records_csv,
@@ -23,10 +20,7 @@ rule records:
     params:
         config=config,
         clients=CLIENTS,
-        servers=get_server_jobs(),
-        results_dir=lambda wildcards, output: os.path.dirname(
-            os.path.dirname(output.csv)
-        ),
+        servers=get_server_jobs,
     script:
         "../scripts/records.py"
 

@@ -5,9 +5,9 @@
 rule breakeven:
     """Each drafter's measured accept length against the baseline's break-even and the goals."""
     input:
-        baseline=L.bench_result("baseline", "plain", "{client}"),
+        baseline=L.bench_result(variants.BASELINE, "plain", "{client}"),
         drafters=lambda wildcards: [
-            L.bench_result(v, wildcards.spec, wildcards.client) for v in DRAFTED
+            L.bench_result(v, wildcards.spec, wildcards.client) for v in get_drafted()
         ],
     output:
         # shown in the HTML report through the summary's break-even table (JSON has no view there)
@@ -18,7 +18,7 @@ rule breakeven:
         "../../envs/analysis.yaml"
     params:
         drafters=lambda wildcards, input: " ".join(
-            f"--drafter {v}={path}" for v, path in zip(DRAFTED, input.drafters)
+            f"--drafter {v}={path}" for v, path in zip(get_drafted(), input.drafters)
         ),
         target_tps=" ".join(str(t) for t in S.breakeven.target_tps),
         num_steps=lambda wildcards: SPECS[wildcards.spec].num_steps,
@@ -30,55 +30,49 @@ rule breakeven:
 
 rule report:
     input:
+        # the files of the variants the probe gate let exist (a checkpoint): get_report_inputs
+        unpack(get_report_inputs),
         records=L.records_csv,
         gate=L.gate,
-        doctor=[L.doctor(v) for v in DRAFTED],
         d2t=L.d2t_diff(),
         coverage=L.d2t_coverage(),
         patch=L.patch_record,
         compare=get_compare_outputs(),
         inspect=[L.inspect(w) for w in ["target", "drafter"]],
-        train=[L.train_dir(arm) for arm in ARMS],
-        standing=get_standing_files(),
-        static_md=get_static_summaries(),
         data_stats=[L.generate_stats] if S.data.generated else [],
-        # per-request rows: paired speedups, per-category results, chain predictions
-        bench=get_bench_results(),
-        # the servers' plans: the recommendation's launch command comes from the same builder
-        plans=[L.bench_plan(v, s) for v, s in get_server_jobs() if v != "baseline"],
     output:
         # snakemake --report shows PNG and HTML inline, Markdown/CSV/JSON only as dead data: links,
         # so what a person reads there is HTML (rendered from the Markdown) with captions
         summary=L.summary,
         recommendation=L.recommendation,
         summary_html=report(
-            L.report_file("summary.html"),
+            L.report_output("summary_html"),
             caption="../report/summary.rst",
             category="1. Decision",
         ),
-        decision_fragment=L.report_file("decision-fragment.html"),
+        decision_fragment=L.report_output("decision_fragment"),
         accept=report(
-            L.report_file("accept_length.png"),
+            L.report_output("accept"),
             caption="../report/accept_length.rst",
             category="2. Plots",
         ),
         tps=report(
-            L.report_file("throughput.png"),
+            L.report_output("tps"),
             caption="../report/throughput.rst",
             category="2. Plots",
         ),
         ttt=report(
-            L.report_file("ttt_accuracy.png"),
+            L.report_output("ttt"),
             caption="../report/ttt_accuracy.rst",
             category="2. Plots",
         ),
         records_html=report(
-            L.report_file("records.html"),
+            L.report_output("records_html"),
             caption="../report/records.rst",
             category="3. Records",
         ),
         static_html=report(
-            L.report_file("static.html"),
+            L.report_output("static_html"),
             caption="../report/static.rst",
             category="4. Static analysis",
         ),
@@ -92,14 +86,8 @@ rule report:
         ),
         out_dir=lambda wildcards, output: os.path.dirname(output.summary),
         target_tps=" ".join(str(t) for t in S.breakeven.target_tps),
-        data_stats=lambda wildcards, input: (
-            f"--data-stats {input.data_stats}" if input.data_stats else ""
-        ),
+        inputs=get_report_args,
     shell:
-        # every file the report reads is an input above and named on this line: nothing is globbed
-        "draftlab report --exp-dir {params.exp_dir} --out-dir {params.out_dir} --records {input.records}"
-        " --target-tps {params.target_tps} --standing {input.standing}"
-        " --gate {input.gate} --doctor {input.doctor} --train {input.train}"
-        " --d2t-diff {input.d2t} --d2t-coverage {input.coverage}"
-        " --static-md {input.static_md} {params.data_stats}"
-        " --bench {input.bench} --plans {input.plans} > {log} 2>&1"
+        # every file the report reads is an input above, named on this line after its flag: nothing is globbed
+        "draftlab report --exp-dir {params.exp_dir} --out-dir {params.out_dir}"
+        " --target-tps {params.target_tps} {params.inputs} > {log} 2>&1"

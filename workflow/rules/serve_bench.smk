@@ -1,5 +1,5 @@
 # Serve + benchmark: one job (one launch) per distinct server configuration; every client variant
-# runs against it. Then the probe gate.
+# runs against it. Then the probe gate: a checkpoint whose decision says whether the trained arms exist.
 
 
 rule bench_plan:
@@ -43,8 +43,10 @@ rule serve_bench:
         "draftlab serve-bench --plan {input.plan} -- {params.command} > {log.bench} 2>&1"
 
 
-rule probe_gate:
-    """Fine-tune only when the transferred drafter already drafts something on the new target."""
+checkpoint probe_gate:
+    """Fine-tune only when the transferred drafter already drafts something on the new target: the rules
+    after it ask get_open_arms, so a closed gate leaves the arms (train, doctor, serve_bench) out of the DAG.
+    """
     input:
         get_gate_results(),
     output:

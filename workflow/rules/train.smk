@@ -1,6 +1,6 @@
 # Fine-tune the transferred drafter (one arm per vocab mode) and train the control arm from scratch.
-# The gate is read, not waited on by mtime (ancient): a benchmark-only change re-measures the probe
-# but does not retrain; serve-bench refuses a drafter whose gate decision has since flipped.
+# An arm's job exists only when the probe gate (a checkpoint) opened: nothing here reads the gate, so
+# re-measuring the probe does not retrain an arm whose gate stays open.
 
 
 localrules:
@@ -29,7 +29,6 @@ rule experiment_config:
 # skips them); only SpecForge arms get the param, so a builtin arm's params stay as they were (no rerun).
 rule train:
     input:
-        gate=ancient(L.gate),
         target=L.target_record,
         drafter=L.drafter_marker("probe"),
         tokens=L.tokens,
@@ -53,9 +52,8 @@ rule train:
             if S.train.backend == "specforge"
             else {}
         ),
-        command=get_gated_train_shell,
+        command=get_train_shell,
         settings=get_train_settings,
-        min_accept_length=S.gate.min_accept_length,
     shell:
         (
             "{params.command} > {log} 2>&1{params.capture}"

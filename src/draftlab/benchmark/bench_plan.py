@@ -7,7 +7,7 @@ into one *plan*; ``draftlab serve-bench`` (:mod:`draftlab.benchmark.serve_bench`
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from draftlab.serving.server_spec import ServerSpec, server_fingerprint
 
@@ -27,19 +27,23 @@ def build_plan(
     variant: str,
     spec_id: str,
     server: ServerSpec,
-    out_dir: str,
+    result_path: Callable[[str, str], str],
+    summary: str,
     server_log: str,
     gate: str | None = None,
     train_dir: str | None = None,
 ) -> dict[str, Any]:
     """Everything ``draftlab serve-bench`` needs for one server: the server description (``server``), the
-    command it launches (``argv``, what the rule prints), and its client runs."""
+    command it launches (``argv``, what the rule prints), and its client runs.
+
+    ``result_path(client, ext)`` names a client's result (``json``/``csv``) and ``summary`` the server's
+    own: the caller's Layout spells them (``Layout.bench_result``, ``Layout.serve_summary``), not this."""
     clients = []
     for c in cfg["bench"]["clients"]:
         clients.append({
             **{k: c[k] for k in ("name", "prompts", "max_new_tokens", "repeats", "warmup", "concurrency", "limit", "ignore_eos")},
-            "out_json": f"{out_dir}/{c['name']}.json",
-            "out_csv": f"{out_dir}/{c['name']}.csv",
+            "out_json": result_path(c["name"], "json"),
+            "out_csv": result_path(c["name"], "csv"),
         })
     return {
         "version": PLAN_VERSION,
@@ -55,5 +59,5 @@ def build_plan(
         "train_dir": train_dir,
         "clients": clients,
         "server_log": server_log,
-        "summary": f"{out_dir}/serve.json",
+        "summary": summary,
     }

@@ -1,7 +1,10 @@
-"""The probe gate (rule ``probe_gate``, ``draftlab probe-gate``) and the gated-job wrapper (``draftlab gated``).
+"""The probe gate (checkpoint ``probe_gate``, ``draftlab probe-gate``) and the gated-job wrapper (``draftlab gated``).
 
-Fine-tune only when the transferred drafter already drafts something on the new target; jobs behind
-a closed gate write explicit ``skipped`` outputs (a ``SKIPPED.json`` marker) instead of running.
+Fine-tune only when the transferred drafter already drafts something on the new target. In the
+workflow the gate is a Snakemake checkpoint: :func:`gate_open` on its decision file decides whether
+the trained arms exist in the DAG at all. ``draftlab gated`` stays for running a command by hand
+behind a gate: with the gate closed it writes explicit ``skipped`` outputs (a ``SKIPPED.json``
+marker) instead of running.
 """
 
 from __future__ import annotations
@@ -37,6 +40,11 @@ def gate_decision(probe_results: Sequence[str | os.PathLike], min_accept_length:
                   "the transferred drafter barely drafts anything on this target, fine-tuning skipped")
     return {"pass": ok, "decision": "fine-tune" if ok else "skip", "reason": reason,
             "min_accept_length": float(min_accept_length), "best_accept_length": best, "measured": measured}
+
+
+def gate_open(gate: str | os.PathLike) -> bool:
+    """Whether the decision file of ``probe-gate`` lets the trained arms exist."""
+    return bool(read_json(gate, "probe gate decision")["pass"])
 
 
 # --- gated jobs --------------------------------------------------------------------------------

@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from draftlab.benchmark.bench import run_benchmark, write_results
 from draftlab.benchmark.bench_plan import plan_argv
 from draftlab.benchmark.probe_gate import SKIP_MARKER
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import read_json, write_json, write_text
-from draftlab.benchmark.bench import run_benchmark, write_results
 from draftlab.serving.launch import running_server
 from draftlab.serving.server_spec import ServerSpec, check_command
 

@@ -14,9 +14,14 @@ import shlex
 from typing import Any
 
 from draftlab.benchmark.bench_plan import build_plan
-from draftlab.experiment.layout import Layout, is_trained
+from draftlab.experiment.layout import Layout
 from draftlab.experiment.settings import Settings, Spec
+from draftlab.experiment.variants import BASELINE, Variant
+from draftlab.formats.target_config import load_json_config
+from draftlab.fsutil import read_json
 from draftlab.serving.server_spec import ServerSpec
+from draftlab.training import specforge, specforge_capture
+from draftlab.training.specforge import specforge_commands
 
 # --- servers ------------------------------------------------------------------------------------
 
@@ -58,17 +63,31 @@ def load_settings(cfg: Any, source: str | None = None) -> Settings:
 
 def server(settings: Settings, layout: Layout, variant: str, spec: str) -> ServerSpec:
     """The server of ``variant`` at speculative setting ``spec`` (``baseline``/``plain``: no drafter)."""
-    drafter = None if variant == "baseline" else layout.drafter_dir(variant)
+    drafter = layout.drafter_dir(variant) if Variant(variant).has_drafter else None
     setting = None if spec == "plain" else settings.specs[spec]
     return server_spec(settings, layout.target_model, drafter, setting)
 
 
 def plan(settings: Settings, layout: Layout, variant: str, spec: str) -> dict[str, Any]:
-    """The serve-bench plan of one server job: a trained arm's plan carries the gate and its train folder."""
-    trained = is_trained(variant)
+    """The serve-bench plan of one server job. A trained arm's job exists only when the probe gate opened
+    (the checkpoint decides), so no plan carries the gate."""
     return build_plan(settings.config, variant=variant, spec_id=spec, server=server(settings, layout, variant, spec),
-                      out_dir=layout.bench_dir(variant, spec), server_log=layout.server_log(variant, spec),
-                      gate=layout.gate if trained else None, train_dir=layout.train_dir(variant) if trained else None)
+                      result_path=lambda client, ext: layout.bench_result(variant, spec, client, ext),
+                      summary=layout.serve_summary(variant, spec), server_log=layout.server_log(variant, spec))
+
+
+# --- which variants exist -------------------------------------------------------------------------
+
+
+def drafted(settings: Settings, open_arms) -> list[str]:
+    """Every variant that serves a drafter: the probe, the reference (if any), and those of the configured
+    arms in ``open_arms`` (all of them when the probe gate passed, none when it closed)."""
+    return [v for v in settings.drafted if not Variant(v).is_trained or v in open_arms]
+
+
+def server_jobs(settings: Settings, open_arms) -> list[tuple[str, str]]:
+    """(variant, spec) of every distinct server: plain baseline, every drafter x every setting."""
+    return [(BASELINE, "plain")] + [(v, s) for v in drafted(settings, open_arms) for s in settings.specs]
 
 
 # --- data ---------------------------------------------------------------------------------------
@@ -128,10 +147,10 @@ def builtin_train_command(settings: Settings, layout: Layout, arm: str) -> list[
     t = settings.train
     mapping = layout.vocab_mapping
     cmd = ["draftlab", "train", "--target", layout.target_model, "--tokens", layout.tokens]
-    if arm == "scratch":
+    mode = Variant(arm).finetune_mode
+    if mode is None:  # the scratch control arm
         cmd += ["--init", "scratch", "--vocab-mapping", mapping]
     else:
-        mode = arm.removeprefix("finetune-")
         cmd += ["--init", "checkpoint", "--checkpoint", layout.patched, "--vocab-mode", mode]
         if mode != "keep":
             cmd += ["--vocab-mapping", mapping]
@@ -156,8 +175,6 @@ def train_commands(settings: Settings, layout: Layout, arm: str) -> list[list[st
     every --config override), never one of the config files it was merged from.
     """
     if settings.train.backend == "specforge":
-        from draftlab.training.specforge import specforge_commands
-
         return specforge_commands(settings.config, arm, layout.target_model, layout.patched,
                                   train_data(settings, layout), layout.vocab_mapping, layout.train_dir(arm),
                                   layout.config_json, layout.tokens, layout.train_state(arm))
@@ -173,8 +190,6 @@ def specforge_capture_note(settings: Settings, layout: Layout, arm: str) -> str:
     """
     import os
 
-    from draftlab.fsutil import read_json
-    from draftlab.training import specforge, specforge_capture
 
     if settings.train.backend != "specforge":
         return ""
@@ -189,8 +204,6 @@ def specforge_capture_note(settings: Settings, layout: Layout, arm: str) -> str:
     target_cfg = os.path.join(layout.target_model, "config.json")
     ids = "<aux ids from the drafter config, see the run config>"
     if os.path.isfile(drafter_cfg) and os.path.isfile(target_cfg):
-        from draftlab.formats.target_config import load_json_config
-
         try:
             model["aux_hidden_state_layer_ids"] = specforge.specforge_aux_ids(read_json(drafter_cfg),
                                                                               load_json_config(target_cfg))
@@ -206,23 +219,20 @@ def specforge_capture_note(settings: Settings, layout: Layout, arm: str) -> str:
             "this job (the job's specforge-preflight asks it):\n#   " + "\n#   ".join(setup))
 
 
-def gated_train_shell(settings: Settings, layout: Layout, arm: str) -> str:
-    """Each training command wrapped in ``draftlab gated`` so a closed gate writes SKIPPED.json instead."""
-    run = layout.train_dir(arm)
-    parts = []
-    for i, cmd in enumerate(train_commands(settings, layout, arm)):
-        guard = f"--gate {layout.gate} --skip-dir {run}" if i == 0 else f"--unless-skipped {run}"
-        parts.append(f"draftlab gated {guard} -- {shlex.join(cmd)}")
-    return " && ".join(parts)
+def train_shell(settings: Settings, layout: Layout, arm: str) -> str:
+    """The training commands of one arm as one shell line (``&&``): the job exists only when the probe
+    gate opened, so nothing in it checks the gate."""
+    return " && ".join(shlex.join(cmd) for cmd in train_commands(settings, layout, arm))
 
 
 # --- what records and the report read -------------------------------------------------------------
 
 
-def static_summaries(settings: Settings, layout: Layout) -> list[str]:
-    """The Markdown of every static-analysis job, gathered into the report's static.html."""
+def static_summaries(settings: Settings, layout: Layout, drafted_now: list[str]) -> list[str]:
+    """The Markdown of every static-analysis job, gathered into the report's static.html (a doctor report
+    per variant of ``drafted_now``, the drafters that exist)."""
     pairs = [("drafter", "patched")] + ([("patched", "reference")] if settings.has_reference else [])
     return ([layout.inspect(w, "md") for w in ("target", "drafter")] + [layout.patch_summary]
             + [layout.compare(a, b, "md") for a, b in pairs]
             + [layout.d2t_diff("md"), layout.d2t_coverage("md")]
-            + [layout.doctor(v, "md") for v in settings.drafted])
+            + [layout.doctor(v, "md") for v in drafted_now])

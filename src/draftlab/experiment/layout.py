@@ -16,10 +16,32 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable
 
+from draftlab.experiment.variants import PROBE, REFERENCE, is_trained  # noqa: F401 - is_trained: older import path
 
-def is_trained(variant: str) -> bool:
-    """A variant whose drafter this pipeline trains (a fine-tune arm or the scratch control arm)."""
-    return variant == "scratch" or variant.startswith("finetune-")
+
+# What rule report writes into report/ (``draftlab report --out-dir``), by key; the rule's outputs and the
+# report's own file names both come from here.
+REPORT_FILES = {
+    "summary": "summary.md",
+    "recommendation": "recommendation.json",
+    "summary_html": "summary.html",
+    "decision_fragment": "decision-fragment.html",
+    "accept": "accept_length.png",
+    "tps": "throughput.png",
+    "ttt": "ttt_accuracy.png",
+    "records_html": "records.html",
+    "static_html": "static.html",
+}
+
+
+def demo_record(demo_dir: str) -> str:
+    """``resources/demo/<size>/demo.json``: rule demo_models' record that the demo pair is built."""
+    return f"{demo_dir}/demo.json"
+
+
+def demo_hub_cache(demo_dir: str) -> str:
+    """The Hugging Face cache the demo pair is published into (shared by the experiments of one size)."""
+    return f"{demo_dir}/hf_cache"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +166,7 @@ class Layout:
 
     # --- training -------------------------------------------------------------------------------
     def train_dir(self, arm: str) -> str:
-        """The train rule's output folder of one arm (summary, validation, the drafter or SKIPPED.json)."""
+        """The train rule's output folder of one arm (summary, validation, the drafter)."""
         return self._p("train", arm)
 
     def train_file(self, arm: str, name: str) -> str:
@@ -157,18 +179,18 @@ class Layout:
     # --- drafters by variant --------------------------------------------------------------------
     def drafter_dir(self, variant: str) -> str:
         """The folder a variant's server loads as its drafter."""
-        if variant == "probe":
+        if variant == PROBE:
             return self.patched
-        if variant == "reference":
-            return self.model_dir("reference")
+        if variant == REFERENCE:
+            return self.model_dir(REFERENCE)
         return self.train_file(variant, "drafter")
 
     def drafter_marker(self, variant: str) -> str:
         """The file (or folder) whose existence says the variant's drafter is ready."""
-        if variant == "probe":
+        if variant == PROBE:
             return self.patch_record
-        if variant == "reference":
-            return self.acquire_record("reference")
+        if variant == REFERENCE:
+            return self.acquire_record(REFERENCE)
         return self.train_dir(variant)
 
     # --- serve + bench, gate ---------------------------------------------------------------------
@@ -211,14 +233,18 @@ class Layout:
     def report_file(self, name: str) -> str:
         return self._p("report", name)
 
+    def report_output(self, key: str) -> str:
+        """One of the files rule report writes, by its key in ``REPORT_FILES``."""
+        return self.report_file(REPORT_FILES[key])
+
     @property
     def summary(self) -> str:
-        return self.report_file("summary.md")
+        return self.report_output("summary")
 
     @property
     def recommendation(self) -> str:
         """The deploy recommendation: winning drafter, setting, launch command, expected speedup."""
-        return self.report_file("recommendation.json")
+        return self.report_output("recommendation")
 
     def standing(self, spec: str, client: str) -> str:
         """The breakeven rule's standing of every drafter at one setting and client."""

@@ -13,6 +13,7 @@ global CSV is the table and the Parquet is derived from it (:func:`merge_into_gl
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -24,6 +25,7 @@ from typing import Any, Mapping, Sequence
 from draftlab.experiment.config import config_hash
 from draftlab.errors import DraftlabError
 from draftlab.experiment.layout import Layout
+from draftlab.experiment.variants import BASELINE, ORDER, REFERENCE, SCRATCH, Variant, is_trained
 from draftlab.experiment.settings import spec_id
 from draftlab.fsutil import atomic_path, locked, named_digest, read_json, sha256_file, write_json
 from draftlab.fsutil import read_text_file
@@ -34,16 +36,56 @@ TIMING_COLUMNS = ("tps_median", "tps_mean", "tps_ci_low", "tps_ci_high", "cycle_
 RUN_COLUMNS = ("row_id", "draftlab_commit", "measurement_sha256")
 INT_COLUMNS = ("tp", "num_steps", "topk", "num_draft_tokens", "prompt_count", "max_new_tokens", "concurrency",
                "repeats", "requests", "completion_tokens", "verify_ct")
-VARIANT_ORDER = ("baseline", "probe", "reference", "finetune-keep", "finetune-remap", "finetune-regenerate", "scratch")
+VARIANT_ORDER = ORDER
 
 
-def _layout(exp_dir: Path) -> Layout:
-    """The experiment's result tree, named by draftlab.experiment.layout (never spelled here)."""
-    return Layout(exp_dir.name, str(exp_dir.parent))
+@dataclasses.dataclass(frozen=True)
+class RecordInputs:
+    """The files one experiment's records are built from: what rule records declares, by role.
+
+    ``acquire`` maps a role (``drafter``, ``reference``) to its acquire record (the model folder is
+    the record's folder); ``results`` maps (variant, spec, client) and ``serve`` (variant, spec) to
+    the benchmark files; ``train`` maps a trained arm to its run folder.
+    """
+
+    target: str
+    gate: str
+    acquire: Mapping[str, str]
+    results: Mapping[tuple[str, str, str], str]
+    serve: Mapping[tuple[str, str], str]
+    train: Mapping[str, str]
+
+    @classmethod
+    def from_layout(cls, layout: Layout, servers: Sequence[tuple[str, str]], clients: Sequence[str]) -> "RecordInputs":
+        """The files of ``servers`` x ``clients`` where ``layout`` puts them (a run's tree, read by hand)."""
+        arms = dict.fromkeys(v for v, _ in servers if is_trained(v))
+        return cls(target=layout.target_record, gate=layout.gate,
+                   acquire={r: layout.acquire_record(r) for r in ("drafter", REFERENCE)},
+                   results={(v, s, c): layout.bench_result(v, s, c) for v, s in servers for c in clients},
+                   serve={(v, s): layout.serve_summary(v, s) for v, s in servers},
+                   train={a: layout.train_dir(a) for a in arms})
+
+    @classmethod
+    def from_rule(cls, inputs, servers: Sequence[tuple[str, str]], clients: Sequence[str]) -> "RecordInputs":
+        """From rule records' named inputs, in the order its input function lists them (servers x clients)."""
+        arms = list(dict.fromkeys(v for v, _ in servers if is_trained(v)))
+        keys = [(v, s, c) for v, s in servers for c in clients]
+        return cls(target=inputs.target, gate=inputs.gate,
+                   acquire={"drafter": inputs.drafter, **({REFERENCE: inputs.reference[0]} if inputs.reference else {})},
+                   results=dict(zip(keys, inputs.results, strict=True)),
+                   serve=dict(zip(servers, inputs.servers, strict=True)),
+                   train=dict(zip(arms, inputs.train, strict=True)))
+
+    def model_dir(self, role: str) -> Path:
+        return Path(self.acquire[role]).parent
+
+    def train_file(self, arm: str, name: str) -> Path | None:
+        """A file of a trained arm's run folder (None for a variant this pipeline does not train)."""
+        return Path(self.train[arm]) / name if arm in self.train else None
 
 
-def _read(path: Path) -> dict[str, Any] | None:
-    return read_json(path) if path.exists() else None
+def _read(path: Path | str | None) -> dict[str, Any] | None:
+    return read_json(path) if path is not None and Path(path).exists() else None
 
 
 def draftlab_commit() -> str | None:
@@ -100,24 +142,24 @@ def _weights_sha(folder: Path) -> str | None:
     return named_digest(pairs)
 
 
-def _drafter_info(exp_dir: Path, cfg: Mapping[str, Any], variant: str) -> dict[str, Any]:
+def _drafter_info(inputs: RecordInputs, cfg: Mapping[str, Any], variant: str) -> dict[str, Any]:
     """Source, revision, resolved commit and weights hash of the drafter a variant served."""
     none = {"drafter_source": None, "drafter_revision": None, "drafter_commit": None, "drafter_weights_sha256": None}
-    if variant == "baseline":
+    if variant == BASELINE:
         return none
-    role = "reference" if variant == "reference" else "drafter"
-    acq = _read(Path(_layout(exp_dir).acquire_record(role))) or {}
+    role = REFERENCE if variant == REFERENCE else "drafter"
+    acq = _read(inputs.acquire.get(role)) or {}
     info = {"drafter_source": cfg[role]["source"], "drafter_revision": cfg[role].get("revision"),
             "drafter_commit": acq.get("resolved_commit"),
-            "drafter_weights_sha256": _weights_sha(Path(_layout(exp_dir).model_dir(role)))}
-    if variant == "scratch":  # the control arm starts from random weights: no source drafter
+            "drafter_weights_sha256": _weights_sha(inputs.model_dir(role)) if role in inputs.acquire else None}
+    if variant == SCRATCH:  # the control arm starts from random weights: no source drafter
         info.update(drafter_source="none (scratch: trained from random init, no source drafter)",
                     drafter_revision=None, drafter_commit=None)
-    if variant not in ("probe", "reference"):
-        folder = Path(_layout(exp_dir).drafter_dir(variant))
-        if variant != "scratch":
+    if Variant(variant).is_trained:
+        folder = inputs.train_file(variant, "drafter")
+        if variant != SCRATCH:
             info["drafter_source"] = f"{cfg['drafter']['source']} ({variant})"
-        info["drafter_weights_sha256"] = _weights_sha(folder) if folder.is_dir() else None
+        info["drafter_weights_sha256"] = _weights_sha(folder) if folder is not None and folder.is_dir() else None
     return info
 
 
@@ -128,15 +170,13 @@ def _file_sha(path: Path) -> str | None:
 _PATH_KEYS = ("target", "tokens", "data", "hidden_states", "vocab_mapping", "checkpoint")
 
 
-def _training_hashes(exp_dir: Path, variant: str) -> dict[str, str | None]:
+def _training_hashes(inputs: RecordInputs, variant: str) -> dict[str, str | None]:
     """sha256 of the data a trained arm consumed and of its settings (train_config.json, the keys a
     resume checks, without file paths: the data's bytes are hashed instead, the target and source
     drafter have their own columns), so two rows with one config hash but other data or other
     training settings are told apart."""
     none = {"train_data_sha256": None, "train_settings_sha256": None}
-    if variant in ("baseline", "probe", "reference"):
-        return none
-    conf = _read(Path(_layout(exp_dir).train_file(variant, "train_config.json")))
+    conf = _read(inputs.train_file(variant, "train_config.json"))
     if not conf:
         return none
     from draftlab.training.config import TrainConfig  # deferred: loads torch
@@ -163,19 +203,17 @@ def _ttft_note(res: Mapping[str, Any], summary: Mapping[str, Any]) -> str | None
     return "not measured"
 
 
-def _validation(exp_dir: Path, variant: str) -> tuple[str | None, float | None]:
-    val = _read(Path(_layout(exp_dir).train_file(variant, "validation.json"))) if variant not in ("baseline", "probe", "reference") else None
+def _validation(inputs: RecordInputs, variant: str) -> tuple[str | None, float | None]:
+    val = _read(inputs.train_file(variant, "validation.json"))
     if not val or not val.get("acc"):
         return None, None
     acc = [round(float(a), 6) for a in val["acc"]]
     return json.dumps(acc), round(sum(acc) / len(acc), 6)
 
 
-def _train_device(exp_dir: Path, variant: str) -> str | None:
+def _train_device(inputs: RecordInputs, variant: str) -> str | None:
     """The device a trained arm ran on, as its summary.json recorded it (None for untrained variants)."""
-    if variant in ("baseline", "probe", "reference"):
-        return None
-    return (_read(Path(_layout(exp_dir).train_file(variant, "summary.json"))) or {}).get("device")
+    return (_read(inputs.train_file(variant, "summary.json")) or {}).get("device")
 
 
 def _row_id(parts: Sequence[Any]) -> str:
@@ -184,36 +222,43 @@ def _row_id(parts: Sequence[Any]) -> str:
 
 def build_records(exp_dir: str | os.PathLike, cfg: Mapping[str, Any], *, servers: Sequence[tuple[str, str]],
                   clients: Sequence[str]) -> "pandas.DataFrame":  # noqa: F821
-    """One row per (server, client) benchmark result of the experiment under ``exp_dir``."""
+    """One row per (server, client) benchmark result of the experiment under ``exp_dir`` (its files
+    where the experiment's Layout puts them; the rule hands its declared inputs to :func:`records_of`)."""
+    exp_dir = Path(exp_dir)
+    inputs = RecordInputs.from_layout(Layout(exp_dir.name, str(exp_dir.parent)), servers, clients)
+    return records_of(inputs, cfg, servers=servers, clients=clients)
+
+
+def records_of(inputs: RecordInputs, cfg: Mapping[str, Any], *, servers: Sequence[tuple[str, str]],
+               clients: Sequence[str]) -> "pandas.DataFrame":  # noqa: F821
+    """One row per (server, client) benchmark result, read from ``inputs`` only."""
     import pandas as pd  # deferred: the records rules alone need pandas
 
-    exp_dir = Path(exp_dir)
-    layout = _layout(exp_dir)
-    run = {"target": _read(Path(layout.target_record)) or {}, "gate": _read(Path(layout.gate)) or {},
+    run = {"target": _read(inputs.target) or {}, "gate": _read(inputs.gate) or {},
            "config_hash": config_hash(cfg), "commit": draftlab_commit(),
            "versions": json.dumps(package_versions(), sort_keys=True), "hardware": hardware()}
     specs = {spec_id(s): s for s in cfg["speculative"]}
     client_cfg = {c["name"]: c for c in cfg["bench"]["clients"]}
     rows: list[dict[str, Any]] = []
     for variant, sid in servers:
-        serve = _read(Path(layout.serve_summary(variant, sid))) or {}
-        dinfo = _drafter_info(exp_dir, cfg, variant)
-        val_acc, val_mean = _validation(exp_dir, variant)
+        serve = _read(inputs.serve[(variant, sid)]) or {}
+        dinfo = _drafter_info(inputs, cfg, variant)
+        val_acc, val_mean = _validation(inputs, variant)
         for client in clients:
-            path = Path(layout.bench_result(variant, sid, client))
+            path = Path(inputs.results[(variant, sid, client)])
             res = _read(path)
             if res is None:
                 raise DraftlabError(f"{path}: benchmark result missing")
             row = _record_row(cfg, variant, sid, client, res, serve=serve, spec=specs.get(sid) or {},
                               client_cfg=client_cfg[client], drafter=dinfo, validation=(val_acc, val_mean),
-                              run=run, exp_dir=exp_dir)
+                              run=run, inputs=inputs)
             # a row is a measurement: keyed by the result file's bytes, not by the config that asked for it,
             # so a rerun that did not re-measure (a train.* change leaves the baseline's result as it was)
             # adds no row to the global tables
             row["measurement_sha256"] = sha256_file(path)
             row["row_id"] = _row_id([row["experiment"], variant, sid, client, row["measurement_sha256"]])
             rows.append(row)
-    base = {r["client"]: r["tps_median"] for r in rows if r["variant"] == "baseline" and r["tps_median"]}
+    base = {r["client"]: r["tps_median"] for r in rows if r["variant"] == BASELINE and r["tps_median"]}
     for r in rows:
         if r["tps_median"] and base.get(r["client"]):
             r["speedup"] = r["tps_median"] / base[r["client"]]
@@ -226,7 +271,7 @@ def build_records(exp_dir: str | os.PathLike, cfg: Mapping[str, Any], *, servers
 def _record_row(cfg: Mapping[str, Any], variant: str, sid: str, client: str, res: Mapping[str, Any], *,
                 serve: Mapping[str, Any], spec: Mapping[str, Any], client_cfg: Mapping[str, Any],
                 drafter: Mapping[str, Any], validation: tuple[Any, Any], run: Mapping[str, Any],
-                exp_dir: Path) -> dict[str, Any]:
+                inputs: RecordInputs) -> dict[str, Any]:
     """One benchmark result as a records row (its columns in the tables' order), before its ids."""
     import pandas as pd  # deferred: the records rules alone need pandas
 
@@ -249,7 +294,7 @@ def _record_row(cfg: Mapping[str, Any], variant: str, sid: str, client: str, res
         "backend": cfg["serve"]["backend"],
         "tp": cfg["serve"]["tp"],
         "serve_device": cfg["serve"].get("device"),
-        "train_device": _train_device(exp_dir, variant),
+        "train_device": _train_device(inputs, variant),
         "num_steps": spec.get("num_steps"),
         "topk": spec.get("topk"),
         "num_draft_tokens": spec.get("num_draft_tokens"),
@@ -279,7 +324,7 @@ def _record_row(cfg: Mapping[str, Any], variant: str, sid: str, client: str, res
         "val_acc_mean": validation[1],
         "gate_decision": run["gate"].get("decision"),
         "config_hash": run["config_hash"],
-        **_training_hashes(exp_dir, variant),
+        **_training_hashes(inputs, variant),
         "draftlab_commit": run["commit"],
         "versions": run["versions"],
         "hardware": run["hardware"],

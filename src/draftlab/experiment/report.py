@@ -18,16 +18,32 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from draftlab.errors import DraftlabError
-from draftlab.experiment import report_html as html_view
-from draftlab.fsutil import atomic_path, write_text
-from draftlab.textsafe import code, md as esc
 from draftlab.benchmark import chain as chains
 from draftlab.benchmark import paired as pairing
 from draftlab.benchmark import recommend
-from draftlab.benchmark.verdict import baseline_row, best_by_accept, ci_text, decide, fmt, label, num, speedup_text
+from draftlab.benchmark.bench import is_verify_cycle
+from draftlab.benchmark.verdict import (
+    arm_table,
+    baseline_row,
+    best_by_accept,
+    ci_text,
+    decide,
+    fmt,
+    label,
+    num,
+    speedup_text,
+)
+from draftlab.errors import DraftlabError
+from draftlab.experiment import report_html as html_view
+from draftlab.experiment.layout import REPORT_FILES, Layout, is_trained
+from draftlab.experiment.records import read_table
+from draftlab.experiment.report_plots import ok as _ok
+from draftlab.experiment.report_plots import plot_accept, plot_tps, plot_ttt
+from draftlab.fsutil import atomic_path, read_json, write_text
+from draftlab.textsafe import code
+from draftlab.textsafe import md as esc
 
-PLOTS = {"accept": "accept_length.png", "tps": "throughput.png", "ttt": "ttt_accuracy.png"}
+PLOTS = ("accept", "tps", "ttt")  # keys of Layout's REPORT_FILES: the three PNGs
 
 
 def _read_json(path: Path) -> Any:
@@ -45,18 +61,12 @@ REQUIRED_COLUMNS = ("experiment", "variant", "spec_id", "client", "status")
 
 def load_rows(records_csv: str | os.PathLike) -> list[dict[str, Any]]:
     """The experiment's records; an empty file or one without the columns the report reads is a user error."""
-    from draftlab.experiment.records import read_table
-
     frame = read_table(records_csv, "records table")
     missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
     if missing:
         raise DraftlabError(f"{records_csv}: key {missing[0]!r}: the records table has no such column; "
                             "expected the table draftlab's records rule writes")
     return frame.to_dict("records")
-
-
-def _ok(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in rows if r["status"] == "ok"]
 
 
 Bench = dict[tuple[str, str, str], dict[str, Any]]  # (variant, spec, client) -> bench result JSON
@@ -95,7 +105,8 @@ def decision_text(rows: list[dict[str, Any]], gate: dict[str, Any] | None, bench
         verdict = "passed" if gate.get("pass") else "failed"
         out.append(f"Probe gate {verdict}: {esc(gate.get('reason'), 500)}.")
     if gate and not gate.get("pass"):
-        out.append("Fine-tuning and the from-scratch control arm were skipped, so their rows are marked `skipped`.")
+        out.append("Fine-tuning and the from-scratch control arm were not trained (the gate decides which arms "
+                   "exist), so no trained arm has a row.")
     tuned = [a for a in d.get("arms", []) if a["row"]["variant"].startswith("finetune-")]
     if tuned:
         ft = tuned[0]
@@ -131,8 +142,6 @@ E2E_NOTE = (f"{E2E_MARK} timed from the server's end-to-end latency per verify s
 
 def _cycle(r: dict[str, Any]) -> tuple[float | None, str]:
     """The row's cycle time and the mark it carries when it is not a verify-cycle timing."""
-    from draftlab.benchmark.bench import is_verify_cycle
-
     c = _num(r.get("cycle_ms"))
     source = r.get("cycle_ms_source") or None
     return c, "" if c is None or is_verify_cycle(source) else E2E_MARK
@@ -280,8 +289,6 @@ def acceptance_by_position(rows: list[dict[str, Any]], bench: Bench, client: str
 def landing_table(rows: list[dict[str, Any]], bench: Bench, client: str) -> list[str]:
     """The landing page's table: what the decision uses, narrow enough for the column Snakemake's report
     gives the workflow description beside its DAG (about 450 px at a 1400 px window)."""
-    from draftlab.benchmark.verdict import arm_table
-
     paired = {(a["row"]["variant"], a["row"]["spec_id"]): a["paired"]
               for a in arm_table(rows, client, for_client(bench, client))}
     body = []
@@ -313,8 +320,6 @@ def goal_cell(goal: dict[str, Any], measured: float | None) -> str:
 
 def load_standing(paths: Sequence[str | os.PathLike]) -> list[tuple[str, str, dict[str, Any]]]:
     """``(spec, client, standing)`` per ``report/breakeven/<spec>/<client>.json`` the breakeven rule wrote."""
-    from draftlab.fsutil import read_json
-
     return [(Path(p).parent.name, Path(p).stem, read_json(p, "break-even standing")) for p in paths]
 
 
@@ -351,133 +356,6 @@ def ttt_curves(train_dirs: Sequence[str | os.PathLike]) -> dict[str, list[float]
     return out
 
 
-def _plot(path: Path, draw, n: int = 4) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(max(7.0, 1.3 * n + 2), 4.6), dpi=100)
-    draw(ax)
-    fig.tight_layout()
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", metadata={"Software": None})
-    plt.close(fig)
-
-
-def _xlabels(ax, rows) -> None:
-    """One tick per arm, 'variant' over 'spec', turned so long names never run into each other."""
-    ax.set_xticks(range(len(rows)), [f"{r['variant']}\n{r['spec_id']}" for r in rows], fontsize=8,
-                  rotation=30, ha="right", rotation_mode="anchor")
-    ax.set_xlim(-0.6, len(rows) - 0.4)
-
-
-def _span(values: Sequence[float], pad: float = 0.15) -> tuple[float, float]:
-    lo, hi = min(values), max(values)
-    margin = max((hi - lo) * pad, abs(hi) * 0.02, 1e-3)
-    return lo - margin, hi + margin
-
-
-def _breakeven_by_arm(standing) -> dict[tuple[str, str, str], float]:
-    return {(d["name"], spec, client): float(d["break_even_accept_length"])
-            for spec, client, st in standing for d in st.get("drafters", []) if not d.get("skipped")}
-
-
-def plot_accept(rows: list[dict[str, Any]], path: Path, standing=()) -> None:
-    """Accept length per arm, axis scaled to the data, with the probe's level and each arm's break-even."""
-    client = rows[0]["client"] if rows else None
-    sel = [r for r in _ok(rows) if r["client"] == client and r["variant"] != "baseline" and _num(r["accept_length"])]
-    be = _breakeven_by_arm(standing)
-    probe = best_by_accept(rows, ["probe"], client) if rows else None
-
-    def draw(ax):
-        if not sel:
-            ax.text(0.5, 0.5, "no accept length measured", ha="center", va="center", transform=ax.transAxes)
-            return
-        vals = [_num(r["accept_length"]) for r in sel]
-        marks = [be.get((r["variant"], r["spec_id"], client)) for r in sel]
-        ax.plot(range(len(sel)), vals, "o", color="#4c72b0", ms=8, label="accept length (bonus token included)")
-        for x, v in enumerate(vals):
-            ax.annotate(f"{v:.2f}", (x, v), textcoords="offset points", xytext=(0, 7), ha="center", fontsize=8)
-        if any(m is not None for m in marks):
-            ax.plot([x for x, m in enumerate(marks) if m is not None], [m for m in marks if m is not None], "_",
-                    color="#c44e52", ms=22, mew=2, label="break-even (baseline tok/s x own cycle)")
-        if probe is not None:
-            ax.axhline(_num(probe["accept_length"]), color="grey", lw=1, ls="--",
-                       label=f"probe (transferred as is): {_fmt(probe['accept_length'])}")
-        lo, hi = _span(vals + [m for m in marks if m is not None])
-        ax.set_ylim(lo, hi)
-        _xlabels(ax, sel)
-        ax.set_ylabel("accept length (tokens per verify cycle)")
-        ax.set_title(f"Accept length by variant (client {client}; axis not from 0)")
-        ax.legend(fontsize=7, loc="best")
-
-    _plot(path, draw, len(sel))
-
-
-def plot_tps(rows: list[dict[str, Any]], path: Path) -> None:
-    """Median tok/s per arm with its 95% interval, the baseline's median and interval as a band."""
-    client = rows[0]["client"] if rows else None
-    sel = [r for r in _ok(rows) if r["client"] == client and _num(r["tps_median"]) is not None]
-    base = baseline_row(rows, client) if rows else None
-
-    def draw(ax):
-        if not sel:
-            ax.text(0.5, 0.5, "no throughput measured", ha="center", va="center", transform=ax.transAxes)
-            return
-        vals = [_num(r["tps_median"]) for r in sel]
-        lows = [_num(r["tps_ci_low"]) if _num(r["tps_ci_low"]) is not None else v for v, r in zip(vals, sel)]
-        highs = [_num(r["tps_ci_high"]) if _num(r["tps_ci_high"]) is not None else v for v, r in zip(vals, sel)]
-        err = [[max(0.0, v - lo) for v, lo in zip(vals, lows)], [max(0.0, hi - v) for v, hi in zip(vals, highs)]]
-        colors = ["#8c8c8c" if r["variant"] == "baseline" else "#55a868" for r in sel]
-        for x, (v, c) in enumerate(zip(vals, colors)):
-            ax.errorbar(x, v, yerr=[[err[0][x]], [err[1][x]]], fmt="o", color=c, ms=7, capsize=4)
-        if base is not None and _num(base["tps_median"]):
-            b = _num(base["tps_median"])
-            ax.axhline(b, color="#c44e52", lw=1.5, ls="--", label=f"baseline = break-even ({b:.1f} tok/s)")
-            iv = (_num(base["tps_ci_low"]), _num(base["tps_ci_high"]))
-            if None not in iv:
-                ax.axhspan(iv[0], iv[1], color="#c44e52", alpha=0.12, label="baseline 95% interval")
-            ax.legend(fontsize=7, loc="best")
-        lo, hi = _span(lows + highs)
-        ax.set_ylim(max(0.0, lo), hi)  # scaled to the data, never below 0 tok/s
-        _xlabels(ax, sel)
-        ax.set_ylabel("output tok/s (median, 95% interval)")
-        ax.set_title(f"Throughput against plain decoding (client {client})")
-
-    _plot(path, draw, len(sel))
-
-
-def plot_ttt(curves: dict[str, list[float]], path: Path, serving: dict[str, list[float]] | None = None) -> None:
-    """TTT per-step validation accuracy (solid) beside serving acceptance by draft position (dashed).
-
-    Serving position i is the share of verify cycles with at least i+1 drafts accepted, so it is the
-    product of per-step acceptances up to i and sits below a per-step accuracy curve that holds steady.
-    """
-    serving = serving or {}
-
-    def draw(ax):
-        from matplotlib.ticker import MaxNLocator
-
-        colors = {}
-        for name, acc in curves.items():
-            line, = ax.plot(range(len(acc)), acc, marker="o", label=f"{name}: TTT validation accuracy")
-            colors[name] = line.get_color()
-        for name, rates in serving.items():
-            ax.plot(range(len(rates)), rates, marker="s", ls="--", color=colors.get(name),
-                    label=f"{name}: served, P(draft i accepted)")
-        if not curves and not serving:
-            ax.text(0.5, 0.5, "no trained drafters (fine-tuning skipped)", ha="center", va="center",
-                    transform=ax.transAxes)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("TTT step / draft position (0 = first drafted token)")
-        ax.set_ylabel("validation accuracy (solid)\nserving acceptance (dashed)")
-        ax.set_ylim(0, 1)
-        ax.set_title("TTT accuracy per step (solid), served acceptance by position (dashed)", fontsize=10)
-        if curves or serving:
-            ax.legend(fontsize=7)
-
-    _plot(path, draw)
 
 
 def _count(v: Any) -> str:
@@ -556,8 +434,6 @@ def data_section(stats_path: str | os.PathLike | None) -> list[str]:
 def report_inputs(exp_dir: str | os.PathLike, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The files the report reads when not handed them (a hand-typed ``draftlab report --exp-dir``):
     those of the variants records.csv holds, named by the experiment's Layout, never globbed."""
-    from draftlab.experiment.layout import Layout, is_trained
-
     exp_dir = Path(exp_dir)
     layout = Layout(exp_dir.name, str(exp_dir.parent))
     variants = list(dict.fromkeys(r["variant"] for r in rows))
@@ -603,48 +479,64 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
     declares; left out, they are those of the variants in ``records_csv`` (:func:`report_inputs`).
     ``data_stats`` is generate_data's stats JSON (None: the experiment brought its own data).
     """
-    from draftlab.experiment.layout import Layout
-
     exp_dir, out_dir = Path(exp_dir), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = load_rows(records_csv)
     implied = report_inputs(exp_dir, rows)
-    gate_path = gate or implied["gate"]
     doctor = implied["doctor"] if doctor is None else doctor
-    train = implied["train"] if train is None else train
     results = load_bench(implied["bench"] if bench is None else bench)
     server_plans = load_plans(implied["plans"] if plans is None else plans)
-    gate = _read_json(Path(gate_path))
+    gate = _read_json(Path(gate or implied["gate"]))
     client = rows[0]["client"] if rows else None
     decision = decide(rows, client, for_client(results, client)) if rows else {"lines": [], "verdict": "none"}
     win = decision.get("winner")
     rec = recommend.recommendation(decision, baseline_row(rows, client) if rows else None,
                                    server_plans.get((win["variant"], win["spec_id"])) if win else None)
-    rec_path = Path(Layout(exp_dir.name, str(exp_dir.parent)).recommendation).name
-    write_text(out_dir / rec_path, json.dumps(rec, indent=2, default=str) + "\n")
-    curves = ttt_curves(train)
-    paths = {k: out_dir / v for k, v in PLOTS.items()}
+    rec_path = out_dir / REPORT_FILES["recommendation"]
+    write_text(rec_path, json.dumps(rec, indent=2, default=str) + "\n")
+    curves = ttt_curves(implied["train"] if train is None else train)
+    paths = {k: out_dir / REPORT_FILES[k] for k in PLOTS}
     standing_rows = load_standing(standing)
     plot_accept(rows, paths["accept"], standing_rows)
     plot_tps(rows, paths["tps"])
     plot_ttt(curves, paths["ttt"], acceptance_by_position(rows, results, client) if rows else {})
     experiment = rows[0]["experiment"] if rows else exp_dir.name
-    md = [f"# draftlab report: {esc(experiment)}", ""]
     deploy = recommend.markdown(rec)
     decision_lines = decision_text(rows, gate, results, decision) if rows else decision_text(rows, gate)
-    comparison = comparison_table(rows)
+    md = [f"# draftlab report: {esc(experiment)}", ""]
     md += ["## Decision", ""] + [p for line in deploy + decision_lines for p in (line, "")]
-    md += ["## Comparison", ""] + comparison + [""]
+    md += ["## Comparison", ""] + comparison_table(rows) + [""]
     if client is not None:
-        md += [f"## Paired speedup against plain decoding (client `{client}`)", ""] + paired_section(rows, results, client)
-        md += ["", "### Host stability (repeats of one server)", ""] + stability_section(results, client) + [""]
-        md += ["## Results per category", ""] + category_section(decision, client) + [""]
-        md += ["## Every shorter chain, predicted from one launch", ""]
-        md += chain_section(chain_predictions(rows, results, client), rows, client) + [""]
-    md += ["## Accept length by variant", "", f"![accept length]({PLOTS['accept']})", ""]
+        md += client_sections(rows, results, decision, client)
+    md += plot_sections(standing_rows, curves)
+    md += ["## Fine-tune data", ""] + data_section(data_stats) + [""]
+    md += ["## d2t: transferred mapping vs the fine-tune data's", ""]
+    md += d2t_section(d2t_diff or implied["d2t_diff"], d2t_coverage or implied["d2t_coverage"]) + [""]
+    md += ["## Doctor findings", ""] + doctor_section(doctor) + [""]
+    md += ["## Probe gate", ""] + gate_section(gate)
+    summary = out_dir / REPORT_FILES["summary"]
+    write_text(summary, "\n".join(md) + "\n")
+    views = write_views(out_dir, experiment, md, paths, deploy + decision_lines[:1],
+                        landing_table(rows, results, client) if rows else [], records_csv, static_md)
+    return {"summary": str(summary), "recommendation": str(rec_path),
+            **{k: str(v) for k, v in paths.items()}, **views}
+
+
+def client_sections(rows: list[dict[str, Any]], results: Bench, decision: dict[str, Any], client: str) -> list[str]:
+    """The sections of one client's per-request results: paired speedups, stability, categories, chains."""
+    md = [f"## Paired speedup against plain decoding (client `{client}`)", ""] + paired_section(rows, results, client)
+    md += ["", "### Host stability (repeats of one server)", ""] + stability_section(results, client) + [""]
+    md += ["## Results per category", ""] + category_section(decision, client) + [""]
+    md += ["## Every shorter chain, predicted from one launch", ""]
+    return md + chain_section(chain_predictions(rows, results, client), rows, client) + [""]
+
+
+def plot_sections(standing_rows, curves: dict[str, list[float]]) -> list[str]:
+    """The sections around the three plots: accept length, throughput and break-even, TTT accuracy."""
+    md = ["## Accept length by variant", "", f"![accept length]({REPORT_FILES['accept']})", ""]
     md += ["## Throughput against baseline and break-even", "",
            "Break-even accept length = baseline tok/s x cycle ms / 1000 (the drafter's own measured cycle).", ""]
-    md += breakeven_table(standing_rows) + ["", f"![throughput]({PLOTS['tps']})", ""]
+    md += breakeven_table(standing_rows) + ["", f"![throughput]({REPORT_FILES['tps']})", ""]
     md += ["## TTT per-step validation accuracy and serving acceptance by position", ""]
     if curves:
         k = max(len(a) for a in curves.values())
@@ -652,32 +544,32 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
                      [[n] + [f"{a[i]:.3f}" if i < len(a) else "–" for i in range(k)] for n, a in curves.items()])
     else:
         md += ["No trained drafter (fine-tuning skipped or not configured)."]
-    md += ["", f"![TTT accuracy]({PLOTS['ttt']})", ""]
-    md += ["## Fine-tune data", ""] + data_section(data_stats) + [""]
-    md += ["## d2t: transferred mapping vs the fine-tune data's", ""] + d2t_section(d2t_diff or implied["d2t_diff"], d2t_coverage or implied["d2t_coverage"]) + [""]
-    md += ["## Doctor findings", ""] + doctor_section(doctor) + [""]
-    md += ["## Probe gate", ""]
-    if gate:
-        md += [f"- decision: **{esc(gate.get('decision'))}** (min accept length {esc(gate.get('min_accept_length'))}, "
-               f"best probe {_fmt(gate.get('best_accept_length'), '{:.3f}')})", f"- {esc(gate.get('reason'), 500)}"]
-    else:
-        md += ["(no gate decision)"]
-    summary = out_dir / "summary.md"
-    write_text(summary, "\n".join(md) + "\n")
-    views = {
-        "summary_html": html_view.write_page(out_dir / "summary.html", f"draftlab report: {experiment}",
+    return md + ["", f"![TTT accuracy]({REPORT_FILES['ttt']})", ""]
+
+
+def gate_section(gate: dict[str, Any] | None) -> list[str]:
+    """The probe gate's decision and why: the report's word on whether the arms were trained."""
+    if not gate:
+        return ["(no gate decision)"]
+    return [f"- decision: **{esc(gate.get('decision'))}** (min accept length {esc(gate.get('min_accept_length'))}, "
+            f"best probe {_fmt(gate.get('best_accept_length'), '{:.3f}')})", f"- {esc(gate.get('reason'), 500)}"]
+
+
+def write_views(out_dir: Path, experiment: str, md: list[str], plots: dict[str, Path], decision: list[str],
+                landing: list[str], records_csv, static_md) -> dict[str, str]:
+    """The HTML views ``snakemake --report`` shows (draftlab.experiment.report_html), named by Layout."""
+    def out(key: str) -> Path:
+        return out_dir / REPORT_FILES[key]
+
+    return {
+        "summary_html": html_view.write_page(out("summary_html"), f"draftlab report: {experiment}",
                                              html_view.markdown_to_html(
-                                                 "\n".join(md), out_dir, {n: paths[k] for k, n in PLOTS.items()})),
-        "decision_fragment": _write(out_dir / "decision-fragment.html", html_view.decision_fragment(
-            deploy + decision_lines[:1],
-            landing_table(rows, results, client) if rows else [])),
-        "records_html": html_view.write_page(out_dir / "records.html", "records",
+                                                 "\n".join(md), out_dir, {REPORT_FILES[k]: p for k, p in plots.items()})),
+        "decision_fragment": _write(out("decision_fragment"), html_view.decision_fragment(decision, landing)),
+        "records_html": html_view.write_page(out("records_html"), "records",
                                              html_view.records_html(records_csv, RECORD_VIEW_COLUMNS)),
-        "static_html": html_view.write_page(out_dir / "static.html", "static analysis",
-                                            html_view.static_html(static_md)),
+        "static_html": html_view.write_page(out("static_html"), "static analysis", html_view.static_html(static_md)),
     }
-    return {"summary": str(summary), "recommendation": str(out_dir / rec_path),
-            **{k: str(v) for k, v in paths.items()}, **views}
 
 
 def _write(path: Path, text: str) -> str:

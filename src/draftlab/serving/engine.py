@@ -28,6 +28,9 @@ import torch
 from torch import Tensor
 
 from draftlab.errors import DraftlabError
+from draftlab.formats import aux_layers
+from draftlab.models.target import aux_layer_ids_for, load_target
+from draftlab.training.model import DrafterCache, Eagle3Drafter
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -123,9 +126,6 @@ class Engine:
 
     def __init__(self, target, drafter=None, *, num_steps: int = 3, aux_layer_ids: Sequence[int] | None = None,
                  eos_token_ids: Iterable[int] | None = None):
-        from draftlab.formats import aux_layers
-        from draftlab.models.target import aux_layer_ids_for
-
         self.target = target
         self.drafter = drafter
         self.num_steps = int(num_steps)
@@ -161,9 +161,6 @@ class Engine:
                      device: str = "cpu", dtype: str | torch.dtype | None = None,
                      trust_remote_code: bool = False) -> "Engine":
         """Load a transformers target folder and (optionally) an EAGLE-3 drafter folder."""
-        from draftlab.training.model import Eagle3Drafter
-        from draftlab.models.target import load_target
-
         dt = resolve_dtype(dtype)
         target = load_target(target_dir, dtype=dt, device=device, trust_remote_code=trust_remote_code)
         drafter = None
@@ -250,8 +247,6 @@ class Engine:
 
     def prefill_drafter(self, prompt: list[int], out, pending: Tensor):
         """The drafter's prefill extend (features at t with token t+1): (cache, first logits, hidden)."""
-        from draftlab.training.model import DrafterCache
-
         dcache = DrafterCache()
         ids = torch.tensor([prompt], device=self.device)
         d_in = torch.cat([ids[:, 1:], pending], dim=1)

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from draftlab.serving.batch_decode import Row, prefill_row
+from draftlab.serving.batch_decode import BatchDecoder, Row, prefill_row
 from draftlab.serving.engine import Engine, accept_cycle
 
 LLAMA_SHAPED = ("llama", "mistral", "qwen2", "qwen3")
@@ -386,8 +386,6 @@ def _cache_kw(layer) -> str:
 
 def make_decoder(engine: Engine):
     """The engine's static decoder when it has one (CUDA), else a ``BatchDecoder``."""
-    from draftlab.serving.batch_decode import BatchDecoder
-
     static = getattr(engine, "static_decoder", None)
     return static.reset() if static is not None else BatchDecoder(engine)
 
