@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,7 @@ import yaml
 
 from draftlab.experiment.config import load_config
 from draftlab.experiment.settings import spec_id
+from gate_seed import SEEDED_DRY_RUN, seed_past_gate
 from test_workflow_dag import ROOT, _run
 from toolenv import run_in, tool_python
 
@@ -118,10 +121,22 @@ def judge(python: Path, argvs: list[list[str]]) -> list[dict]:
 
 def planned_launches(*configfiles: str) -> list[tuple[str, str, list[str]]]:
     """(variant, spec id, SGLang argv) of every SGLang launch of a real gpu8 dry run: each serve_bench
-    job's, and generate_data's (variant ``generate-data``: the target alone answering the prompts)."""
-    out = _run(["--profile", "gpu8", "--configfile", *configfiles, "-n", "-p", "all"])
+    job's, and generate_data's (variant ``generate-data``: the target alone answering the prompts).
+    The probe gate is a checkpoint, so the dry run runs twice in a copy of the workflow: up to the gate,
+    then past it with the gate open (gate_seed), where the baseline and the arms' launches appear."""
+    work = Path(tempfile.mkdtemp(prefix="draftlab-sglang-plan-"))
+    try:
+        for name in ("Snakefile", "workflow", "config", "profiles", "envs"):
+            (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, work / name)
+        files = [str(Path(f).resolve()) if Path(f).is_absolute() else f for f in configfiles]
+        args = ["--profile", "profiles/gpu8", "--configfile", *files, "-n", "-p", "all"]
+        before = _run(args, cwd=work)
+        seed_past_gate(work, before.stdout, passed=True)
+        after = _run(SEEDED_DRY_RUN + args, cwd=work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     launches = []
-    for line in out.stdout.splitlines():
+    for line in (before.stdout + after.stdout).splitlines():
         if "sglang.launch_server" not in line or line.lstrip().startswith("#"):
             continue  # a "#" line is the capture host's setup note (SpecForge's patched SGLang), not a launch
         words = shlex.split(line.split("Shell command:", 1)[-1])
@@ -132,7 +147,9 @@ def planned_launches(*configfiles: str) -> list[tuple[str, str, list[str]]]:
             continue
         plan = re.search(r"/bench/([^/]+)/([^/]+)/plan\.json$", words[words.index("--plan") + 1])
         launches.append((plan.group(1), plan.group(2), cmd[3:]))
-    assert launches, out.stdout[-2000:]
+    assert launches, after.stdout[-2000:]
+    # one launch per server job: the seeded run replans nothing the first one planned
+    assert len({(v, sid) for v, sid, _ in launches}) == len(launches), sorted((v, sid) for v, sid, _ in launches)
     return launches
 
 
