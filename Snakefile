@@ -4,7 +4,7 @@ import sys
 
 from snakemake.utils import min_version
 
-from draftlab.experiment.config import experiment_layers
+from draftlab.settings.config import experiment_layers
 from draftlab.experiment.jobs import load_settings
 from draftlab.serving.hostcheck import host_warnings
 

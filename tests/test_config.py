@@ -8,14 +8,14 @@ import pytest
 import yaml
 
 from helpers import cli, one_error_line
-from draftlab.experiment.config import (
+from draftlab.settings.config import (
     config_hash,
     deep_merge,
     experiment_layers,
     load_config,
     read_yaml,
 )
-from draftlab.experiment.settings import Settings, spec_id
+from draftlab.settings.model import Settings, spec_id
 from draftlab.errors import DraftlabError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +57,7 @@ def test_smoke_size_is_an_experiment_of_its_own():
     """Issue 22: `--config size=smoke` wrote into the default run's results/<experiment>/ and replaced its
     report; the smoke size now records as <experiment>-smoke (folder, records rows), other sizes do not."""
     from draftlab.experiment.layout import Layout
-    from draftlab.experiment.settings import Settings
+    from draftlab.settings.model import Settings
 
     smoke = load_config(_default(size="smoke"))
     assert smoke["experiment"] == "demo-k2-to-k25-smoke"

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from draftlab.experiment.config import load_config
-from draftlab.experiment.settings import spec_id
+from draftlab.settings.config import load_config
+from draftlab.settings.model import spec_id
 from gate_seed import SEEDED_DRY_RUN, seed_past_gate
 from test_workflow_dag import ROOT, _run
 from toolenv import run_in, tool_python

@@ -426,7 +426,7 @@ def test_specforges_data_pipeline_reads_the_smoke_runs_data_as_the_builtin_train
     every sequence gains that prefix: the target would be captured on other contexts than the builtin
     trainer's. Hence prompts_path (docs/specforge.md).
     """
-    from draftlab.experiment.config import load_config
+    from draftlab.settings.config import load_config
     from draftlab.training import specforge as sf
 
     exp = smoke_run / "results" / SMOKE_EXP

@@ -47,7 +47,7 @@ def smoke(smoke_run) -> Path:
 
 
 def _smoke_config() -> dict:
-    from draftlab.experiment.config import deep_merge, load_config, read_yaml
+    from draftlab.settings.config import deep_merge, load_config, read_yaml
 
     return load_config(deep_merge(read_yaml(ROOT / "config/config.yaml"), {"size": "smoke"}))
 

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from draftlab.experiment.config import deep_merge, load_config, load_schema, read_yaml
+from draftlab.settings.config import deep_merge, load_config, load_schema, read_yaml
 from draftlab.errors import DraftlabError
 from draftlab.experiment import jobs
 from draftlab.experiment.layout import Layout
-from draftlab.experiment.settings import Settings, schema_default
+from draftlab.settings.model import Settings, schema_default
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "config" / "config.yaml"
@@ -197,15 +197,15 @@ def installed(tmp_path_factory) -> Path:
 def test_the_schema_ships_in_the_wheel_and_load_config_works_outside_a_checkout(installed, tmp_path):
     """Issue 14: config.py found the schema through parents[2] of its own file, so an installed
     draftlab raised FileNotFoundError. The schema is package data read through importlib.resources."""
-    assert (installed / "draftlab" / "experiment" / "config.schema.yaml").is_file()
+    assert (installed / "draftlab" / "settings" / "config.schema.yaml").is_file()
     cfg = tmp_path / "exp.yaml"
     cfg.write_text("experiment: x\ntarget: {source: hf:a/b}\ndrafter: {source: hf:c/d}\n")
     # -I: no PYTHONPATH, no cwd on the path; the unpacked wheel goes first, ahead of the editable checkout
     code = (
-        "import sys; sys.path.insert(0, sys.argv[2]); import json, draftlab.experiment.config as c;"
+        "import sys; sys.path.insert(0, sys.argv[2]); import json, draftlab.settings.config as c;"
         "from importlib.resources import files;"
         "print(json.dumps({'file': c.__file__, 'cfg': c.load_config(sys.argv[1]),"
-        " 'schema': str(files('draftlab.experiment').joinpath('config.schema.yaml'))}))"
+        " 'schema': str(files('draftlab.settings').joinpath('config.schema.yaml'))}))"
     )
     out = subprocess.run([sys.executable, "-I", "-c", code, str(cfg), str(installed)], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120)

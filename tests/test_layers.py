@@ -17,10 +17,6 @@ LAYERS = ["settings", "formats", "models", "static", "training", "serving", "dat
 HELPERS = {"errors", "fsutil", "textsafe", "deadline_io", "http_client", "hf_cache", "draftlab"}
 # The entry points: they may import everything, nothing imports them but themselves.
 ENTRY = {"cli", "commands"}
-# The settings layer still lives in experiment/ (the typed-settings rewrite owns these two files); it
-# imports only helpers, so every layer may read its defaults. Lead: after that rewrite merges, move
-# them into their own package (draftlab/settings/) and drop this map.
-MODULE_LAYERS = {"draftlab.experiment.settings": "settings", "draftlab.experiment.config": "settings"}
 # Module cycles allowed inside one layer: none (an exception would be named here, with its reason).
 ALLOWED_MODULE_CYCLES: list[set[str]] = []
 
@@ -63,8 +59,6 @@ def imports(path: Path, known: set[str]) -> list[tuple[str, int]]:
 
 
 def layer(module: str) -> str:
-    if module in MODULE_LAYERS:
-        return MODULE_LAYERS[module]
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else "draftlab"
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from draftlab.experiment.config import config_hash, deep_merge, load_config, read_yaml
+from draftlab.settings.config import config_hash, deep_merge, load_config, read_yaml
 from draftlab.experiment.records import build_records, merge_into_global, write_records
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -119,7 +119,7 @@ def test_yaml_alias_bomb_is_refused_quickly(tmp_path):
     # the Snakefile's path: Snakemake has already loaded the YAML (aliases as shared objects)
     import yaml
 
-    from draftlab.experiment.config import load_config
+    from draftlab.settings.config import load_config
     from draftlab.errors import DraftlabError
 
     loaded = yaml.safe_load(ALIAS_BOMB)
@@ -128,7 +128,7 @@ def test_yaml_alias_bomb_is_refused_quickly(tmp_path):
     # ordinary aliases (a shared block reused twice) are fine
     ok = tmp_path / "ok.yaml"
     ok.write_text("x: &d {a: 1}\ny: *d\n")
-    from draftlab.experiment.config import read_yaml
+    from draftlab.settings.config import read_yaml
 
     assert read_yaml(ok) == {"x": {"a": 1}, "y": {"a": 1}}
 

@@ -141,7 +141,7 @@ def test_escaped_cells_keep_the_table_and_render_as_the_value(tmp_path):
 
 @pytest.mark.parametrize("name", ["abc\n", "abc\n\nrule x:", "ok\r", "a b"])
 def test_names_with_a_final_newline_are_refused_by_check_config(tmp_path, name):
-    from draftlab.experiment.config import load_config
+    from draftlab.settings.config import load_config
 
     cfg = experiment_config()
     with pytest.raises(DraftlabError, match="key 'experiment'"):

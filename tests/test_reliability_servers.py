@@ -28,10 +28,10 @@ import pytest
 from helpers import DRAFTLAB, cli_process
 
 from draftlab.benchmark.bench_plan import build_plan
-from draftlab.experiment.config import load_config
+from draftlab.settings.config import load_config
 from draftlab.experiment.jobs import server_spec
 from draftlab.experiment.layout import Layout
-from draftlab.experiment.settings import Settings
+from draftlab.settings.model import Settings
 from draftlab.serving.server_spec import ServerSpec
 
 REPO = Path(__file__).resolve().parents[1]

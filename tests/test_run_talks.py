@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 from helpers import cli, cli_process, offline_env
 
-from draftlab.experiment.config import load_config
+from draftlab.settings.config import load_config
 from draftlab.serving.hostcheck import host_warnings
 from test_workflow_dag import _run, job_blocks, workdir  # noqa: F401 - fixture
 

@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from draftlab.errors import DraftlabError
-from draftlab.experiment.config import experiment_layers, merge_config, read_yaml
+from draftlab.settings.config import experiment_layers, merge_config, read_yaml
 from draftlab.experiment.jobs import load_settings
-from draftlab.experiment.settings import Settings
+from draftlab.settings.model import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "config" / "config.yaml"
@@ -78,13 +78,13 @@ def test_a_minimal_experiment_file_loads_the_settings_of_a_restated_one(tmp_path
 
 
 def test_the_shipped_schema_is_the_one_generated_from_the_model():
-    """config.schema.yaml is written by draftlab.experiment.schema; regenerate it after changing settings.py."""
+    """config.schema.yaml is written by draftlab.settings.schema; regenerate it after changing settings/model.py."""
     from importlib.resources import files
 
-    from draftlab.experiment.schema import generate_text
+    from draftlab.settings.schema import generate_text
 
-    shipped = files("draftlab.experiment").joinpath("config.schema.yaml").read_text(encoding="utf-8")
-    assert shipped == generate_text(), "run: python -m draftlab.experiment.schema > src/draftlab/experiment/config.schema.yaml"
+    shipped = files("draftlab.settings").joinpath("config.schema.yaml").read_text(encoding="utf-8")
+    assert shipped == generate_text(), "run: python -m draftlab.settings.schema > src/draftlab/settings/config.schema.yaml"
 
 
 def test_library_and_cli_defaults_are_the_models():
@@ -93,7 +93,7 @@ def test_library_and_cli_defaults_are_the_models():
 
     from draftlab.benchmark.bench import run_benchmark
     from draftlab.cli import build_parser
-    from draftlab.experiment.settings import Client, Train, schema_default
+    from draftlab.settings.model import Client, Train, schema_default
     from draftlab.training.config import TrainConfig
     from draftlab.training.eval_drafter import evaluate_drafter
     from draftlab.training.tokenize import tokenize_file
@@ -126,7 +126,7 @@ def test_an_unknown_key_names_the_file_that_holds_it(tmp_path):
 
 def test_validation_fills_the_models_defaults():
     """The schema's defaults are the dataclasses' own: a config of the required keys loads as the model built bare."""
-    from draftlab.experiment.settings import Drafter, Target
+    from draftlab.settings.model import Drafter, Target
 
     loaded = Settings.load({"experiment": "x", "target": {"source": "t"}, "drafter": {"source": "d"}})
     bare = Settings(experiment="x", target=Target(source="t"), drafter=Drafter(source="d"), config={})
@@ -135,7 +135,7 @@ def test_validation_fills_the_models_defaults():
 
 def test_serve_and_demo_models_flags_default_to_the_model():
     from draftlab.cli import build_parser
-    from draftlab.experiment.settings import Demo, Serve
+    from draftlab.settings.model import Demo, Serve
 
     parser = build_parser()
     serve = parser.parse_args(["serve", "--target", "t"])

@@ -74,8 +74,8 @@ def _default_partition() -> str:
 def _slice(workdir: Path) -> tuple[str, list[str], str, str]:
     """(results dir, target files, client name, spec id) of the smoke slice, from the config."""
     import yaml
-    from draftlab.experiment.config import load_config
-    from draftlab.experiment.settings import spec_id
+    from draftlab.settings.config import load_config
+    from draftlab.settings.model import spec_id
 
     raw = yaml.safe_load((workdir / "config/config.yaml").read_text())
     raw["size"] = "smoke"

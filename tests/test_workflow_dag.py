@@ -263,7 +263,7 @@ def test_specforge_reads_the_merged_config_of_every_configfile_and_override(tmp_
     assert prepare and all("--config results/k25-merged/config.json " in l for l in prepare)
     _run(args + ["--cores", "1", "results/k25-merged/config.json"], cwd=workdir)
     merged = (workdir / "results/k25-merged/config.json").read_text()
-    from draftlab.experiment.config import load_config
+    from draftlab.settings.config import load_config
     from draftlab.training.specforge import job_from_experiment
 
     cfg = load_config(workdir / "results/k25-merged/config.json")

@@ -9,7 +9,7 @@ import shlex
 from draftlab.benchmark.probe_gate import gate_open
 from draftlab.experiment import jobs, variants
 from draftlab.experiment.layout import Layout, demo_hub_cache, demo_record
-from draftlab.experiment.settings import Settings
+from draftlab.settings.model import Settings
 from draftlab.experiment.variants import Variant
 
 # The Snakefile loaded and validated the experiment once (SETTINGS); every rule file reads it as S.

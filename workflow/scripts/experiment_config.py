@@ -3,7 +3,7 @@
 A script rather than a ``run:`` block, so Snakemake's statistics see a start before the end (issue 22).
 """
 
-from draftlab.experiment.settings import Settings
+from draftlab.settings.model import Settings
 from draftlab.fsutil import write_text
 
 sm = snakemake  # noqa: F821 - injected by Snakemake

@@ -13,7 +13,7 @@ from draftlab.errors import DraftlabError
 
 def _client_default(key: str):
     """A ``bench.clients`` item's default from the settings model: ``draftlab bench`` runs what a client runs."""
-    from draftlab.experiment.settings import schema_default
+    from draftlab.settings.model import schema_default
 
     return schema_default(f"bench.clients.{key}")
 

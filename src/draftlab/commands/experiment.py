@@ -78,7 +78,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    from draftlab.experiment.config import experiment_layers
+    from draftlab.settings.config import experiment_layers
     from draftlab.experiment.jobs import load_settings
 
     # Exactly the Snakefile's loading: config/config.yaml (when here), the files in order, one validation.

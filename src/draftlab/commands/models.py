@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from draftlab.commands._common import add_json_flag, add_output_flags, emit, finish, fmt_bytes
-from draftlab.experiment.settings import schema_default
+from draftlab.settings.model import schema_default
 from draftlab.textsafe import code, md
 
 

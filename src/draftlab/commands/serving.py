@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from draftlab.experiment.settings import schema_default
+from draftlab.settings.model import schema_default
 
 
 def register(sub) -> None:

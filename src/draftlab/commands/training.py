@@ -11,7 +11,7 @@ from pathlib import Path
 
 from draftlab.commands._common import add_json_flag, emit
 from draftlab.errors import DraftlabError
-from draftlab.experiment.settings import schema_default
+from draftlab.settings.model import schema_default
 from draftlab.datagen.answerers import TURN_MODES
 from draftlab.training.config import INIT_MODES, VOCAB_MODES
 from draftlab.training.config import default as train_default
@@ -325,7 +325,7 @@ def _generate_data(args: argparse.Namespace) -> int:
         argv = argv[1:]
     server = None
     if args.server:
-        from draftlab.experiment.config import read_yaml
+        from draftlab.settings.config import read_yaml
 
         # YAML or JSON (a YAML subset): one server description, read once, checked and launched
         server = ServerSpec.from_dict(read_yaml(args.server), source=args.server)
@@ -364,7 +364,7 @@ def _specforge_command(args: argparse.Namespace) -> int:
         missing = [k for k, v in need.items() if not v]
         if missing:
             raise DraftlabError(f"{args.config}: an experiment config needs {', '.join(missing)} on the command line")
-        from draftlab.experiment.config import load_config
+        from draftlab.settings.config import load_config
 
         cfg = load_config(args.config)  # the merged JSON the pipeline writes, or a YAML file
         if args.chat_template:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from draftlab.errors import DraftlabError, require_int
-from draftlab.experiment.settings import schema_default
+from draftlab.settings.model import schema_default
 from draftlab.fsutil import write_json
 from draftlab.datagen.answer_shards import AnswerShards
 from draftlab.datagen.answerers import (Answer, Failure, Sampling, ServerAnswerer, TransformersAnswerer,

@@ -15,7 +15,7 @@ from typing import Any
 
 from draftlab.benchmark.bench_plan import build_plan
 from draftlab.experiment.layout import Layout
-from draftlab.experiment.settings import Settings, Spec
+from draftlab.settings.model import Settings, Spec
 from draftlab.experiment.variants import BASELINE, Variant
 from draftlab.formats.target_config import load_json_config
 from draftlab.fsutil import read_json

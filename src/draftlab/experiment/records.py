@@ -22,11 +22,11 @@ import subprocess
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from draftlab.experiment.config import config_hash
+from draftlab.settings.config import config_hash
 from draftlab.errors import DraftlabError
 from draftlab.experiment.layout import Layout
 from draftlab.experiment.variants import BASELINE, ORDER, REFERENCE, SCRATCH, Variant, is_trained
-from draftlab.experiment.settings import spec_id
+from draftlab.settings.model import spec_id
 from draftlab.fsutil import atomic_path, locked, named_digest, read_json, sha256_file, write_json
 from draftlab.fsutil import read_text_file
 

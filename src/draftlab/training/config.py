@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from draftlab.errors import DraftlabError
-from draftlab.experiment.settings import schema_default
+from draftlab.settings.model import schema_default
 
 INIT_MODES = ("scratch", "checkpoint")
 VOCAB_MODES = ("keep", "remap", "regenerate")

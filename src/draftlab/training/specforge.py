@@ -32,10 +32,10 @@ from typing import Any, Mapping
 
 from draftlab.formats import eagle3_format as fmt
 from draftlab.errors import DraftlabError
-from draftlab.experiment.settings import schema_default
+from draftlab.settings.model import schema_default
 from draftlab.fsutil import atomic_path, read_json, to_json, write_json
-from draftlab.experiment.config import load_yaml_text
-from draftlab.experiment.settings import Settings
+from draftlab.settings.config import load_yaml_text
+from draftlab.settings.model import Settings
 from draftlab.formats import aux_layers
 from draftlab.formats.checkpoint import INDEX_SUFFIX, read_checkpoint
 from draftlab.formats.data import read_records
@@ -120,8 +120,8 @@ def job_from_experiment(cfg: dict[str, Any], *, target_model_path: str, draft_mo
                         prompts_path: str | None = None) -> SpecForgeJob:
     """The job for a validated experiment config (its ``train`` and ``target`` sections) and the pipeline's paths.
 
-    ``cfg`` is what :func:`draftlab.experiment.config.load_config` returns (the merged config the pipeline wrote,
-    read back): the values are typed through :class:`draftlab.experiment.settings.Settings`, so a bad
+    ``cfg`` is what :func:`draftlab.settings.config.load_config` returns (the merged config the pipeline wrote,
+    read back): the values are typed through :class:`draftlab.settings.model.Settings`, so a bad
     one was already refused naming its ``train.<key>``.
     """
     s = cfg if isinstance(cfg, Settings) else Settings.from_validated(cfg, "experiment config")

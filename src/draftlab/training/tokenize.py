@@ -15,7 +15,7 @@ from typing import Any
 from tqdm import tqdm
 
 from draftlab.errors import DraftlabError, require_int
-from draftlab.experiment.settings import schema_default
+from draftlab.settings.model import schema_default
 from draftlab.formats.data import read_records, render_simple, write_tokens
 
 

@@ -1,9 +1,9 @@
 """The experiment config's JSON schema, written from the typed settings model.
 
-:mod:`draftlab.experiment.settings` holds every key, type, default and one-line doc; this module turns
-those dataclasses into the JSON schema that :mod:`draftlab.experiment.config` validates with and
+:mod:`draftlab.settings.model` holds every key, type, default and one-line doc; this module turns
+those dataclasses into the JSON schema that :mod:`draftlab.settings.config` validates with and
 Snakemake-facing tools read (``config.schema.yaml``, package data, kept equal to :func:`generate`
-by a test). Regenerate with ``python -m draftlab.experiment.schema > src/draftlab/experiment/config.schema.yaml``.
+by a test). Regenerate with ``python -m draftlab.settings.schema > src/draftlab/settings/config.schema.yaml``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Literal, Mapping
 
 import yaml
 
-from draftlab.experiment.settings import Settings
+from draftlab.settings.model import Settings
 
 HEADER = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -25,8 +25,8 @@ HEADER = {
         "One experiment: a target, a drafter transferred from a sibling model, how to serve and benchmark them, "
         "the probe gate, the fine-tune arms and the control arm. Unknown keys are refused (additionalProperties: "
         "false everywhere) so a typo never silently falls back to a default. Generated from "
-        "draftlab.experiment.settings (python -m draftlab.experiment.schema); defaults are filled in by "
-        "draftlab.experiment.config.load_config."),
+        "draftlab.settings.model (python -m draftlab.settings.schema); defaults are filled in by "
+        "draftlab.settings.config.load_config."),
 }
 # Input-only key: presets merged in by load_config before the settings are typed.
 SIZES = {
@@ -91,7 +91,7 @@ def generate() -> dict[str, Any]:
 
 def generate_text() -> str:
     """The schema as the YAML text shipped in the package (``config.schema.yaml``)."""
-    return ("# GENERATED from draftlab.experiment.settings by `python -m draftlab.experiment.schema`; do not edit.\n"
+    return ("# GENERATED from draftlab.settings.model by `python -m draftlab.settings.schema`; do not edit.\n"
             + yaml.safe_dump(generate(), sort_keys=False, width=110, allow_unicode=True))
 
 

@@ -1,8 +1,8 @@
 """Typed settings of one experiment: the single source of every config key, type, default and doc.
 
 The frozen dataclasses below are the model: each field's default, one-line doc and rules (``setting``).
-:mod:`draftlab.experiment.schema` writes the JSON schema from them (``config.schema.yaml``, which
-Snakemake-facing tools and :func:`draftlab.experiment.config.validate` read; a test keeps the two
+:mod:`draftlab.settings.schema` writes the JSON schema from them (``config.schema.yaml``, which
+Snakemake-facing tools and :func:`draftlab.settings.config.validate` read; a test keeps the two
 equal). :meth:`Settings.load` validates a merged config once (filling these defaults, applying
 ``sizes.<size>``) and types it; the library's and CLI's defaults for the same settings
 (``TrainConfig``, ``draftlab train``, ``SpecForgeJob``, ``run_benchmark``) come from
@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal, Mapping
 
 from draftlab.errors import DraftlabError
-from draftlab.experiment.config import config_hash, load_config
+from draftlab.settings.config import config_hash, load_config
 from draftlab.fsutil import write_text
 
 
@@ -74,7 +74,7 @@ def _build(cls: type, data: Mapping[str, Any], key: str) -> Any:
 
 def setting(default: Any = dataclasses.MISSING, doc: str | None = None, *, of: type | None = None, **rules: Any) -> Any:
     """A settings field: its default, its one-line doc and its JSON-schema rules (minimum, enum,
-    pattern, ...); :mod:`draftlab.experiment.schema` writes the schema from these. ``of``: the type of
+    pattern, ...); :mod:`draftlab.settings.schema` writes the schema from these. ``of``: the type of
     a default list's items (``Client``), so a constructed default is typed too."""
     meta = {"doc": doc, "rules": rules}
     if of is not None:
@@ -346,7 +346,7 @@ class Settings:
 
     @classmethod
     def from_validated(cls, cfg: Mapping[str, Any], source: str = "config") -> "Settings":
-        """Type a mapping :func:`draftlab.experiment.config.load_config` already validated (no second validation)."""
+        """Type a mapping :func:`draftlab.settings.config.load_config` already validated (no second validation)."""
         data = {f.name: cfg[f.name] for f in dataclasses.fields(cls) if f.init and f.name in cfg}
         plain = json.loads(json.dumps(cfg, default=str))
         settings = _build(_SettingsFields, data, "")

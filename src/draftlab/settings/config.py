@@ -1,6 +1,6 @@
 """Experiment configuration: read, merge and validate a config, filling the defaults.
 
-The keys, types and defaults are the settings model's (:mod:`draftlab.experiment.settings`); the JSON
+The keys, types and defaults are the settings model's (:mod:`draftlab.settings.model`); the JSON
 schema this module validates with (``config.schema.yaml``, package data, so an installed draftlab finds
 it without a source checkout) is generated from that model. This module wraps jsonschema so a bad
 config fails with one line that names the file, the key, the value and what is allowed, instead of a
@@ -25,7 +25,7 @@ import yaml
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import read_text_file
 
-SCHEMA_PACKAGE, SCHEMA_NAME = "draftlab.experiment", "config.schema.yaml"
+SCHEMA_PACKAGE, SCHEMA_NAME = "draftlab.settings", "config.schema.yaml"
 
 
 def schema_text() -> str:
