@@ -53,6 +53,20 @@ def test_smoke_size_applies_its_preset():
     assert cfg["bench"]["clients"][0]["concurrency"] == 1
 
 
+def test_a_standalone_experiment_file_gets_the_builtin_smoke_preset(tmp_path):
+    """A file that sets every required key starts from the defaults, not from config/config.yaml; `size:
+    smoke` must still mean the smoke preset there (the one config/config.yaml spells for the reader)."""
+    from draftlab.settings.config import SIZE_PRESETS
+
+    assert read_yaml(DEFAULT)["sizes"]["smoke"] == SIZE_PRESETS["smoke"]
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("experiment: mine\nsize: smoke\ntarget: {source: /t}\ndrafter: {source: /d}\n")
+    raw, source = experiment_layers(DEFAULT, [exp])
+    cfg = load_config(raw, source)
+    assert [c["name"] for c in cfg["bench"]["clients"]] == ["short"] and cfg["train"]["steps"] == 12
+    assert cfg["experiment"] == "mine-smoke"
+
+
 def test_smoke_size_is_an_experiment_of_its_own():
     """Issue 22: `--config size=smoke` wrote into the default run's results/<experiment>/ and replaced its
     report; the smoke size now records as <experiment>-smoke (folder, records rows), other sizes do not."""
