@@ -8,7 +8,8 @@ SIZE="${1:-default}"
 CORES="${2:-2}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 WORK="$(mktemp -d /tmp/draftlab-bench-pipeline.XXXXXX)"
-trap 'rm -rf "$WORK"' EXIT
+# KEEP=<dir>: copy the run's results/ there before the temporary copy goes (report, records, logs)
+trap '[ -n "${KEEP:-}" ] && mkdir -p "$KEEP" && cp -r "$WORK/results" "$KEEP/" ; rm -rf "$WORK"' EXIT
 cp -r "$ROOT/Snakefile" "$ROOT/workflow" "$ROOT/config" "$ROOT/profiles" "$ROOT/envs" "$WORK/"
 cd "$WORK"
 echo "# $(date -u +%FT%TZ) size=$SIZE cores=$CORES nproc=$(nproc) load=$(cut -d' ' -f1-3 /proc/loadavg)"
@@ -41,3 +42,5 @@ cols = ["variant", "spec_id", "status", "tps_median", "accept_length", "speedup"
 print(df[cols].to_string(index=False))
 PY
 sed -n '/## Decision/,/## Comparison/p' results/*/report/summary.md
+echo "--- recommendation"
+cat results/*/report/recommendation.json
