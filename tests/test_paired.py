@@ -136,6 +136,28 @@ def test_chain_prediction_recovers_a_known_chain():
 
 
 
+def test_chain_prediction_fits_the_cycle_through_every_measured_chain_length():
+    """A cycle with a fixed cost plain decoding does not have (7 ms + 0.3 ms per draft against a 2.6 ms
+    plain step): from one launch the line goes through the plain step and over-predicts short chains;
+    with the sweep's other chain lengths measured it goes through them, and k = 1 is predicted right."""
+    rates = [0.4, 0.1, 0.05, 0.01]
+
+    def run_at(k):
+        per_cycle = 1 + sum(rates[:k])
+        cycles = round(100 / per_cycle)
+        return result({p: [(0.007 + 0.0003 * k) * cycles] for p in "abcd"}, tokens=101, verify=cycles,
+                      rates=rates[:k])
+
+    base = result({p: [0.0026 * 100] for p in "abcd"}, tokens=101)
+    one_launch = predict_chain(run_at(4), base)
+    swept = predict_chain(run_at(4), base, {2: run_at(2)})
+    assert one_launch["fit_points"] == [4] and swept["fit_points"] == [2, 4]
+    assert swept["t_verify_ms"] == pytest.approx(7.0, rel=0.02) and swept["t_draft_ms"] == pytest.approx(0.3, rel=0.1)
+    assert swept["predictions"][0]["cycle_ms"] == pytest.approx(7.3, rel=0.02)
+    assert one_launch["predictions"][0]["cycle_ms"] < 5.0  # the plain step at k = 0: short chains look cheap
+    assert "least squares through the measured cycles at k = 2, 4" in swept["method"]
+
+
 def test_chain_prediction_from_vllm_totals():
     """vLLM counts drafts server-wide (no verify count per request): the run's totals serve."""
     rates = [0.8, 0.5, 0.2]

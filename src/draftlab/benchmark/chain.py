@@ -88,23 +88,54 @@ def _counts(drafter: Mapping[str, Any]) -> tuple[float, float, float, float, flo
             sum(r["decode_time_s"] for r in timed) / passes, 0.0)
 
 
-def predict_chain(drafter: Mapping[str, Any], baseline: Mapping[str, Any]) -> dict[str, Any] | None:
+def _cycle_s(run: Mapping[str, Any]) -> float | None:
+    """Seconds per verify cycle of a run's median pass (None without verify counts and decode timings)."""
+    counts = _counts(run)
+    return counts[3] / counts[2] if counts and counts[2] else None
+
+
+def _line(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares intercept and slope of cycle seconds against k (at least two distinct k)."""
+    n = len(points)
+    mk = sum(k for k, _ in points) / n
+    mc = sum(c for _, c in points) / n
+    slope = sum((k - mk) * (c - mc) for k, c in points) / sum((k - mk) ** 2 for k, _ in points)
+    return mc - slope * mk, slope
+
+
+def predict_chain(drafter: Mapping[str, Any], baseline: Mapping[str, Any],
+                  measured: Mapping[int, Mapping[str, Any]] | None = None) -> dict[str, Any] | None:
     """Predicted accept length, cycle ms, tok/s and speedup for k = 1..K, from one drafter run at K.
 
+    ``measured``: runs of the same drafter at other chain lengths {k: result} (a sweep that launched
+    more than one). With them the cycle line t(k) is fitted through every measured cycle (least
+    squares) instead of through plain decoding's step: a cycle has fixed costs plain decoding does not
+    (the drafter's extend over accepted tokens, acceptance), which the one-launch fit puts at k = 0 as
+    plain decoding's step and so over-predicts short chains. Acceptance still comes from the run at K.
     None when the run has no per-position acceptance or no decode timings (nothing to predict from).
     ``recommended_k`` is the k with the highest predicted tok/s.
     """
     summary = drafter.get("summary") or {}
     rates = summary.get("accepted_per_position_rate")
-    t_verify = baseline_step_s(baseline)
+    t_plain = baseline_step_s(baseline)
     counts = _counts(drafter)
-    if not rates or counts is None or t_verify is None:
+    if not rates or counts is None or t_plain is None:
         return None
     K = len(rates)
     tokens, requests, verify, decode, outside = counts
     cycle_K = decode / verify
-    # verify of k + 1 tokens costs more than plain decoding's one: that growth is part of the slope
-    t_draft = max(0.0, (cycle_K - t_verify) / K)
+    points = [(K, cycle_K)] + [(int(k), c) for k, run in (measured or {}).items()
+                               if 0 < int(k) != K and (c := _cycle_s(run)) is not None]
+    if len(points) > 1:
+        t_verify, t_draft = _line(points)
+        if t_draft < 0 or t_verify <= 0:  # noise bent the line: a flat cycle through their mean
+            t_verify, t_draft = sum(c for _, c in points) / len(points), 0.0
+        fit = (f"t(k) = t_verify + k * t_draft, least squares through the measured cycles at k = "
+               f"{', '.join(str(k) for k, _ in sorted(points))}")
+    else:
+        # verify of k + 1 tokens costs more than plain decoding's one: that growth is part of the slope
+        t_verify, t_draft = t_plain, max(0.0, (cycle_K - t_plain) / K)
+        fit = "t(k) = t_verify (baseline s/decode step) + k * t_draft (from the measured cycle at K)"
     base_tps = median_pass_tps(baseline)
     out = []
     for k in range(1, K + 1):
@@ -118,6 +149,6 @@ def predict_chain(drafter: Mapping[str, Any], baseline: Mapping[str, Any]) -> di
                     "speedup": tps / base_tps if base_tps else None})
     best = max(out, key=lambda p: p["tps"])
     return {"num_steps": K, "t_verify_ms": 1000.0 * t_verify, "t_draft_ms": 1000.0 * t_draft,
-            "cycle_ms_at_K": 1000.0 * cycle_K, "predictions": out, "recommended_k": best["k"],
-            "method": "E_k = 1 + sum_{i<=k} P(at least i accepted) from the run at K; "
-                      "t(k) = t_verify (baseline s/decode step) + k * t_draft (from the measured cycle at K)"}
+            "cycle_ms_at_K": 1000.0 * cycle_K, "fit_points": sorted(k for k, _ in points),
+            "predictions": out, "recommended_k": best["k"],
+            "method": "E_k = 1 + sum_{i<=k} P(at least i accepted) from the run at K; " + fit}

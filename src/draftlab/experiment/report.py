@@ -237,20 +237,23 @@ def category_section(decision: dict[str, Any], client: str) -> list[str]:
 
 
 def chain_predictions(rows: list[dict[str, Any]], bench: Bench, client: str) -> dict[tuple[str, str], dict[str, Any]]:
-    """Per drafter, from its chain setting (topk 1) with the most steps: every shorter chain predicted."""
+    """Per drafter, from its chain setting (topk 1) with the most steps: every shorter chain predicted,
+    its cycle line fitted through every chain length the sweep measured for that drafter."""
     base = bench.get(("baseline", "plain", client))
     if base is None:
         return {}
-    best: dict[str, dict[str, Any]] = {}
+    chains_of: dict[str, dict[int, dict[str, Any]]] = {}
     for r in _ok(rows):
         if r["client"] != client or r["variant"] == "baseline" or _num(r.get("topk")) != 1:
             continue
-        if r["variant"] not in best or (_num(r["num_steps"]) or 0) > (_num(best[r["variant"]]["num_steps"]) or 0):
-            best[r["variant"]] = r
+        chains_of.setdefault(r["variant"], {})[int(_num(r["num_steps"]) or 0)] = r
     out = {}
-    for v, r in best.items():
+    for v, by_k in chains_of.items():
+        r = by_k[max(by_k)]
         res = bench.get((v, r["spec_id"], client))
-        pred = chains.predict_chain(res, base) if res else None
+        measured = {k: run for k, other in by_k.items() if k != max(by_k)
+                    if (run := bench.get((v, other["spec_id"], client))) is not None}
+        pred = chains.predict_chain(res, base, measured) if res else None
         if pred:
             out[(v, r["spec_id"])] = pred
     return out
@@ -268,10 +271,14 @@ def chain_section(preds: dict[tuple[str, str], dict[str, Any]], rows: list[dict[
                          f"{p['accept_length']:.2f}", f"{p['tps']:.1f}", _fmt(p["speedup"]),
                          _fmt(m["accept_length"]) if m else "–", _fmt(m["tps_median"], "{:.1f}") if m else "–"])
     fits = "; ".join(f"`{v}` from {spec}: t_verify {p['t_verify_ms']:.2f} ms, t_draft {p['t_draft_ms']:.2f} ms"
+                     + (f" (fitted through the cycles measured at k = {', '.join(map(str, p['fit_points']))})"
+                        if len(p.get("fit_points") or ()) > 1 else " (t_verify: plain decoding's step)")
                      for (v, spec), p in preds.items())
     return (["Predicted from one launch per drafter (its chain setting with the most steps): accept length from "
              "the acceptance by position, E_k = 1 + sum_{i<=k} P(at least i drafts accepted); cycle t(k) = t_verify + "
-             f"k * t_draft ({fits}). Measured columns where that k was run.", ""]
+             f"k * t_draft ({fits}). With one launch per drafter, t_verify is plain decoding's step and the slope "
+             "comes from the cycle at K; where the sweep measured more chain lengths, the line goes through all "
+             "of them. Measured columns where that k was run.", ""]
             + _table(["variant", "k (draft steps)", "accept length (predicted)", "tok/s (predicted)",
                       "speedup (predicted)", "accept length (measured)", "tok/s (measured)"], body))
 
