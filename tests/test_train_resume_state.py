@@ -229,7 +229,8 @@ def test_workflow_train_job_killed_after_a_checkpoint_resumes_to_the_uninterrupt
     assert summary["resumed_from_step"] == resumed and summary["steps"] == WF_STEPS
 
     # 3. The same command, uninterrupted, into another run and state folder (same thread count).
-    cmd = shlex.split(train_line.split(" -- ", 1)[1].rsplit(" > ", 1)[0])  # drop the log redirection
+    # the printed train command, without what comes before it (shell prelude) and the log redirection
+    cmd = shlex.split(train_line[train_line.index("draftlab train "):].rsplit(" > ", 1)[0])
     assert cmd[0] == "draftlab" and "--state-dir" in cmd and cmd[cmd.index("--resume") + 1] == "auto"
     cmd[cmd.index("--out") + 1], cmd[cmd.index("--state-dir") + 1] = "ref/run", "ref/state"
     threads = {k: "2" for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
