@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# Issues 22 and 26 on one GPU host without network (as run on the lent H200), in the background so that
-# it can outlast one device command:
-#   bash benchmarks/gpu_issue22.sh start    # setsid: the whole loop from clean, then the benchmarks below
+# Issues 22, 23 and 26 on one GPU host without network (as run on the lent H200), in the background so
+# that it can outlast one device command:
+#   bash benchmarks/gpu_issue22.sh start    # setsid: the steps below, one after the other
 #   bash benchmarks/gpu_issue22.sh wait N   # wait up to N s for it, then pack what there is into $OUT
-# Steps: 1. snakemake --profile gpu1 --configfile config/demo-gpu.yaml all from clean (the decision, the
-# paired intervals, the recommendation; the pipeline's wall time); 2. benchmarks/chain_prediction.py on
-# CUDA on the demo pair that run built (predicted vs measured k = 1..4); 3. benchmarks/server_batching.py
-# on CUDA (concurrency 1 vs 8 through the builtin server, static cache + CUDA graphs).
-# Wheels for what the image lacks (snakemake 9 and its deps) are read from ${WHEELS:-.whl}.
+# Steps, most wanted first (each logs one line to steps.log; a later step runs even if one fails):
+#  1. benchmarks/static_decode_gpu.py: plain decode at concurrency 1 and 8 and the speculative cycle through
+#     the static decoder's CUDA graphs, fused layers against transformers' own (issue 26's 400 tok/s);
+#  2. pytest -m gpu tests/test_gpu.py: graphs replay token-identically, fp32 and bf16;
+#  3. snakemake --profile gpu1 --configfile config/demo-gpu.yaml all from clean (the decision, the paired
+#     intervals, the recommendation; the pipeline's wall time, goal <= 8 min);
+#  4. benchmarks/gpu_specforge.sh: SpecForge 0.2.0 trains the keep arm offline on that run's features (issue 23);
+#  5. benchmarks/chain_prediction.py on CUDA on the demo pair that run built (predicted vs measured k = 1..4);
+#  6. benchmarks/server_batching.py on CUDA (concurrency 1 vs 8 through the builtin server).
+# Wheels for what the image lacks (snakemake 9 and its deps) are read from ${WHEELS:-.whl}, SpecForge's
+# from ${SF_WHEELS:-.whl-sf}.
 set -uo pipefail
 WORK=${WORK:-/tmp/gpu22}
 WHEELS=${WHEELS:-.whl}
@@ -39,18 +45,31 @@ gpu_env || { log "wheel install failed: $(tail -3 "$WORK/pip.log")"; touch "$WOR
 log "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
 log "$(python3 -c 'import torch, transformers, snakemake; print("torch", torch.__version__, "transformers", transformers.__version__, "snakemake", snakemake.__version__)' 2>&1)"
 
+t0=$(date +%s)
+timeout 240 python3 benchmarks/static_decode_gpu.py --device cuda > "$WORK/static_decode_gpu.json" 2> "$WORK/static_decode_gpu.log"
+log "static_decode_gpu.py: rc $? in $(( $(date +%s) - t0 )) s: $(python3 -c "import json; d=json.load(open('$WORK/static_decode_gpu.json')); print({k: (d[k]['static_plain_c1_tok_s'], d[k]['c8_over_c1'], d[k]['t_cycle_c1_ms'], d[k]['kernels_per_plain_step'], d[k]['kernels_per_spec_cycle']) for k in ('fused', 'unfused')})" 2>&1 | tail -1)"
+
+t0=$(date +%s)
+timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py > "$WORK/pytest_gpu.log" 2>&1
+log "pytest -m gpu: rc $? in $(( $(date +%s) - t0 )) s: $(tail -1 "$WORK/pytest_gpu.log")"
+
 rm -rf results/demo-gpu resources/demo/gpu .snakemake
 t0=$(date +%s)
 python3 -m snakemake all --profile gpu1 --configfile config/demo-gpu.yaml > "$WORK/full.log" 2>&1
 log "snakemake --profile gpu1 --configfile config/demo-gpu.yaml all: rc $? in $(( $(date +%s) - t0 )) s"
 r=results/demo-gpu
 tar czf "$WORK/demo-gpu-results.tar.gz" --ignore-failed-read $r/report $r/records $r/gate $r/bench/*/*/*.json \
-  $r/train/*/summary.json $r/train/*/validation.json $r/benchmarks $r/logs 2>/dev/null
+  $r/train/*/summary.json $r/train/*/validation.json $r/benchmarks $r/logs resources/demo/gpu/manifest.json 2>/dev/null
 log "results packed"
 
 t0=$(date +%s)
-timeout 240 python3 benchmarks/chain_prediction.py --demo resources/demo/gpu --device cuda --max-k 4 --limit 12 \
-  --max-new-tokens 128 --repeats 5 --threads 0 --out "$WORK/chain_gpu.json" > "$WORK/chain_gpu.log" 2>&1
+OUT=$WORK/specforge WHEELS=$WHEELS SF_WHEELS=${SF_WHEELS:-.whl-sf} timeout 420 bash benchmarks/gpu_specforge.sh \
+  > "$WORK/specforge.log" 2>&1
+log "gpu_specforge.sh: rc $? in $(( $(date +%s) - t0 )) s: $(grep -E 'steps/s|eval-drafter|import-specforge' "$WORK/specforge/steps.log" 2>/dev/null | tr '\n' ' ')"
+
+t0=$(date +%s)
+timeout 200 python3 benchmarks/chain_prediction.py --demo resources/demo/gpu --device cuda --max-k 4 --limit 8 \
+  --max-new-tokens 128 --repeats 3 --threads 0 --out "$WORK/chain_gpu.json" > "$WORK/chain_gpu.log" 2>&1
 log "chain_prediction.py --device cuda: rc $? in $(( $(date +%s) - t0 )) s"
 
 t0=$(date +%s)

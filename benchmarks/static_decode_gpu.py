@@ -5,7 +5,9 @@ A Llama of the demo-gpu target's shape (16 x 768, GQA 12/4, MLP 2048, vocab 8192
 113M parameters) with random weights (decode speed does not depend on what they mean) and a random
 EAGLE-3 drafter of the demo drafter's shape (draft vocab 4096). Measures decode tokens/s (prefill
 excluded) of plain decoding at concurrency 1 through ``Engine.generate`` (dynamic cache, eager: the
-path before issue 17's scheduler) and through ``StaticDecoder`` with graphs at 1 and 8 rows; the
+path before issue 17's scheduler) and through ``StaticDecoder`` with graphs at 1 and 8 rows, its fused
+layers (``serving/fused_llama.py``, ``fused_drafter.py``) against transformers' own (kernels per step by
+the profiler); the
 speculative cycle time (k=3) at 1 and 8 rows; token identity of every static output with the engine's;
 and the memory floor of a plain step (weight bytes read per token + KV bytes) / 4.3 TB/s.
 A random drafter is rarely accepted, so the speculative speed-up is given as predicted for an accept
@@ -61,6 +63,56 @@ def static_run(dec, prompts, max_new):
             sum(r.res.spec_verify_ct for r in rows))
 
 
+def kernels_per_cycle(dec, b: int) -> int | None:
+    """CUDA kernels one eager cycle of ``b`` rows launches (what its graph replays), by the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if dec.engine.device.type != "cuda":
+        return None
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        dec._cycle(b)
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def static_arms(args, plain, spec, prompts, ref, fused: bool) -> dict:
+    """Plain decode at 1 and 8 rows and the speculative cycle (k = num_steps) through ``StaticDecoder``."""
+    from draftlab.serving.static_decode import StaticDecoder
+
+    out = {}
+
+    def decoder(engine, kind: str):  # kernels of one eager cycle, then graphs captured (timed)
+        t0 = time.perf_counter()
+        dec = StaticDecoder(engine, max_rows=8, graph_max_bs=8, fused=fused)
+        out[f"kernels_per_{kind}"] = kernels_per_cycle(dec, 1)
+        dec.reset().capture()
+        out[f"capture_s_{kind}"] = round(time.perf_counter() - t0, 2)
+        return dec
+
+    dec = decoder(plain, "plain_step")
+    out["static"] = dec.info()
+    static_run(dec, prompts[:1], 8)  # warm-up
+    outs1, w1, n1, _ = static_run(dec, prompts[:1], args.max_new)
+    outs3 = [static_run(dec, [p], args.max_new)[0][0] for p in prompts[:3]]
+    outs8, w8, n8, _ = static_run(dec, prompts, args.max_new)
+    out["static_plain_c1_tok_s"] = round(n1 / w1, 1)
+    out["static_plain_c8_tok_s"] = round(n8 / w8, 1)
+    out["c8_over_c1"] = round((n8 / w8) / (n1 / w1), 2)
+    out["t_plain_step_ms"] = round(w1 / n1 * 1e3, 4)
+    out["plain_identical_to_engine"] = {"c1": outs3 == ref, "c8": outs8[:3] == ref}
+    # the speculative cycle (random drafter: its cost; predicted speed-up at accept length A)
+    sdec = decoder(spec, "spec_cycle")
+    static_run(sdec, prompts[:1], 8)
+    souts1, sw1, _, v1 = static_run(sdec, prompts[:1], args.max_new)
+    souts8, sw8, _, v8 = static_run(sdec, prompts, args.max_new)
+    out["t_cycle_c1_ms"] = round(sw1 / v1 * 1e3, 4)
+    out["t_cycle_c8_ms"] = round(sw8 / (v8 / 8) * 1e3, 4)
+    out["spec_identical_to_plain"] = {"c1": souts1[0] == outs1[0], "c8": souts8 == outs8}
+    out["predicted_spec_speedup_c1"] = {str(a): round(a * out["t_plain_step_ms"] / out["t_cycle_c1_ms"], 2)
+                                        for a in args.accept}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
@@ -79,7 +131,6 @@ def main() -> int:
     args = ap.parse_args()
 
     from draftlab.serving.engine import Engine
-    from draftlab.serving.static_decode import StaticDecoder
 
     target, drafter = build(args)
     g = torch.Generator().manual_seed(0)
@@ -99,34 +150,10 @@ def main() -> int:
         t += res.e2e_time - res.prefill_time
         n += len(res.output_ids) - 1
     report["engine_generate_c1_tok_s"] = round(n / t, 1)
-    # 2. static decoder with graphs, plain, 1 and 8 rows
-    t0 = time.perf_counter()
-    dec = StaticDecoder(plain, max_rows=8, graph_max_bs=8)
-    dec.capture()
-    report["capture_s_plain"] = round(time.perf_counter() - t0, 2)
-    report["static"] = dec.info()
-    static_run(dec, prompts[:1], 8)  # warm-up
-    outs1, w1, n1, _ = static_run(dec, prompts[:1], args.max_new)
-    outs3 = [static_run(dec, [p], args.max_new)[0][0] for p in prompts[:3]]
-    outs8, w8, n8, _ = static_run(dec, prompts, args.max_new)
-    report["static_plain_c1_tok_s"] = round(n1 / w1, 1)
-    report["static_plain_c8_tok_s"] = round(n8 / w8, 1)
-    report["c8_over_c1"] = round((n8 / w8) / (n1 / w1), 2)
-    report["t_plain_step_ms"] = round(w1 / n1 * 1e3, 4)
-    report["plain_identical_to_engine"] = {"c1": outs3 == ref, "c8": outs8[:3] == ref}
-    # 3. speculative cycles (random drafter: the cycle's cost; predicted speed-up at accept length A)
-    t0 = time.perf_counter()
-    sdec = StaticDecoder(spec, max_rows=8, graph_max_bs=8)
-    sdec.capture()
-    report["capture_s_spec"] = round(time.perf_counter() - t0, 2)
-    static_run(sdec, prompts[:1], 8)
-    souts1, sw1, _, v1 = static_run(sdec, prompts[:1], args.max_new)
-    souts8, sw8, _, v8 = static_run(sdec, prompts, args.max_new)
-    report["t_cycle_c1_ms"] = round(sw1 / v1 * 1e3, 4)
-    report["t_cycle_c8_ms"] = round(sw8 / (v8 / 8) * 1e3, 4)
-    report["spec_identical_to_plain"] = {"c1": souts1[0] == outs1[0], "c8": souts8 == outs8}
-    report["predicted_spec_speedup_c1"] = {str(a): round(a * report["t_plain_step_ms"] / report["t_cycle_c1_ms"], 2)
-                                           for a in args.accept}
+    # 2.-3. the static decoder with graphs, fused layers (the default) and transformers' own layers
+    for name, fused in (("fused", True), ("unfused", False)):
+        report[name] = static_arms(args, plain, spec, prompts, ref, fused)
+    report.update(report["fused"])  # the default path's figures at the top level
     # 4. the memory floor of one plain step
     emb = target.get_input_embeddings().weight
     weights = sum(p.numel() * p.element_size() for p in target.parameters()) - emb.numel() * emb.element_size()
@@ -137,7 +164,8 @@ def main() -> int:
                        "ceiling_tok_s": round(4.3e12 / (weights + kv), 1),
                        "static_c1_over_floor": round(report["t_plain_step_ms"] / ((weights + kv) / 4.3e12 * 1e3), 1)}
     print(json.dumps(report, indent=1))
-    ok = all(report["plain_identical_to_engine"].values()) and all(report["spec_identical_to_plain"].values())
+    ok = all(all(report[n]["plain_identical_to_engine"].values()) and all(report[n]["spec_identical_to_plain"].values())
+             for n in ("fused", "unfused"))
     return 0 if ok else 1
 
 

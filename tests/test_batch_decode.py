@@ -143,7 +143,7 @@ def test_static_decoder_moves_rows_down_and_refuses_other_models(world):  # noqa
     alone = _alone(eng, reqs, lambda i: [])
     dec = StaticDecoder(eng, max_rows=3)
     assert dec.info() == {"static_cache": True, "cuda_graph": False, "cuda_graph_bs": [],
-                          "cuda_graph_reason": "not on CUDA"}
+                          "cuda_graph_reason": "not on CUDA", "fused_layers": True, "fused_layers_reason": None}
     results, waiting = {}, list(reqs)
     while waiting or len(dec):
         while waiting and len(dec) < 3:  # a row finishing in the middle frees a slot the last row moves into

@@ -226,6 +226,7 @@ def test_static_server_state_reports_graphs_and_serves_identically(engine_pair):
     info = state.server_info()
     assert info["static_cache"] and info["cuda_graph"] and info["cuda_graph_bs"] == [1, 2], info
     assert info["cuda_graph_max_bs"] == 2 and info["cuda_graph_reason"] is None
+    assert info["fused_layers"] is True and info["fused_layers_reason"] is None  # the demo target: nothing refused
     got = state.run_many(prompts, 20, ignore_eos=True, stop_ids=[])
     assert [r.output_ids for r in got] == ref
     off = ServerState(Engine(target, None, eos_token_ids=()), model_path="t", max_batch_size=2, cuda_graph_max_bs=0)

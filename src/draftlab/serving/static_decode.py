@@ -19,6 +19,9 @@ the same results from buffers allocated once:
   every batch where capture is refused (reason logged once), runs the same function eagerly. On the
   CPU it always runs eagerly (tests: token-identical to ``BatchDecoder`` and ``Engine.generate``).
 
+- **fused layers**: the target's layers run as ``fused_llama.FusedLlama`` (the same function in about
+  half the kernels), unless ``fused_refusal`` names why not (then transformers' own layers).
+
 Prefill stays ``Engine.prefill_target`` / ``prefill_drafter`` (one request, dynamic cache); its
 keys are copied into the row's slots. The target forward is the transformers model's own
 embedding, decoder layers, norm and head, called with a slot cache object (``update``) and a 4-D
@@ -40,6 +43,8 @@ from torch import Tensor
 
 from draftlab.serving.batch_decode import BatchDecoder, Row, prefill_row
 from draftlab.serving.engine import Engine, accept_cycle
+from draftlab.serving.fused_drafter import FusedDrafter
+from draftlab.serving.fused_llama import FusedLlama, fused_refusal
 
 LLAMA_SHAPED = ("llama", "mistral", "qwen2", "qwen3")
 MAX_CACHE_FRACTION = 0.5  # of free GPU memory (CPU: of MAX_CPU_CACHE_BYTES) the slots may take
@@ -109,9 +114,13 @@ class DrafterSlots(SlotCache):
     """The drafter's one layer in slots; ``Eagle3Drafter.forward`` calls ``write(k, v, position_ids)``."""
 
     def write(self, key: Tensor, value: Tensor, position_ids: Tensor):  # type: ignore[override]
-        self.pos = position_ids
-        k, v = SlotCache.write(self, 0, key, value)
+        k, v = self.write_kv(key, value, position_ids)
         return k, v, _slot_mask(position_ids, self.width)
+
+    def write_kv(self, key: Tensor, value: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """``write`` without the mask (``FusedDrafter`` builds its own additive one)."""
+        self.pos = position_ids
+        return SlotCache.write(self, 0, key, value)
 
 
 def _slot_mask(pos: Tensor, width: int) -> Tensor:
@@ -127,7 +136,7 @@ class StaticDecoder:
     no row is live (the warm-up runs move the buffers' state).
     """
 
-    def __init__(self, engine: Engine, max_rows: int, graph_max_bs: int = 0, log=None):
+    def __init__(self, engine: Engine, max_rows: int, graph_max_bs: int = 0, log=None, fused: bool = True):
         refusal = static_refusal(engine)
         if refusal:
             raise ValueError(refusal)
@@ -139,6 +148,15 @@ class StaticDecoder:
         self.k = engine.num_steps if engine.speculative else 0
         self.max_rows = int(max_rows)
         self.slots = engine.context_length + self.k + 2
+        self.fused, self.fused_drafter, self.fused_reason = None, None, "off"
+        if fused:
+            self.fused_reason = fused_refusal(engine.target) or ""
+            if self.fused_reason:
+                self.log(f"target layers unfused, transformers' own ({self.fused_reason})")
+            else:
+                self.fused = FusedLlama(engine.target, self.slots)
+            if engine.speculative:
+                self.fused_drafter = FusedDrafter(engine.drafter, self.slots)
         n_layers = int(cfg.num_hidden_layers)
         hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
@@ -185,7 +203,8 @@ class StaticDecoder:
 
     def info(self) -> dict[str, Any]:
         return {"static_cache": True, "cuda_graph": self.cuda_graph,
-                "cuda_graph_bs": sorted(self.graphs), "cuda_graph_reason": self.graph_reason or None}
+                "cuda_graph_bs": sorted(self.graphs), "cuda_graph_reason": self.graph_reason or None,
+                "fused_layers": self.fused is not None, "fused_layers_reason": self.fused_reason or None}
 
     def reset(self) -> "StaticDecoder":
         """Drop every row (the scheduler starts over after an engine failure)."""
@@ -196,7 +215,10 @@ class StaticDecoder:
     # -- forwards (pure functions of the buffers: what a graph captures) -----------------------
     def _target(self, ids: Tensor, pos: Tensor, hidden: bool) -> tuple[Tensor, Tensor | None]:
         """The target over ``ids`` at ``pos`` ([b, T]) through the slots: (greedy [b, T], aux or None)."""
-        tgt, eng = self.engine.target, self.engine
+        tgt = self.engine.target
+        if self.fused is not None:
+            last, states = self.fused.forward(ids, pos, self.cache)
+            return self._head(last, states, hidden)
         base = tgt.model
         self.cache.pos = pos
         h = base.embed_tokens(ids)
@@ -210,10 +232,13 @@ class StaticDecoder:
                       **{self._layer_cache_kw: self.cache})
             h = h[0] if isinstance(h, tuple) else h
             states.append(h)
-        h = base.norm(h)
-        states[-1] = h  # transformers' last hidden state is the normed one
-        greedy = tgt.lm_head(h).argmax(-1)
-        aux = torch.cat([states[i + 1] for i in eng.aux_layer_ids], dim=-1) if hidden else None
+        return self._head(base.norm(h), states, hidden)
+
+    def _head(self, last: Tensor, states: list[Tensor], hidden: bool) -> tuple[Tensor, Tensor | None]:
+        """Greedy tokens from the normed last hidden state; the drafter's aux layers when ``hidden``."""
+        states[-1] = last  # transformers' last hidden state is the normed one
+        greedy = self.engine.target.lm_head(last).argmax(-1)
+        aux = torch.cat([states[i + 1] for i in self.engine.aux_layer_ids], dim=-1) if hidden else None
         return greedy, aux
 
     def _clamp(self, pos: Tensor) -> Tensor:
@@ -228,7 +253,7 @@ class StaticDecoder:
 
     def _spec_cycle(self, b: int) -> None:
         eng, k = self.engine, self.k
-        drafter = eng.drafter
+        drafter = self.fused_drafter or eng.drafter
         L = self.L[:b]
         d_logits, d_hidden = self.d_logits[:b], self.d_hidden[:b]
         drafts = []
@@ -395,13 +420,15 @@ def enable_static(engine: Engine, max_rows: int, cuda_graph_max_bs: int | None =
     ``max_rows``; 0: static cache, no graphs) and capture them now. Returns what ``/get_server_info`` reports."""
     log = log or (lambda msg: print(f"draftlab-serve: {msg}", file=sys.stderr, flush=True))
     if engine.device.type != "cuda":
-        return {"static_cache": False, "cuda_graph": False, "cuda_graph_bs": [], "cuda_graph_reason": "not on CUDA"}
+        return {"static_cache": False, "cuda_graph": False, "cuda_graph_bs": [], "cuda_graph_reason": "not on CUDA",
+                "fused_layers": False, "fused_layers_reason": "not on CUDA"}
     try:
         dec = StaticDecoder(engine, max_rows, max_rows if cuda_graph_max_bs is None else cuda_graph_max_bs, log)
     except (ValueError, RuntimeError) as exc:  # refused (static_refusal, size) or out of memory
         log(f"static KV cache and CUDA graphs off, decoding with the dynamic cache ({exc})")
         return {"static_cache": False, "cuda_graph": False, "cuda_graph_bs": [],
-                "cuda_graph_reason": f"static cache refused: {exc}"}
+                "cuda_graph_reason": f"static cache refused: {exc}", "fused_layers": False,
+                "fused_layers_reason": "no static cache"}
     dec.capture()
     engine.static_decoder = dec
     return dec.info()
