@@ -9,9 +9,10 @@
 #  2. pytest -m gpu tests/test_gpu.py: graphs replay token-identically, fp32 and bf16;
 #  3. snakemake --profile gpu1 --configfile config/demo-gpu.yaml all from clean (the decision, the paired
 #     intervals, the recommendation; the pipeline's wall time, goal <= 8 min);
-#  4. benchmarks/gpu_specforge.sh: SpecForge 0.2.0 trains the keep arm offline on that run's features (issue 23);
-#  5. benchmarks/chain_prediction.py on CUDA on the demo pair that run built (predicted vs measured k = 1..4);
-#  6. benchmarks/server_batching.py on CUDA (concurrency 1 vs 8 through the builtin server).
+#  4. benchmarks/chain_prediction.py on CUDA on the demo pair that run built (predicted vs measured k = 1..4);
+#  5. benchmarks/gpu_specforge.sh: SpecForge 0.2.0 trains the keep arm offline on that run's features (issue 23),
+#     once $SF_WHEELS/READY exists (up to SF_WAIT s: the wheels may come with a later device call);
+#  6. with SERVER_BATCHING=1: benchmarks/server_batching.py on CUDA (concurrency 1 vs 8 through the server).
 # Wheels for what the image lacks (snakemake 9 and its deps) are read from ${WHEELS:-.whl}, SpecForge's
 # from ${SF_WHEELS:-.whl-sf}.
 set -uo pipefail
@@ -21,7 +22,8 @@ mode=${1:-start}
 
 if [ "$mode" = start ]; then
   rm -rf "$WORK" && mkdir -p "$WORK"
-  setsid nohup bash "$0" run > "$WORK/run.log" 2>&1 < /dev/null &
+  cp "$0" "$WORK/job.sh"  # run from a copy: a later device call re-copies the working tree under it
+  setsid nohup bash "$WORK/job.sh" run > "$WORK/run.log" 2>&1 < /dev/null &
   echo "started pid $!"
   exit 0
 fi
@@ -40,7 +42,7 @@ fi
 OUT=$WORK
 START=$(date +%s)
 log() { echo "[gpu22 $(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" >> "$WORK/steps.log"; }
-. "$(dirname "$0")/gpu_env.sh"
+. benchmarks/gpu_env.sh
 gpu_env || { log "wheel install failed: $(tail -3 "$WORK/pip.log")"; touch "$WORK/done"; exit 1; }
 log "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
 log "$(python3 -c 'import torch, transformers, snakemake; print("torch", torch.__version__, "transformers", transformers.__version__, "snakemake", snakemake.__version__)' 2>&1)"
@@ -63,18 +65,24 @@ tar czf "$WORK/demo-gpu-results.tar.gz" --ignore-failed-read $r/report $r/record
 log "results packed"
 
 t0=$(date +%s)
+timeout 180 python3 benchmarks/chain_prediction.py --demo resources/demo/gpu --device cuda --max-k 4 --limit 6 \
+  --max-new-tokens 128 --repeats 2 --threads 0 --out "$WORK/chain_gpu.json" > "$WORK/chain_gpu.log" 2>&1
+log "chain_prediction.py --device cuda: rc $? in $(( $(date +%s) - t0 )) s"
+
+# SpecForge's wheels may arrive with a later device call (the steps above take ~15 min): wait for them
+SF_WHEELS=${SF_WHEELS:-.whl-sf}
+t0=$(date +%s)
+while [ ! -f "$SF_WHEELS/READY" ] && [ $(( $(date +%s) - t0 )) -lt "${SF_WAIT:-600}" ]; do sleep 5; done
+t0=$(date +%s)
 OUT=$WORK/specforge WHEELS=$WHEELS SF_WHEELS=${SF_WHEELS:-.whl-sf} timeout 420 bash benchmarks/gpu_specforge.sh \
   > "$WORK/specforge.log" 2>&1
 log "gpu_specforge.sh: rc $? in $(( $(date +%s) - t0 )) s: $(grep -E 'steps/s|eval-drafter|import-specforge' "$WORK/specforge/steps.log" 2>/dev/null | tr '\n' ' ')"
 
-t0=$(date +%s)
-timeout 200 python3 benchmarks/chain_prediction.py --demo resources/demo/gpu --device cuda --max-k 4 --limit 8 \
-  --max-new-tokens 128 --repeats 3 --threads 0 --out "$WORK/chain_gpu.json" > "$WORK/chain_gpu.log" 2>&1
-log "chain_prediction.py --device cuda: rc $? in $(( $(date +%s) - t0 )) s"
-
+if [ -n "${SERVER_BATCHING:-}" ]; then
 t0=$(date +%s)
 timeout 200 python3 benchmarks/server_batching.py --device cuda --size gpu --prompts 16 --max-new 128 \
   --out "$WORK/server_batching_gpu.json" > /dev/null 2> "$WORK/server_batching_gpu.log"
 log "server_batching.py --device cuda: rc $? in $(( $(date +%s) - t0 )) s: $(grep -E '^(plain|speculative):' "$WORK/server_batching_gpu.log" | tr '\n' ' ')"
+fi
 log "done"
 touch "$WORK/done"

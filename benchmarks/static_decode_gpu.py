@@ -69,10 +69,14 @@ def kernels_per_cycle(dec, b: int) -> int | None:
 
     if dec.engine.device.type != "cuda":
         return None
-    with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
-        dec._cycle(b)
-        torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    try:
+        with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+            dec._cycle(b)
+            torch.cuda.synchronize()
+        return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    except Exception as exc:  # noqa: BLE001 - a profiler the host refuses costs the count, not the run
+        print(f"kernel count unavailable: {exc}", file=sys.stderr)
+        return None
 
 
 def static_arms(args, plain, spec, prompts, ref, fused: bool) -> dict:
