@@ -21,6 +21,7 @@ document (also to --out) with the settings, the prediction, every measurement an
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import contextlib
 import json
 import random
@@ -113,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     K = args.max_k
     # the server at K that the prediction reads, plain decoding, and every k = 1..K measured on its own launch
     specs = {"plain": spec(None), f"predict-k{K}": spec(K), **{f"k{k}": spec(k) for k in range(1, K + 1)}}
+    # every server shares the one device on purpose (interleaved): the busy-GPU guard would refuse the second
+    specs = {n: dataclasses.replace(s, check_gpus_free=False) for n, s in specs.items()}
     res = _interleaved(specs, logs, args)
     base, at_k = res["plain"], res[f"predict-k{K}"]
     pred = predict_chain(at_k, base)
