@@ -14,6 +14,7 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
@@ -41,6 +42,8 @@ def specforge_python() -> Path:
     """SpecForge 0.2.0 from its wheel (no deps) with what the code under test imports, at SpecForge's pins where
     it has them (transformers==5.8.1: the tokenizer its data pipeline runs).
 
+    ``accelerate`` for ``specforge train`` itself (its CLI seeds through ``accelerate.utils.set_seed``).
+
     One substitution: torch. The wheel pins torch==2.11.0, whose only Linux wheel on PyPI is the CUDA build
     (about 3 GB with its nvidia-* requirements); this venv links draftlab's CPU torch 2.13 instead. Sound for
     what runs here: the config schema (pydantic), the data pipeline (tokenizer + ``torch.tensor``), the
@@ -50,7 +53,7 @@ def specforge_python() -> Path:
     (envs/specforge.yaml) resolves to torch 2.11.0 (tests/test_envs_resolve.py).
     """
     assert metadata.version("torch").split("+")[0].startswith("2.13"), metadata.version("torch")
-    return tool_python("specforge", ["pydantic", "pyyaml", "tqdm", "transformers==5.8.1", "datasets"],
+    return tool_python("specforge", ["pydantic", "pyyaml", "tqdm", "transformers==5.8.1", "datasets", "accelerate"],
                        no_deps=["specforge==0.2.0"], link=["torch"])
 
 
@@ -529,3 +532,50 @@ def test_specforge_reads_draftlabs_offline_features_of_the_smoke_target(smoke_ru
             want = model(input_ids=torch.tensor([mine["input_ids"]])).logits[0].argmax(-1).tolist()
         agree = sum(a == b for a, b in zip(theirs["argmax"], want)) / len(want)
         assert agree >= 0.98, agree  # bf16 features vs the fp32 forward: near-ties may flip
+
+
+def test_specforges_trainer_runs_the_offline_keep_arm_on_cpu_and_import_reads_it(smoke_run, tmp_path):
+    """SpecForge's own trainer on draftlab's offline run of the keep arm (issue 23, item 4; what
+    benchmarks/gpu_specforge.sh runs on a GPU), rehearsed without CUDA: `specforge train` through
+    benchmarks/specforge_cpu_shim.py, which swaps the one CUDA-only kernel (its Triton loss) for the reference
+    formula of the same file, with `training.fsdp_sharding=NO_SHARD` (DDP over gloo; FSDP refuses a CPU) and
+    `training.attention_backend=sdpa` (flex attention has no CPU backward). Everything else is SpecForge's: the
+    config, the warm start from the patched drafter (strict: an unexpected or missing tensor is an error), the
+    pinned mapping, the offline reader, TargetHead, the TTT loop, AdamW and the checkpoint. It runs the
+    experiment's train.steps, import-specforge reads the checkpoint with the step count and the mapping checked,
+    and the drafter it writes is the warm start moved a little, which eval-drafter scores."""
+    from safetensors.torch import load_file
+
+    from draftlab.cli import main as cli
+    from draftlab.settings.config import load_config
+    from draftlab.training.eval_drafter import evaluate_drafter
+    from draftlab.training.specforge_import import import_checkpoint
+
+    exp = smoke_run / "results" / SMOKE_EXP
+    target, tokens, patched = exp / "models/target/model", exp / "data/tokens.jsonl", exp / "drafter/patched"
+    train = load_config(exp / "config.json")["train"]
+    assert cli(["dump-hidden-states", "--target", str(target), "--tokens", str(tokens), "--out", str(tmp_path / "dump"),
+                "--drafter", str(patched), "--device", "cpu"]) == 0
+    assert cli(["specforge-features", "--dump", str(tmp_path / "dump"), "--out", str(tmp_path / "feat")]) == 0
+    out = tmp_path / "sf"
+    assert cli(["specforge-command", "--config", str(exp / "config.json"), "--target", str(target),
+                "--draft-config", str(patched / "config.json"), "--data", str(tokens), "--tokens", str(tokens),
+                "--mapping", str(patched), "--ckpt-dir", str(patched), "--hidden-states", str(tmp_path / "feat"),
+                "--output-dir", str(out)]) == 0
+    proc = subprocess.run([str(specforge_python()), str(ROOT / "benchmarks/specforge_cpu_shim.py"), "train", "--config",
+                           str(out / "draftlab_run.yaml"), "training.fsdp_sharding=NO_SHARD",
+                           "training.attention_backend=sdpa", "training.log_interval=1"],
+                          env=_env(), capture_output=True, text=True, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:] + proc.stdout[-2000:]
+    logged = [int(n) for n in re.findall(r"^step (\d+): ", proc.stdout + proc.stderr, re.MULTILINE)]
+    assert logged == list(range(1, train["steps"] + 1))
+    res = import_checkpoint(out, tmp_path / "drafter", expect_mapping=patched, draft_config=patched / "config.json",
+                            expect_steps=train["steps"])
+    assert res["specforge_step"] == train["steps"] and res["mapping_check"] == "matches"
+    got, start = load_file(str(tmp_path / "drafter/model.safetensors")), load_file(str(patched / "model.safetensors"))
+    for name in ("fc.weight", "midlayer.self_attn.q_proj.weight", "lm_head.weight"):
+        a, b = got[name].float(), start[name].to(got[name].dtype).float()
+        moved = float((a - b).norm() / b.norm())
+        assert 0 < moved < 0.2, (name, moved)  # trained, from the warm start (a fresh init is ~1.4 away)
+    r = evaluate_drafter(tmp_path / "drafter", target, tokens, ttt_length=train["ttt_length"], device="cpu")
+    assert len(r["acc"]) == train["ttt_length"] and all(0 <= a <= 1 for a in r["acc"]) and r["tokens"] > 0
