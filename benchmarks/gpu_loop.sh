@@ -3,12 +3,12 @@
 #   bash benchmarks/gpu_loop.sh check   # pytest -m gpu, the smoke-size loop on CUDA, the gpu demo build alone
 #   bash benchmarks/gpu_loop.sh full    # snakemake --profile gpu1 --configfile config/demo-gpu.yaml all, clean
 # Wheels for what the host's image lacks (snakemake 9 and its deps, jsonschema) are read from
-# ${WHEELS:-../.whl}; draftlab runs from ./src through PYTHONPATH (no pip install -e without network).
+# ${WHEELS:-.whl}; draftlab runs from ./src through PYTHONPATH (no pip install -e without network).
 # Logs and small results go to ${OUT:-/tmp/gpu-loop-out}.
 set -uo pipefail
 MODE=${1:-check}
 OUT=${OUT:-/tmp/gpu-loop-out}
-WHEELS=${WHEELS:-../.whl}
+WHEELS=${WHEELS:-.whl}
 BUDGET=${BUDGET:-570}            # seconds this script may use (a device command is capped at 600)
 START=$(date +%s)
 mkdir -p "$OUT"
