@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -158,3 +159,22 @@ def snakemake(cwd: str | os.PathLike, *args: str, configfiles: tuple[str | os.Pa
     if check and proc.returncode != 0:
         pytest.fail(f"snakemake {' '.join(map(str, args))} exit {proc.returncode} in {cwd}:\n{tail}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+WORKFLOW_FILES = ("Snakefile", "workflow", "config", "profiles", "envs")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def copy_workflow(dest: Path, profiles: tuple[str, ...] = ("gpu8", "gpu1")) -> Path:
+    """A copy of the workflow in ``dest`` (a dry or real run there never touches the repository's
+    .snakemake/ or results/), with ``--profile NAME`` links at its root as the repository has them."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in WORKFLOW_FILES:
+        src = REPO_ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, symlinks=True)
+        else:
+            shutil.copy2(src, dest / name)
+    for name in profiles:
+        os.symlink(f"profiles/{name}", dest / name)
+    return dest

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import helpers
 import yaml
 from helpers import offline_env
 from helpers import snakemake as run_snakemake
@@ -21,10 +22,7 @@ IMPORTLOG = Path(__file__).resolve().parent / "importlog"
 
 def copy_workflow(dest: Path, demo_out: Path) -> Path:
     """A copy of the workflow in ``dest`` whose ``smoke.yaml`` points at the demo build in ``demo_out``."""
-    dest.mkdir(parents=True, exist_ok=True)
-    for name in ("Snakefile", "workflow", "config", "profiles", "envs"):
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, dest / name)
+    helpers.copy_workflow(dest, profiles=())
     (dest / "smoke.yaml").write_text(yaml.safe_dump({"size": "smoke", "demo": {"out": str(demo_out)}}))
     return dest
 

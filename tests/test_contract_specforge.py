@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from importlib import metadata
@@ -22,7 +21,7 @@ from pathlib import Path
 from smoke_run import EXP as SMOKE_EXP
 
 import pytest
-from helpers import cli_process, snakemake
+from helpers import cli_process, copy_workflow, snakemake
 import torch
 import yaml
 
@@ -105,11 +104,7 @@ def _segments(shell: str) -> list[list[str]]:
 @pytest.fixture(scope="module")
 def kimi_runs(tmp_path_factory):
     """{arm: (plan segments, job file, run config as written)} from the real dry run of config/kimi-k25.yaml."""
-    d = tmp_path_factory.mktemp("kimi")
-    for name in ("Snakefile", "workflow", "config", "profiles", "envs"):
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, d / name)
-    os.symlink("profiles/gpu8", d / "gpu8")
+    d = copy_workflow(tmp_path_factory.mktemp("kimi"), profiles=("gpu8",))
     _kimi_inputs(d)
     kimi = ("config/kimi-k25.yaml",)
     for seeded in (False, True):  # up to the probe gate (a checkpoint), then past it with the gate open

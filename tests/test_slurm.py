@@ -18,10 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import snakemake
+from helpers import copy_workflow, snakemake
 
 REPO = Path(__file__).resolve().parents[1]
-WORKFLOW_FILES = ["Snakefile", "workflow", "config", "profiles", "envs"]
 # Laid over config/config.yaml: the smoke size, and serve_bench jobs that ask SLURM for one (fake)
 # GPU each, as a GPU config would (the builtin server still runs on the CPU); demo.out is added per run.
 OVERLAY = "size: smoke\nserve:\n  gpus: 1\n"
@@ -94,14 +93,7 @@ def _slice(workdir: Path) -> tuple[str, list[str], str, str]:
 
 
 def _copy_workflow(dest: Path) -> Path:
-    dest.mkdir(parents=True)
-    for name in WORKFLOW_FILES:
-        src = REPO / name
-        if src.is_dir():
-            shutil.copytree(src, dest / name, symlinks=True)
-        else:
-            shutil.copy2(src, dest / name)
-    return dest
+    return copy_workflow(dest, profiles=())
 
 
 def _snakemake(workdir: Path, args: list[str], env: dict[str, str], log: Path, timeout: int, demo_out: Path) -> float:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 from gate_seed import SEEDED_DRY_RUN, seed_past_gate
-from helpers import snakemake
+from helpers import copy_workflow, snakemake
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,13 +49,7 @@ def job_counts(text: str) -> dict[str, int]:
 
 def _copy_workflow(d: Path) -> Path:
     """A copy of the workflow in ``d``, so dry runs never touch the repository's .snakemake/ or results/."""
-    d.mkdir(parents=True, exist_ok=True)
-    for name in ("Snakefile", "workflow", "config", "profiles", "envs"):
-        src = ROOT / name
-        (shutil.copytree if src.is_dir() else shutil.copy)(src, d / name)
-    os.symlink("profiles/gpu8", d / "gpu8")
-    os.symlink("profiles/gpu1", d / "gpu1")
-    return d
+    return copy_workflow(d)
 
 
 @pytest.fixture(scope="module")
