@@ -156,6 +156,12 @@ def test_chain_prediction_fits_the_cycle_through_every_measured_chain_length():
     assert swept["predictions"][0]["cycle_ms"] == pytest.approx(7.3, rel=0.02)
     assert one_launch["predictions"][0]["cycle_ms"] < 5.0  # the plain step at k = 0: short chains look cheap
     assert "least squares through the measured cycles at k = 2, 4" in swept["method"]
+    # the report warns about short chains only where one launch is all the line has
+    from draftlab.experiment.report import chain_section
+
+    warning = "measure a recommended k below the one launched"
+    assert warning in " ".join(chain_section({("keep", "s4-k1-d5"): one_launch}, [], "default"))
+    assert warning not in " ".join(chain_section({("keep", "s4-k1-d5"): swept}, [], "default"))
 
 
 def test_chain_prediction_from_vllm_totals():

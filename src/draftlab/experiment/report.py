@@ -278,7 +278,12 @@ def chain_section(preds: dict[tuple[str, str], dict[str, Any]], rows: list[dict[
              "the acceptance by position, E_k = 1 + sum_{i<=k} P(at least i drafts accepted); cycle t(k) = t_verify + "
              f"k * t_draft ({fits}). With one launch per drafter, t_verify is plain decoding's step and the slope "
              "comes from the cycle at K; where the sweep measured more chain lengths, the line goes through all "
-             "of them. Measured columns where that k was run.", ""]
+             "of them. Measured columns where that k was run."
+             + ("" if all(len(p.get("fit_points") or ()) > 1 for p in preds.values()) else
+                " A one-launch line puts what every cycle costs beyond a plain step, whatever k, into the "
+                "slope, so it over-predicts short chains where that cost dominates (on an H200's CUDA graphs, "
+                "+23% tok/s at k = 1, +12% at k = 2; benchmarks/RESULTS.md): measure a recommended k below the "
+                "one launched (add it to `speculative`) before deploying it."), ""]
             + _table(["variant", "k (draft steps)", "accept length (predicted)", "tok/s (predicted)",
                       "speedup (predicted)", "accept length (measured)", "tok/s (measured)"], body))
 
