@@ -7,7 +7,7 @@ EAGLE-3 drafter of the demo drafter's shape (draft vocab 4096). Measures decode 
 excluded) of plain decoding at concurrency 1 through ``Engine.generate`` (dynamic cache, eager: the
 path before issue 17's scheduler) and through ``StaticDecoder`` with graphs at 1 and 8 rows, its fused
 layers (``serving/fused_llama.py``, ``fused_drafter.py``) against transformers' own (kernels per step by
-the profiler); the
+the profiler; each piece of a speculative cycle timed alone, ``phase_ms``); the
 speculative cycle time (k=3) at 1 and 8 rows; token identity of every static output with the engine's;
 and the memory floor of a plain step (weight bytes read per token + KV bytes) / 4.3 TB/s.
 A random drafter is rarely accepted, so the speculative speed-up is given as predicted for an accept
@@ -77,6 +77,59 @@ def kernels_per_cycle(dec, b: int) -> int | None:
     except Exception as exc:  # noqa: BLE001 - a profiler the host refuses costs the count, not the run
         print(f"kernel count unavailable: {exc}", file=sys.stderr)
         return None
+
+
+def phase_times(spec, prompt: list[int], fused: bool, reps: int = 50) -> dict:
+    """ms per run of each piece of a speculative cycle alone, at one row: the target forward over 1 and
+    k+1 tokens, one drafter step, the drafter's extend over k+1 tokens, and the whole cycle. On CUDA
+    each piece is captured as its own graph and replayed (CUDA events); elsewhere it runs eagerly.
+    Where the cycle's time goes beyond a plain step, and what a chain of k costs (issue 22's fit)."""
+    from draftlab.serving.static_decode import StaticDecoder
+
+    dec = StaticDecoder(spec, max_rows=1, graph_max_bs=0, fused=fused)
+    dec.add(prompt, 64, set())
+    k, eng = dec.k, dec.engine
+    drafter = dec.fused_drafter or eng.drafter
+    one, pos1 = dec.pending[:1], dec._clamp(dec.L[:1, None])
+    many, posk = torch.zeros(1, k + 1, dtype=torch.long, device=eng.device), dec._clamp(dec.L[:1, None] + dec.span)
+    with torch.inference_mode():
+        _, aux = dec._target(many, posk, hidden=True)
+    pieces = {
+        "target_T1": lambda: dec._target(one, pos1, hidden=False),
+        f"target_T{k + 1}": lambda: dec._target(many, posk, hidden=True),
+        "drafter_step": lambda: drafter(one, dec.d_hidden[:1], pos1, dec.dslots),
+        f"drafter_extend_T{k + 1}": lambda: drafter(many, aux, posk, dec.dslots),
+        "whole_cycle": lambda: dec._cycle(1),
+    }
+    out = {}
+    cuda = eng.device.type == "cuda"
+    for name, fn in pieces.items():
+        with torch.inference_mode():
+            if cuda:
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    fn(), fn()
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    fn()
+                run = graph.replay
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                run()
+                start.record()
+                for _ in range(reps):
+                    run()
+                end.record()
+                torch.cuda.synchronize()
+                out[name] = round(start.elapsed_time(end) / reps, 4)
+            else:
+                fn()
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    fn()
+                out[name] = round((time.perf_counter() - t0) / reps * 1e3, 4)
+    return out
 
 
 def static_arms(args, plain, spec, prompts, ref, fused: bool) -> dict:
@@ -157,6 +210,10 @@ def main() -> int:
     # 2.-3. the static decoder with graphs, fused layers (the default) and transformers' own layers
     for name, fused in (("fused", True), ("unfused", False)):
         report[name] = static_arms(args, plain, spec, prompts, ref, fused)
+        try:
+            report[name]["phase_ms"] = phase_times(spec, prompts[0], fused)
+        except Exception as exc:  # noqa: BLE001 - a diagnostic: its failure must not cost the measurements above
+            report[name]["phase_ms"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     report.update(report["fused"])  # the default path's figures at the top level
     # 4. the memory floor of one plain step
     emb = target.get_input_embeddings().weight
