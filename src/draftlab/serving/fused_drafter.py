@@ -11,10 +11,10 @@ residuals folded into ``addmm``. The aux-state fusion (``fc``) stays the drafter
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from draftlab.serving.fused_llama import grouped_attention, rms, rope_table, rotate, slot_bias
+from draftlab.serving.fused_llama import (fused_weights, grouped_attention, mlp_residual, rms, rope_table, rotate,
+                                          slot_bias)
 
 
 class FusedDrafter:
@@ -24,10 +24,8 @@ class FusedDrafter:
         m, a = drafter.midlayer, drafter.midlayer.self_attn
         self.drafter = drafter
         self.heads, self.kv, self.hd = a.n_heads, a.n_kv, a.hd
-        self.wqkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).t().contiguous()
-        self.wo, self.bo = a.o_proj.weight.t(), a.o_proj.bias
-        self.wgu = torch.cat([m.mlp.gate_proj.weight, m.mlp.up_proj.weight]).t().contiguous()
-        self.wdown, self.inter = m.mlp.down_proj.weight.t(), m.mlp.gate_proj.weight.shape[0]
+        self.wqkv, self.wo, self.wgu, self.wdown, self.inter = fused_weights(a, m.mlp)
+        self.bo = a.o_proj.bias
         self.norms = {n: (getattr(m, n).weight, getattr(m, n).eps)
                       for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm")}
         self.final = (drafter.norm.weight, drafter.norm.eps)
@@ -52,8 +50,7 @@ class FusedDrafter:
                                  hd ** -0.5)
         res = hidden.reshape(b * t, h)
         a = torch.addmm(res if self.bo is None else res + self.bo, attn, self.wo)
-        gu = rms(a, *self.norms["post_attention_layernorm"]) @ self.wgu
-        a = torch.addmm(a, F.silu(gu[:, : self.inter]).mul_(gu[:, self.inter :]), self.wdown)
+        a = mlp_residual(a, self.norms["post_attention_layernorm"], self.wgu, self.wdown, self.inter)
         normed = rms(a, *self.final)
         logits = (normed @ self.wlm).view(b, t, -1)
         return logits, (normed if self.norm_output else a).view(b, t, h)

@@ -99,23 +99,33 @@ def grouped_attention(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor, sca
     return out.view(b, kv, g, t, hd).permute(0, 3, 1, 2, 4).reshape(b * t, heads * hd)
 
 
+def fused_weights(attn, mlp) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
+    """``(wqkv, wo, wgu, wdown, inter)`` for ``x @ W``: ``[q; k; v]`` and ``[gate; up]`` concatenated once,
+    the output and down projections as transposed views, the MLP width (target layers and drafter alike)."""
+    wqkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).t().contiguous()
+    wgu = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).t().contiguous()
+    return wqkv, attn.o_proj.weight.t(), wgu, mlp.down_proj.weight.t(), int(mlp.gate_proj.weight.shape[0])
+
+
+def mlp_residual(flat: Tensor, norm: tuple[Tensor, float], wgu: Tensor, wdown: Tensor, inter: int) -> Tensor:
+    """``flat + down(silu(gate(n)) * up(n))`` with ``n = rms(flat)``: a layer's MLP half, residual in ``addmm``."""
+    gu = rms(flat, *norm) @ wgu
+    return torch.addmm(flat, F.silu(gu[:, :inter]).mul_(gu[:, inter:]), wdown)
+
+
 class _Layer:
     """One decoder layer's weights, fused where two projections read the same input."""
 
     def __init__(self, layer):
         attn, mlp = layer.self_attn, layer.mlp
-        self.wqkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).t().contiguous()
+        self.wqkv, self.wo, self.wgu, self.wdown, self.inter = fused_weights(attn, mlp)
         biases = [getattr(p, "bias", None) for p in (attn.q_proj, attn.k_proj, attn.v_proj)]
         self.bqkv = torch.cat(biases) if all(b is not None for b in biases) else None
-        self.wo = attn.o_proj.weight.t()
-        self.wgu = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).t().contiguous()
-        self.wdown = mlp.down_proj.weight.t()
         self.n1, self.e1 = layer.input_layernorm.weight, _eps(layer.input_layernorm)
-        self.n2, self.e2 = layer.post_attention_layernorm.weight, _eps(layer.post_attention_layernorm)
+        self.n2 = (layer.post_attention_layernorm.weight, _eps(layer.post_attention_layernorm))
         qn, kn = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
         self.qn = (qn.weight, _eps(qn)) if qn is not None else None
         self.kn = (kn.weight, _eps(kn)) if kn is not None else None
-        self.inter = mlp.gate_proj.weight.shape[0]
 
 
 class FusedLlama:
@@ -164,8 +174,6 @@ class FusedLlama:
         for i, lw in enumerate(self.layers):
             x = rms(flat, lw.n1, lw.e1).view(b, t, d)
             flat = torch.addmm(flat, self._attention(lw, x, cos, sin, bias, cache, i), lw.wo)
-            gu = rms(flat, lw.n2, lw.e2) @ lw.wgu
-            act = F.silu(gu[:, : lw.inter]).mul_(gu[:, lw.inter :])
-            flat = torch.addmm(flat, act, lw.wdown)
+            flat = mlp_residual(flat, lw.n2, lw.wgu, lw.wdown, lw.inter)
             states.append(flat.view(b, t, d))
         return rms(flat, self.norm_w, self.norm_eps).view(b, t, d), states
