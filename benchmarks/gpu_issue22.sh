@@ -74,7 +74,7 @@ SF_WHEELS=${SF_WHEELS:-.whl-sf}
 t0=$(date +%s)
 while [ ! -f "$SF_WHEELS/READY" ] && [ $(( $(date +%s) - t0 )) -lt "${SF_WAIT:-600}" ]; do sleep 5; done
 t0=$(date +%s)
-OUT=$WORK/specforge WHEELS=$WHEELS SF_WHEELS=${SF_WHEELS:-.whl-sf} timeout 420 bash benchmarks/gpu_specforge.sh \
+OUT=$WORK/specforge WHEELS=$WHEELS SF_WHEELS=$SF_WHEELS timeout 420 bash benchmarks/gpu_specforge.sh \
   > "$WORK/specforge.log" 2>&1
 log "gpu_specforge.sh: rc $? in $(( $(date +%s) - t0 )) s: $(grep -E 'steps/s|eval-drafter|import-specforge' "$WORK/specforge/steps.log" 2>/dev/null | tr '\n' ' ')"
 

@@ -28,7 +28,8 @@ import yaml
 from draftlab.settings.config import load_config
 from draftlab.settings.model import spec_id
 from gate_seed import SEEDED_DRY_RUN, seed_past_gate
-from test_workflow_dag import ROOT, _copy_workflow, _run
+from helpers import copy_workflow
+from test_workflow_dag import ROOT, _run
 from toolenv import run_in, tool_python
 
 pytestmark = pytest.mark.contract
@@ -124,7 +125,7 @@ def planned_launches(*configfiles: str) -> list[tuple[str, str, list[str]]]:
     job's, and generate_data's (variant ``generate-data``: the target alone answering the prompts).
     The probe gate is a checkpoint, so the dry run runs twice in a copy of the workflow: up to the gate,
     then past it with the gate open (gate_seed), where the baseline and the arms' launches appear."""
-    work = _copy_workflow(Path(tempfile.mkdtemp(prefix="draftlab-sglang-plan-")))
+    work = copy_workflow(Path(tempfile.mkdtemp(prefix="draftlab-sglang-plan-")))
     try:
         files = [str(Path(f).resolve()) if Path(f).is_absolute() else f for f in configfiles]
         args = ["--profile", "gpu8", "--configfile", *files, "-n", "-p", "all"]

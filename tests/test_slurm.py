@@ -92,10 +92,6 @@ def _slice(workdir: Path) -> tuple[str, list[str], str, str]:
     return r, targets, client, spec
 
 
-def _copy_workflow(dest: Path) -> Path:
-    return copy_workflow(dest, profiles=())
-
-
 def _snakemake(workdir: Path, args: list[str], env: dict[str, str], log: Path, timeout: int, demo_out: Path) -> float:
     """Run snakemake in `workdir` on the demo build in `demo_out` (helpers.snakemake: a timeout or a
     failure fails the test with the tail of its output, all of it in `log`). Returns the wall time."""
@@ -115,12 +111,12 @@ def runs(tmp_path_factory, smoke_demo):
     demo = smoke_demo["out"]  # the demo pair: an input of the slice, built before either run, by neither
 
     # 1. the local executor
-    local = _copy_workflow(base / "local")
+    local = copy_workflow(base / "local", profiles=())
     r, targets, client, spec = _slice(local)
     local_s = _snakemake(local, [*targets, "--cores", "2"], env, base / "local.log", timeout=900, demo_out=demo)
 
     # 2. the slurm profile
-    remote = _copy_workflow(base / "slurm")
+    remote = copy_workflow(base / "slurm", profiles=())
     partition = _default_partition()
     slurm_env = {**env, **{k: v for k, v in SMALL_CLUSTER_ENV.items() if k not in os.environ}}
     slurm_env["DRAFTLAB_SLURM_PARTITION"] = partition

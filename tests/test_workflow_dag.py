@@ -47,14 +47,9 @@ def job_counts(text: str) -> dict[str, int]:
     return counts
 
 
-def _copy_workflow(d: Path) -> Path:
-    """A copy of the workflow in ``d``, so dry runs never touch the repository's .snakemake/ or results/."""
-    return copy_workflow(d)
-
-
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
-    return _copy_workflow(tmp_path_factory.mktemp("wf"))
+    return copy_workflow(tmp_path_factory.mktemp("wf"))
 
 
 def past_gate(tmp_path: Path, args: list[str], passed: bool = True) -> str:
@@ -65,7 +60,7 @@ def past_gate(tmp_path: Path, args: list[str], passed: bool = True) -> str:
 def gate_plans(tmp_path: Path, args: list[str], passed: bool = True):
     """The dry runs ``args`` of a fresh copy in ``tmp_path``: before the probe gate (up to it) and after
     it decided (``passed``): what follows it."""
-    cwd = _copy_workflow(tmp_path)
+    cwd = copy_workflow(tmp_path)
     before = _run(args, cwd=cwd)
     seed_past_gate(cwd, before.stdout, passed)
     return before, _run(SEEDED_DRY_RUN + args, cwd=cwd)
