@@ -101,20 +101,13 @@ def phase_times(spec, prompt: list[int], fused: bool, reps: int = 50) -> dict:
         f"drafter_extend_T{k + 1}": lambda: drafter(many, aux, posk, dec.dslots),
         "whole_cycle": lambda: dec._cycle(1),
     }
-    out = {}
+    out, kernels = {}, {}
     cuda = eng.device.type == "cuda"
     for name, fn in pieces.items():
         with torch.inference_mode():
             if cuda:
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):
-                    fn(), fn()
-                torch.cuda.current_stream().wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
-                    fn()
-                run = graph.replay
+                kernels[name] = kernel_table(fn)
+                run = captured(fn).replay
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 run()
                 start.record()
@@ -123,13 +116,54 @@ def phase_times(spec, prompt: list[int], fused: bool, reps: int = 50) -> dict:
                 end.record()
                 torch.cuda.synchronize()
                 out[name] = round(start.elapsed_time(end) / reps, 4)
+                if name == "whole_cycle":  # one replay at a time, waited for: the launch latency a step() pays
+                    t0 = time.perf_counter()
+                    for _ in range(reps):
+                        run()
+                        torch.cuda.synchronize()
+                    out["whole_cycle_synced"] = round((time.perf_counter() - t0) / reps * 1e3, 4)
             else:
                 fn()
                 t0 = time.perf_counter()
                 for _ in range(reps):
                     fn()
                 out[name] = round((time.perf_counter() - t0) / reps * 1e3, 4)
+    if kernels:
+        out["kernels"] = kernels
     return out
+
+
+def captured(fn):
+    """``fn`` captured as a CUDA graph after two warm-up calls on a side stream (lazy inits, kernel choice)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn(), fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def kernel_table(fn, top: int = 12) -> dict:
+    """The CUDA kernels of one eager run of ``fn``: how many, their summed device time (the GPU busy
+    part of a graph replay; the rest of the replay is the gaps between kernels), the costliest names."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    by_name: dict[str, list] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            row = by_name.setdefault(e.name[:90], [0, 0.0])
+            row[0] += 1
+            row[1] += e.time_range.elapsed_us()
+    busy = sum(us for _, us in by_name.values())
+    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
+    return {"n": sum(n for n, _ in by_name.values()), "busy_us": round(busy, 1),
+            "top": [[name, n, round(us, 1)] for name, (n, us) in ranked]}
 
 
 def static_arms(args, plain, spec, prompts, ref, fused: bool) -> dict:

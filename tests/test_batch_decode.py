@@ -17,7 +17,7 @@ import torch
 
 from draftlab.serving.batch_decode import BatchDecoder
 from draftlab.serving.engine import Engine
-from draftlab.serving.static_decode import StaticDecoder, graph_buckets
+from draftlab.serving.static_decode import StaticDecoder, graph_buckets, width_buckets
 from test_engine import VOCAB, world  # noqa: F401 (the module fixture)
 
 FIELDS = ("output_ids", "finish_reason", "spec_verify_ct", "accept_histogram", "accept_by_position",
@@ -56,6 +56,20 @@ def _batched(eng: Engine, reqs, stops_of, join_every: int = 0, compact: bool = F
                 results[row.tag] = row.res
             if compact and len(dec) and not static:
                 dec.compact(force=True)
+    return [results[i] for _, _, i in reqs]
+
+
+def _decode_filling(dec, reqs, rows: int) -> list:
+    """Decode ``reqs`` keeping up to ``rows`` in the batch (the next joins as soon as a row leaves)."""
+    results, waiting = {}, list(reqs)
+    while waiting or len(dec):
+        while waiting and len(dec) < rows:
+            p, n, i = waiting.pop(0)
+            row = dec.add(p, n, set(), tag=i)
+            if row.done:
+                results[i] = row.res
+        for row in dec.step():
+            results[row.tag] = row.res
     return [results[i] for _, _, i in reqs]
 
 
@@ -142,18 +156,10 @@ def test_static_decoder_moves_rows_down_and_refuses_other_models(world):  # noqa
     reqs = _requests(5, seed=5)
     alone = _alone(eng, reqs, lambda i: [])
     dec = StaticDecoder(eng, max_rows=3)
-    assert dec.info() == {"static_cache": True, "cuda_graph": False, "cuda_graph_bs": [],
+    assert dec.info() == {"static_cache": True, "cuda_graph": False, "cuda_graph_bs": [], "cuda_graph_widths": [],
                           "cuda_graph_reason": "not on CUDA", "fused_layers": True, "fused_layers_reason": None}
-    results, waiting = {}, list(reqs)
-    while waiting or len(dec):
-        while waiting and len(dec) < 3:  # a row finishing in the middle frees a slot the last row moves into
-            p, n, i = waiting.pop(0)
-            row = dec.add(p, n, set(), tag=i)
-            if row.done:
-                results[i] = row.res
-        for row in dec.step():
-            results[row.tag] = row.res
-    assert _same(alone, [results[i] for _, _, i in reqs])
+    # a row finishing in the middle frees a slot the last row moves into
+    assert _same(alone, _decode_filling(dec, reqs, 3))
     eng.target.config.model_type = "gpt2"
     try:
         with pytest.raises(ValueError, match="model_type 'gpt2'"):
@@ -193,3 +199,41 @@ def test_scheduler_queues_beyond_max_batch_size_and_drops_cancelled(world, stati
 def test_graph_buckets_are_sglang_shaped():
     assert graph_buckets(0) == [] and graph_buckets(1) == [1] and graph_buckets(3) == [1, 2, 3]
     assert graph_buckets(8) == [1, 2, 4, 8] and graph_buckets(20) == [1, 2, 4, 8, 16, 20]
+
+
+def test_width_buckets_double_up_to_the_slots():
+    assert width_buckets(1029) == [128, 256, 512, 1029]
+    assert width_buckets(517) == [128, 256, 517]
+    assert width_buckets(100) == [100]
+    assert width_buckets(256) == [128, 256]
+
+
+def test_static_decoder_replays_the_narrowest_width_that_holds_its_rows(world):  # noqa: F811
+    """The graph choice on CUDA, checked on the CPU: stand-in graphs (each runs the cycle eagerly at its
+    batch bucket and attention width, as its capture would) record what ``_run`` replays. Each cycle takes
+    the narrowest width holding every slot its rows write, rows cross from one width to the next as they
+    grow, and tokens and counters still equal each request served alone."""
+    eng = Engine(world["v1"], world["trained"], num_steps=3, eos_token_ids=())
+    dec = StaticDecoder(eng, max_rows=4)
+    dec.buckets, dec.widths = [1, 2, 4], [16, 32, 64, dec.slots]  # narrow, so that short requests cross them
+    replayed = []
+
+    class StandIn:
+        def __init__(self, b: int, w: int):
+            self.b, self.w = b, w
+
+        def replay(self):
+            replayed.append((self.w, max(r.length for r in dec.rows) + dec.k + 1))
+            dec._set_width(self.w)
+            dec._cycle(self.b)
+
+    dec.graphs = {(b, w): StandIn(b, w) for b in dec.buckets for w in dec.widths}
+    g = torch.Generator().manual_seed(11)
+    reqs = [(torch.randint(1, VOCAB, (n,), generator=g).tolist(), m, i)
+            for i, (n, m) in enumerate([(5, 24), (3, 3), (9, 20), (40, 24), (12, 17)])]
+    alone = _alone(eng, reqs, lambda i: [])
+    assert _same(alone, _decode_filling(dec, reqs, 3))  # short rows first; the long one joins as one leaves
+    widths = [16, 32, 64, dec.slots]
+    assert {16, 32, 64} <= {w for w, _ in replayed}
+    for w, need in replayed:  # the narrowest that holds the rows
+        assert need <= w and all(v < need for v in widths if v < w), (w, need)

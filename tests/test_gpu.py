@@ -185,7 +185,7 @@ def test_static_cache_cuda_graphs_replay_exactly(engine_pair, dtype):
 
     from draftlab.models.target import load_target
     from draftlab.serving.engine import Engine
-    from draftlab.serving.static_decode import StaticDecoder
+    from draftlab.serving.static_decode import StaticDecoder, width_buckets
 
     target = load_target(engine_pair["dir"], dtype=dtype, device="cuda")
     drafter = copy.deepcopy(engine_pair["drafter"]).to(device="cuda", dtype=dtype)
@@ -193,12 +193,16 @@ def test_static_cache_cuda_graphs_replay_exactly(engine_pair, dtype):
     g = torch.Generator().manual_seed(1)
     reqs = [(p, n) for p, n in zip(engine_pair["prompts"][:6] + [torch.randint(1, 300, (9,), generator=g).tolist()
                                                                   for _ in range(4)], [24, 5, 17, 24, 1, 9, 30, 12, 24, 3])]
+    # two that grow from the 128-slot graphs into the next width while they decode
+    reqs += [(torch.randint(1, 300, (110,), generator=g).tolist(), 30) for _ in range(2)]
     ref = [plain.generate(p, n).output_ids for p, n in reqs]
     outs = {}
     for name, eng in (("plain", plain), ("spec", spec)):
         dec = StaticDecoder(eng, max_rows=8, graph_max_bs=4)
         dec.capture()
-        assert dec.cuda_graph and sorted(dec.graphs) == [1, 2, 4], dec.graph_reason  # 8 rows: above 4 runs eagerly
+        info = dec.info()  # 8 rows: above 4 runs eagerly
+        assert dec.cuda_graph and info["cuda_graph_bs"] == [1, 2, 4], dec.graph_reason
+        assert info["cuda_graph_widths"] == width_buckets(dec.slots) and len(info["cuda_graph_widths"]) >= 2, info
         outs[name], results = _decode_together(dec, reqs)
         if name == "spec":
             assert sum(sum(r.accept_histogram[1:]) for r in results) > 0  # drafts were really accepted

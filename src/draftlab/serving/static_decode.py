@@ -15,7 +15,9 @@ the same results from buffers allocated once:
   over the verified tokens) is one function of those buffers; its outputs (greedy tokens, drafts,
   accepted count) land in one ``[R, 2k+2]`` tensor, read with one transfer per step.
 - **graphs**: on CUDA that function is captured as a CUDA graph per batch-size bucket (1, 2, 4, 8,
-  then every 8, up to ``cuda_graph_max_bs``, SGLang's meaning) and replayed; a batch above it, and
+  then every 8, up to ``cuda_graph_max_bs``, SGLang's meaning) and per attention width (128, 256, 512, ...
+  slots, then all of them: a graph reads only the slots its rows can have filled, so short requests on
+  a long-context target do not pay for the whole context) and replayed; a batch above it, and
   every batch where capture is refused (reason logged once), runs the same function eagerly. On the
   CPU it always runs eagerly (tests: token-identical to ``BatchDecoder`` and ``Engine.generate``).
 
@@ -55,6 +57,17 @@ def graph_buckets(max_bs: int) -> list[int]:
     """Batch sizes captured (SGLang's shape): 1, 2, 4, 8, then every 8, and ``max_bs`` itself."""
     sizes = [b for b in (1, 2, 4) if b < max_bs] + list(range(8, max_bs, 8))
     return sorted(set(sizes + [max_bs])) if max_bs >= 1 else []
+
+
+def width_buckets(slots: int, smallest: int = 128) -> list[int]:
+    """Attention widths captured: powers of two from ``smallest`` up to half of ``slots``, then ``slots``.
+    A cycle replays the narrowest graph that holds every slot its rows write, so its attention costs what
+    the rows' lengths need (at most 2x), not the whole context."""
+    widths, w = [], smallest
+    while 2 * w <= slots:
+        widths.append(w)
+        w *= 2
+    return widths + [slots]
 
 
 def static_refusal(engine: Engine) -> str | None:
@@ -178,6 +191,7 @@ class StaticDecoder:
         self.pending = torch.zeros(R, 1, dtype=torch.long, device=dev)
         self.L = torch.zeros(R, dtype=torch.long, device=dev)
         self.k_eff = torch.zeros(R, dtype=torch.long, device=dev)
+        self._k_eff_sent: list[int] = []  # what k_eff[:b] holds, as last copied
         self.out = torch.zeros(R, 2 * k + 2, dtype=torch.long, device=dev)
         if engine.speculative:
             d = engine.drafter
@@ -186,8 +200,9 @@ class StaticDecoder:
         self.span = torch.arange(k + 1, device=dev)
         self.ar = torch.arange(R, device=dev)
         self.rows: list[Row] = []
-        self.graphs: dict[int, Any] = {}
+        self.graphs: dict[tuple[int, int], Any] = {}  # (batch bucket, width) -> graph
         self.buckets: list[int] = []
+        self.widths = width_buckets(self.slots)
         self.graph_reason = "not on CUDA" if dev.type != "cuda" else "cuda_graph_max_bs is 0"
         if dev.type == "cuda" and graph_max_bs > 0:
             self.buckets = graph_buckets(min(int(graph_max_bs), self.max_rows))
@@ -203,7 +218,8 @@ class StaticDecoder:
 
     def info(self) -> dict[str, Any]:
         return {"static_cache": True, "cuda_graph": self.cuda_graph,
-                "cuda_graph_bs": sorted(self.graphs), "cuda_graph_reason": self.graph_reason or None,
+                "cuda_graph_bs": sorted({b for b, _ in self.graphs}),
+                "cuda_graph_widths": sorted({w for _, w in self.graphs}), "cuda_graph_reason": self.graph_reason or None,
                 "fused_layers": self.fused is not None, "fused_layers_reason": self.fused_reason or None}
 
     def reset(self) -> "StaticDecoder":
@@ -284,29 +300,33 @@ class StaticDecoder:
     # -- graphs -------------------------------------------------------------------------------
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture one graph per bucket (largest first, one memory pool); on failure log why and stay eager."""
+        """Capture one graph per (batch bucket, width), largest first, into one memory pool; on failure log
+        why and stay eager."""
         if not self.buckets or self.graphs or self.rows:
             return
-        self._set_width(self.slots)
         pool = torch.cuda.graph_pool_handle()
         try:
             for b in sorted(self.buckets, reverse=True):
-                stream = torch.cuda.Stream(self.engine.device)
-                stream.wait_stream(torch.cuda.current_stream(self.engine.device))
-                with torch.cuda.stream(stream):
-                    for _ in range(2):  # warm-up outside the graph (lazy inits, kernel choice)
+                for w in sorted(self.widths, reverse=True):
+                    self._set_width(w)
+                    stream = torch.cuda.Stream(self.engine.device)
+                    stream.wait_stream(torch.cuda.current_stream(self.engine.device))
+                    with torch.cuda.stream(stream):
+                        for _ in range(2):  # warm-up outside the graph (lazy inits, kernel choice)
+                            self._cycle(b)
+                    torch.cuda.current_stream(self.engine.device).wait_stream(stream)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool):
                         self._cycle(b)
-                torch.cuda.current_stream(self.engine.device).wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    self._cycle(b)
-                self.graphs[b] = graph
+                    self.graphs[(b, w)] = graph
         except Exception as exc:  # noqa: BLE001 - any refusal means: run eagerly, say why once
             self.graphs.clear()
             self.graph_reason = f"capture refused: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
             self.log(f"CUDA graphs off, decoding eagerly from the static cache ({self.graph_reason})")
         else:
-            self.log(f"CUDA graphs captured for batch sizes {sorted(self.graphs)}")
+            self.log(f"CUDA graphs captured for batch sizes {self.info()['cuda_graph_bs']} x attention widths "
+                     f"{self.widths}")
+        self._set_width(self.slots)
         torch.cuda.synchronize(self.engine.device)
         self.reset()
 
@@ -316,11 +336,12 @@ class StaticDecoder:
             self.dslots.width = width
 
     def _run(self, b: int) -> None:
-        bucket = next((s for s in sorted(self.graphs) if s >= b), None)
-        if bucket is not None:
-            self.graphs[bucket].replay()
+        need = min(self.slots, max(r.length for r in self.rows) + self.k + 1)  # every slot this cycle writes
+        bucket = next((s for s in self.buckets if s >= b), None)
+        if self.graphs and bucket is not None:
+            self.graphs[(bucket, next(w for w in self.widths if w >= need))].replay()
             return
-        self._set_width(min(self.slots, max(r.length for r in self.rows) + self.k + 1))
+        self._set_width(need)
         self._cycle(b)
         if self.graphs:
             self._set_width(self.slots)
@@ -373,8 +394,9 @@ class StaticDecoder:
         eng, rows, k = self.engine, self.rows, self.k
         b = len(rows)
         k_eff = [min(k, r.max_new - len(r.res.output_ids) - 1) for r in rows]
-        if k:
+        if k and k_eff != self._k_eff_sent:  # a host-to-device copy only when a row nears its end
             self.k_eff[:b].copy_(torch.tensor(k_eff))
+            self._k_eff_sent = k_eff
         t0 = eng.clock()
         self._run(b)
         out = self.out[:b].tolist()
