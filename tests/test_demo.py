@@ -109,6 +109,22 @@ def test_drafter_follows_v1_and_drops_on_v2(smoke):
 
 
 @pytest.mark.slow  # the session's smoke build: ~40 s on an idle 2-core machine, once
+def test_heldout_accuracy_batched_with_the_dense_mask_equals_one_at_a_time(smoke):
+    """A GPU build evaluates 8 samples per forward on the dense TTT mask (no flex compile in the build's
+    process): right padding and the batch change nothing a sample sees, so the accuracies are the same."""
+    from draftlab.training.eval_drafter import evaluate_drafter
+
+    r = smoke["result"]
+    tokens = Path(r["data"]) / "heldout.tokens.jsonl"
+    one = evaluate_drafter(r["drafter_v1"], r["target_v2"], tokens, ttt_length=3, max_length=128, max_samples=12)
+    batched = evaluate_drafter(r["drafter_v1"], r["target_v2"], tokens, ttt_length=3, max_length=128,
+                               max_samples=12, batch_size=8, attention="sdpa")
+    assert one["tokens"] == batched["tokens"] > 0
+    assert batched["acc"] == pytest.approx(one["acc"], abs=1e-6)
+    assert batched["loss"] == pytest.approx(one["loss"], rel=1e-4)
+
+
+@pytest.mark.slow  # the session's smoke build: ~40 s on an idle 2-core machine, once
 def test_rebuild_with_same_args_reuses(smoke, capsys, monkeypatch):
     manifest = smoke["out"] / "manifest.json"
     before = manifest.stat().st_mtime_ns

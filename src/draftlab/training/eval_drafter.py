@@ -20,8 +20,10 @@ from draftlab.training.loop import evaluate
 def evaluate_drafter(drafter_dir: str | os.PathLike, target: str | os.PathLike, tokens: str | os.PathLike, *,
                      ttt_length: int = TrainConfig.ttt_length, max_samples: int | None = None,
                      max_length: int = TrainConfig.max_length,
-                     device: str | None = None) -> dict[str, Any]:
-    """Per-step accuracy of a saved drafter against a target on a tokens file (e.g. v1 drafter vs v2)."""
+                     device: str | None = None, batch_size: int = 1,
+                     attention: str | None = None) -> dict[str, Any]:
+    """Per-step accuracy of a saved drafter against a target on a tokens file (e.g. v1 drafter vs v2);
+    ``batch_size`` samples per forward (right-padded, masked), ``attention`` as in ``ttt_forward``."""
     dev = resolve_device(device, what="eval-drafter: device")
     drafter = Eagle3Drafter.from_pretrained(drafter_dir, dtype=torch.float32, device=dev)
     tcfg = read_config(target)
@@ -30,4 +32,4 @@ def evaluate_drafter(drafter_dir: str | os.PathLike, target: str | os.PathLike, 
     feats = Features(cfg, samples, aux_layer_ids_for(drafter.config, tcfg), dev, torch.float32)
     drafter.load_target_embeddings(feats.embeddings(str(target)).to(dev))
     n = len(samples) if max_samples is None else min(max_samples, len(samples))
-    return evaluate(drafter, feats, list(range(n)), ttt_length)
+    return evaluate(drafter, feats, list(range(n)), ttt_length, batch_size=batch_size, attention=attention)

@@ -166,14 +166,14 @@ def check_finite_weights(drafter: nn.Module) -> None:
 
 @torch.no_grad()
 def evaluate(drafter: Eagle3Drafter, features: Features, indices: Sequence[int], ttt_length: int,
-             batch_size: int = 1, autocast: bool = False) -> dict[str, Any]:
-    """Per-step loss and accuracy (teacher-forced TTT) over ``indices``."""
+             batch_size: int = 1, autocast: bool = False, attention: str | None = None) -> dict[str, Any]:
+    """Per-step loss and accuracy (teacher-forced TTT) over ``indices`` (``attention``: see ``ttt_forward``)."""
     drafter.eval()
     sums = None
     for s in range(0, len(indices), batch_size):
         ids, mask, aux, logits = features.batch(list(indices[s:s + batch_size]))
         with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=autocast):
-            _, st = ttt_forward(drafter, ids, mask, aux, logits, ttt_length)
+            _, st = ttt_forward(drafter, ids, mask, aux, logits, ttt_length, attention=attention)
         sums = st if sums is None else {k: sums[k] + v for k, v in st.items()}
     if sums is None:
         return {"samples": 0, "ttt_length": ttt_length, "acc": [], "loss": []}

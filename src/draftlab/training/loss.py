@@ -60,10 +60,11 @@ def ttt_forward(drafter: Eagle3Drafter, input_ids: Tensor, loss_mask: Tensor, au
                 target_logits: Tensor | None = None, ttt_length: int = 7, *,
                 target: tuple[Tensor, Tensor, Tensor] | None = None,
                 collect: list[Tensor] | None = None, loss_norm: str = "positions",
-                mask_alignment: str = "specforge") -> tuple[Tensor, dict[str, Tensor]]:
+                mask_alignment: str = "specforge", attention: str | None = None) -> tuple[Tensor, dict[str, Tensor]]:
     """Weighted TTT loss and per-step sums: ``loss_sum``/``valid`` (loss) and ``correct``/``counted`` (acc).
 
     ``collect``, if given, receives each step's draft logits [B, T, M] (tests compare them with inference).
+    ``attention`` (``sdpa``/``flex``) overrides :func:`ttt_attention_backend`'s choice.
     """
     b, t = input_ids.shape
     with torch.no_grad():
@@ -72,7 +73,7 @@ def ttt_forward(drafter: Eagle3Drafter, input_ids: Tensor, loss_mask: Tensor, au
             probs, t_arg, in_draft = _past_the_end(drafter, probs, t_arg, in_draft)
     draft_tids = drafter.d2t + torch.arange(drafter.draft_vocab_size, device=input_ids.device)
     layer, attn = drafter.midlayer, drafter.midlayer.self_attn
-    backend = ttt_attention_backend(input_ids.device, t, attn.hd)
+    backend = attention or ttt_attention_backend(input_ids.device, t, attn.hd)
     hidden = drafter.fuse(aux)
     positions = torch.arange(t, device=input_ids.device).expand(b, t)
     keys: list[Tensor] = []
