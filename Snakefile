@@ -5,7 +5,7 @@ import sys
 from snakemake.utils import min_version
 
 from draftlab.settings.config import experiment_layers
-from draftlab.experiment.jobs import load_settings
+from draftlab.experiment.jobs import load_settings, register_gpu_shares
 from draftlab.serving.hostcheck import host_warnings
 
 min_version("9.0")
@@ -40,6 +40,10 @@ include: "workflow/rules/common.smk"
 # A profile's `resources: bench_slot: N` or `--resources bench_slot=N` allows N at once.
 if "bench_slot" not in workflow.global_resources:
     workflow.register_resource("bench_slot", 1)
+
+# Arms side by side (train.arms_per_gpu): each of the run's `gpu` is worth that many `gpu_share` units
+# (rule resources: workflow/rules/common.smk gpu_resources). No `gpu` given: GPU jobs are not counted.
+register_gpu_shares(workflow, SETTINGS.train.arms_per_gpu)
 
 # A profile made for a bigger host (gpu8 on a laptop) warns before any job runs; it never refuses.
 for _line in host_warnings(

@@ -299,10 +299,14 @@ def test_demo_gpu_dag_on_gpu1_runs_every_stage_on_the_one_gpu(tmp_path):
     serves = [l for l in lines if "draftlab serve-bench" in l]
     assert len(serves) == 6 and all("--device cuda" in l for l in serves)
     blocks = job_blocks(text)
-    gpu_jobs = [b for b in blocks if re.search(r"^rule (demo_models|serve_bench|train|generate_data):", b.strip())]
-    assert len(gpu_jobs) == 1 + 6 + 4 + 1
+    gpu_jobs = [b for b in blocks if re.search(r"^rule (demo_models|serve_bench|generate_data):", b.strip())]
+    train_jobs = [b for b in blocks if re.search(r"^rule train:", b.strip())]
+    assert len(gpu_jobs) == 1 + 6 + 1 and len(train_jobs) == 4
+    # train.arms_per_gpu: 4: the arms share the GPU (a quarter of it each), every other GPU job holds it whole
     for block in gpu_jobs:
-        assert re.search(r"resources: .*\bgpu=1\b", block), block
+        assert re.search(r"resources: .*\bgpu=1, gpu_share=4\b", block), block
+    for block in train_jobs:
+        assert re.search(r"resources: .*\bgpu=0, gpu_share=1\b", block), block
     cpu_jobs = [b for b in blocks if re.search(r"^(local)?rule (doctor|inspect|records|report|tokenize):", b.strip())]
     assert cpu_jobs and all(not re.search(r"\bgpu=[1-9]", b) for b in cpu_jobs)
     # the quick GPU check: the smoke pair, built on the GPU too
@@ -331,3 +335,41 @@ def test_smoke_size_writes_nothing_into_the_default_runs_folder(workdir):
     assert len(default) > 50 and len(smoke) > 30
     assert default & smoke == set()
     assert not [f for f in smoke if f.startswith("results/demo-k2-to-k25/")]
+
+
+_SHARING_SNAKEFILE = '''
+from draftlab.experiment.jobs import gpu_resources, register_gpu_shares
+register_gpu_shares(workflow, config["arms_per_gpu"])
+SPAN = "date +%s.%N > {output}; sleep 1.5; date +%s.%N >> {output}"
+rule all:
+    input: expand("train{i}", i=range(4)), expand("serve{i}", i=range(2))
+rule train:
+    output: "train{i}"
+    resources: **gpu_resources(1, config["arms_per_gpu"], shared=True)
+    shell: SPAN
+rule serve:
+    output: "serve{i}"
+    resources: **gpu_resources(1, config["arms_per_gpu"])
+    shell: SPAN
+'''
+
+
+@pytest.mark.parametrize("arms_per_gpu", [1, 2])
+def test_arms_share_the_gpu_and_servers_hold_it_alone(tmp_path, arms_per_gpu):
+    """train.arms_per_gpu on a real Snakemake run with one GPU (`--resources gpu=1`, as profile gpu1): at
+    most that many training jobs at once, and a server job never beside anything."""
+    (tmp_path / "Snakefile").write_text(_SHARING_SNAKEFILE)
+    snakemake(tmp_path, "--cores", "8", "--resources", "gpu=1", "--config", f"arms_per_gpu={arms_per_gpu}",
+              timeout=120)
+    spans = {p.name: tuple(map(float, p.read_text().split())) for p in tmp_path.iterdir()
+             if re.fullmatch(r"(train|serve)\d", p.name)}
+    assert len(spans) == 6
+
+    def beside(name: str) -> list[str]:
+        a, b = spans[name]
+        return [o for o, (c, d) in spans.items() if o != name and c < b - 0.1 and a < d - 0.1]
+
+    assert all(beside(s) == [] for s in spans if s.startswith("serve"))
+    # the most arms running at one instant (each arm's start is such an instant): 2 with 2, 1 with 1
+    most = max(1 + sum(1 for o in beside(t) if spans[o][0] <= spans[t][0]) for t in spans if t.startswith("train"))
+    assert most == arms_per_gpu

@@ -14,7 +14,7 @@ if DEMO:
             "../../envs/training.yaml"
         threads: 2
         resources:
-            gpu=DEMO_GPUS,
+            **gpu_resources(DEMO_GPUS),
         params:
             out=lambda wildcards, output: os.path.dirname(output.demo),
             size=S.size,

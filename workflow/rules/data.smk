@@ -40,7 +40,7 @@ if S.data.generated:
             else "../../envs/training.yaml"
         threads: 2
         resources:
-            gpu=SERVER_GPUS if S.data.engine == "server" else TRAIN_GPUS,
+            **gpu_resources(SERVER_GPUS if S.data.engine == "server" else TRAIN_GPUS),
         params:
             args=get_generate_args,
         shell:

@@ -33,7 +33,7 @@ rule serve_bench:
     conda:
         "../../envs/serving.yaml"
     resources:
-        gpu=SERVER_GPUS,
+        **gpu_resources(SERVER_GPUS),
         # tok/s of two benchmarks on one host interfere: the profiles allow one at a time
         # (bench_slot: 1); raise it there or with --resources bench_slot=N to run more at once.
         bench_slot=1,

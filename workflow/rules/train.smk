@@ -45,7 +45,7 @@ rule train:
         TRAIN_ENV
     threads: 2
     resources:
-        gpu=TRAIN_GPUS,
+        **gpu_resources(TRAIN_GPUS, shared=True),
     params:
         **(
             {"capture": get_train_capture_note}

@@ -133,6 +133,24 @@ def generate_command(settings: Settings, layout: Layout, server_log: str,
 # --- training -----------------------------------------------------------------------------------
 
 
+def gpu_resources(gpus: int, arms_per_gpu: int, shared: bool = False) -> dict[str, int]:
+    """Snakemake resources of a job on ``gpus`` GPUs when a GPU is worth ``arms_per_gpu`` ``gpu_share``
+    units: a training arm (``shared``) takes one unit per GPU (and no whole ``gpu`` once arms share),
+    any other GPU job every unit of its GPUs, so it never runs beside another GPU job."""
+    if shared and arms_per_gpu > 1:
+        return {"gpu": 0, "gpu_share": gpus}
+    return {"gpu": gpus, "gpu_share": gpus * arms_per_gpu}
+
+
+def register_gpu_shares(workflow: Any, arms_per_gpu: int) -> None:
+    """Give a Snakemake run ``gpu x arms_per_gpu`` ``gpu_share`` units (see :func:`gpu_resources`), unless
+    its profile or ``--resources`` set them; a run with no ``gpu`` count leaves GPU jobs uncounted."""
+    held = workflow.global_resources
+    if "gpu" in held and "gpu_share" not in held:
+        gpus = held["gpu"]
+        workflow.register_resource("gpu_share", int(getattr(gpus, "value", gpus)) * arms_per_gpu)
+
+
 def train_data(settings: Settings, layout: Layout) -> str:
     """The fine-tune data: ``data.path``, else what rule generate_data writes."""
     return settings.data.path or layout.generated_data
