@@ -13,3 +13,25 @@ gpu_env() {
   export PATH=/tmp/bin:$PATH
   return $rc
 }
+
+# A job longer than one device command runs in the background: `gpu_background start|wait N SCRIPT TARBALL`.
+# start: a fresh $WORK, the script copied there (a later device call re-copies the working tree under it) and
+# run as `bash $WORK/job.sh run` in its own session; wait: up to N s for $WORK/done, then steps.log printed and
+# $WORK packed into $OUT/TARBALL (large working folders, `*-work`, left out). Exits the calling script.
+gpu_background() {
+  local mode=$1 wait_s=$2 script=$3 tarball=$4
+  if [ "$mode" = start ]; then
+    rm -rf "$WORK" && mkdir -p "$WORK"
+    cp "$script" "$WORK/job.sh"
+    setsid nohup bash "$WORK/job.sh" run > "$WORK/run.log" 2>&1 < /dev/null &
+    echo "started pid $!"
+    exit 0
+  fi
+  local deadline=$(( $(date +%s) + wait_s ))
+  while [ ! -f "$WORK/done" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
+  [ -f "$WORK/done" ] && echo "finished" || echo "still running"
+  cat "$WORK/steps.log" 2>/dev/null
+  tar czf "$OUT/$tarball" -C "$WORK" --exclude='*-work' . 2>/dev/null
+  cp "$WORK/steps.log" "$OUT/" 2>/dev/null
+  exit 0
+}

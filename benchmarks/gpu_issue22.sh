@@ -19,30 +19,13 @@ set -uo pipefail
 WORK=${WORK:-/tmp/gpu22}
 WHEELS=${WHEELS:-.whl}
 mode=${1:-start}
-
-if [ "$mode" = start ]; then
-  rm -rf "$WORK" && mkdir -p "$WORK"
-  cp "$0" "$WORK/job.sh"  # run from a copy: a later device call re-copies the working tree under it
-  setsid nohup bash "$WORK/job.sh" run > "$WORK/run.log" 2>&1 < /dev/null &
-  echo "started pid $!"
-  exit 0
-fi
-
-if [ "$mode" = wait ]; then
-  deadline=$(( $(date +%s) + ${2:-300} ))
-  while [ ! -f "$WORK/done" ] && [ "$(date +%s)" -lt "$deadline" ]; do sleep 5; done
-  [ -f "$WORK/done" ] && echo "finished" || echo "still running"
-  cat "$WORK/steps.log" 2>/dev/null
-  tar czf "$OUT/gpu22.tar.gz" -C "$WORK" --exclude='*.tar.gz.tmp' . 2>/dev/null
-  cp "$WORK/steps.log" "$OUT/" 2>/dev/null
-  exit 0
-fi
+. benchmarks/gpu_env.sh
+[ "$mode" = run ] || gpu_background "$mode" "${2:-300}" "$0" gpu22.tar.gz
 
 # mode run: the work itself
 OUT=$WORK
 START=$(date +%s)
 log() { echo "[gpu22 $(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" >> "$WORK/steps.log"; }
-. benchmarks/gpu_env.sh
 gpu_env || { log "wheel install failed: $(tail -3 "$WORK/pip.log")"; touch "$WORK/done"; exit 1; }
 log "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
 log "$(python3 -c 'import torch, transformers, snakemake; print("torch", torch.__version__, "transformers", transformers.__version__, "snakemake", snakemake.__version__)' 2>&1)"

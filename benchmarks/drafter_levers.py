@@ -1,0 +1,191 @@
+#!/usr/bin/env python
+"""Issue 26: what the fine-tuned drafter needs for the demo-gpu keep arm to pay 1.5x, measured in process.
+
+After a run of the pipeline up to its fine-tune data (``snakemake ... --until tokenize``), trains the keep
+arm with the pipeline's own ``draftlab train`` command (from ``jobs.builtin_train_command``) under a few
+recipes (``--variants``: samples, steps, batch size, learning rate), ``--parallel`` of them at once on
+one device (what side-by-side arms would cost), then serves each trained drafter in process through the
+static decoder (CUDA graphs where there are CUDA, fused layers) on the bench's own prompts (the client's
+stratified sample, its chat template, ``max_new_tokens``, ``ignore_eos``) and reports per variant:
+train wall seconds, validation accuracy per TTT step, accept length and decode tok/s at each chain
+length in ``--ks``, over plain decoding's tok/s on the same prompts and decoder (tokens must be identical).
+
+    python benchmarks/drafter_levers.py --configfile config/demo-gpu.yaml --out levers.json \
+        --variants '[{"name": "v0"}, {"name": "lr1e-3", "lr": 1e-3}]'
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def load(configfile: str | None, overrides: dict):
+    from draftlab.experiment.jobs import load_settings
+    from draftlab.experiment.layout import Layout
+    from draftlab.settings.config import experiment_layers
+
+    settings = load_settings(*experiment_layers("config/config.yaml", [configfile] if configfile else [], overrides))
+    return settings, Layout(settings.experiment)
+
+
+def subset_tokens(src: str, n: int | None, dest: Path) -> str:
+    """The first ``n`` samples of the tokens file (all when n is None)."""
+    if n is None:
+        return src
+    with open(src) as f, open(dest, "w") as g:
+        for i, line in enumerate(f):
+            if i >= n:
+                break
+            g.write(line)
+    return str(dest)
+
+
+def train_cmd(settings, layout, v: dict, work: Path) -> list[str]:
+    from draftlab.experiment.jobs import builtin_train_command
+
+    cmd = builtin_train_command(settings, layout, "finetune-keep")
+    opts = {"--out": str(work / v["name"]), "--state-dir": str(work / f"{v['name']}.state"),
+            "--tokens": subset_tokens(layout.tokens, v.get("samples"), work / f"{v['name']}.tokens.jsonl")}
+    for key, flag in (("steps", "--max-steps"), ("batch_size", "--batch-size"), ("lr", "--lr")):
+        if key in v:
+            opts[flag] = str(v[key])
+    for flag, value in opts.items():
+        cmd[cmd.index(flag) + 1] = value
+    return [sys.executable, "-m", "draftlab.cli"] + cmd[1:]
+
+
+def train_all(settings, layout, variants: list[dict], work: Path, parallel: int) -> dict[str, dict]:
+    """Train the variants, ``parallel`` at a time; wall seconds per variant and per group."""
+    out = {}
+    for i in range(0, len(variants), parallel):
+        group = variants[i:i + parallel]
+        t0 = time.perf_counter()
+        procs = []
+        for v in group:
+            log = open(work / f"{v['name']}.log", "w")
+            procs.append((v, subprocess.Popen(train_cmd(settings, layout, v, work), stdout=log, stderr=subprocess.STDOUT,
+                                              start_new_session=True), log, time.perf_counter()))
+        for v, p, log, t in procs:
+            rc = p.wait()
+            log.close()
+            summary = work / v["name"] / "summary.json"
+            s = json.loads(summary.read_text()) if summary.exists() else {}
+            out[v["name"]] = {"rc": rc, "train_s": round(time.perf_counter() - t, 1), "group": [g["name"] for g in group],
+                              "val_acc": [round(a, 4) for a in (s.get("validation") or {}).get("acc", [])],
+                              "train_samples": s.get("train_samples"), "steps": s.get("steps")}
+        print(f"levers: trained {[g['name'] for g in group]} side by side in {time.perf_counter() - t0:.1f} s",
+              file=sys.stderr)
+    return out
+
+
+def bench_prompts(settings, tokenizer) -> list[list[int]]:
+    from draftlab.benchmark.bench_prompts import default_prompts_path, load_prompts, stratified_sample
+
+    client = settings.bench.clients[0]
+    prompts = stratified_sample(load_prompts(client.prompts or default_prompts_path()), client.limit)
+    ids = []
+    for p in prompts:
+        enc = tokenizer.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True)
+        ids.append(list(enc["input_ids"] if hasattr(enc, "keys") else enc))
+    return ids
+
+
+def decode(engine, prompts: list[list[int]], max_new: int) -> tuple[list[list[int]], float, int, int]:
+    """Each prompt alone (concurrency 1), through the static decoder when there is one: (outputs, decode
+    seconds, tokens after the first, verify cycles)."""
+    from draftlab.serving.static_decode import enable_static, make_decoder
+
+    if engine.device.type == "cuda" and getattr(engine, "static_decoder", None) is None:
+        enable_static(engine, 1, log=lambda m: None)
+    outs, wall, n, cycles = [], 0.0, 0, 0
+    for p in prompts:
+        dec = make_decoder(engine)
+        row = dec.add(p, max_new, set())
+        sync()
+        t0 = time.perf_counter()
+        while not row.done:
+            dec.step()
+        sync()
+        wall += time.perf_counter() - t0
+        outs.append(row.res.output_ids)
+        n += len(row.res.output_ids) - 1
+        cycles += row.res.spec_verify_ct
+    return outs, wall, n, cycles
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def serve_all(settings, layout, trained: dict[str, dict], work: Path, ks: list[int], device: str) -> dict:
+    from transformers import AutoTokenizer
+
+    from draftlab.serving.engine import Engine
+    from draftlab.training.model import Eagle3Drafter
+
+    tok = AutoTokenizer.from_pretrained(layout.target_model)
+    prompts = bench_prompts(settings, tok)
+    max_new = settings.bench.clients[0].max_new_tokens
+    target = Engine.from_folders(layout.target_model, None, device=device).target
+    plain = Engine(target, None, eos_token_ids=())
+    decode(plain, prompts[:1], 8)
+    ref, wall, n, _ = decode(plain, prompts, max_new)
+    result = {"prompts": len(prompts), "max_new_tokens": max_new, "plain_tok_s": round(n / wall, 1)}
+    for name in trained:
+        rows = {}
+        for k in ks:
+            drafter = Eagle3Drafter.from_pretrained(str(work / name / "drafter"), dtype=next(target.parameters()).dtype,
+                                                    device=device)
+            eng = Engine(target, drafter, num_steps=k, eos_token_ids=())
+            decode(eng, prompts[:1], 8)
+            outs, w, m, cycles = decode(eng, prompts, max_new)
+            rows[str(k)] = {"accept_length": round((m + len(prompts)) / max(cycles, 1), 3),  # completion / verifies
+                            "tok_s": round(m / w, 1), "speedup": round((m / w) / (n / wall), 3),
+                            "identical": outs == ref}
+            del eng, drafter
+        trained[name]["served"] = rows
+        print(f"levers: {name}: {rows}", file=sys.stderr)
+    result["variants"] = trained
+    return result
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--configfile", default=None, help="e.g. config/demo-gpu.yaml (default: config/config.yaml alone)")
+    ap.add_argument("--config", nargs="*", default=[], help="KEY=VALUE overrides, as snakemake --config (size=smoke)")
+    ap.add_argument("--variants", required=True, help="JSON list of {name, samples?, steps?, batch_size?, lr?}")
+    ap.add_argument("--parallel", type=int, default=2)
+    ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--work", default=None)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    overrides = dict(kv.split("=", 1) for kv in args.config)
+    settings, layout = load(args.configfile, overrides)
+    work = Path(args.work or tempfile.mkdtemp(prefix="levers-"))
+    work.mkdir(parents=True, exist_ok=True)
+    variants = json.loads(args.variants)
+    t0 = time.perf_counter()
+    trained = train_all(settings, layout, variants, work, args.parallel)
+    report = {"variants_args": variants, "parallel": args.parallel, "train_total_s": round(time.perf_counter() - t0, 1)}
+    report.update(serve_all(settings, layout, {k: v for k, v in trained.items() if v["rc"] == 0}, work, args.ks,
+                            args.device))
+    report["failed"] = {k: v for k, v in trained.items() if v["rc"] != 0}
+    Path(args.out).write_text(json.dumps(report, indent=1))
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
