@@ -80,6 +80,7 @@ def train_all(settings, layout, variants: list[dict], work: Path, parallel: int)
             summary = work / v["name"] / "summary.json"
             s = json.loads(summary.read_text()) if summary.exists() else {}
             out[v["name"]] = {"rc": rc, "train_s": round(time.perf_counter() - t, 1), "group": [g["name"] for g in group],
+                              "drafter": str(work / v["name"] / "drafter"),
                               "val_acc": [round(a, 4) for a in (s.get("validation") or {}).get("acc", [])],
                               "train_samples": s.get("train_samples"), "steps": s.get("steps")}
         print(f"levers: trained {[g['name'] for g in group]} side by side in {time.perf_counter() - t0:.1f} s",
@@ -87,11 +88,12 @@ def train_all(settings, layout, variants: list[dict], work: Path, parallel: int)
     return out
 
 
-def bench_prompts(settings, tokenizer) -> list[list[int]]:
+def bench_prompts(settings, tokenizer, path: str | None = None) -> list[list[int]]:
+    """The first bench client's prompts (its file, or ``path``; its seeded stratified ``limit``), templated."""
     from draftlab.benchmark.bench_prompts import default_prompts_path, load_prompts, stratified_sample
 
     client = settings.bench.clients[0]
-    prompts = stratified_sample(load_prompts(client.prompts or default_prompts_path()), client.limit)
+    prompts = stratified_sample(load_prompts(path or client.prompts or default_prompts_path()), client.limit)
     ids = []
     for p in prompts:
         enc = tokenizer.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True)
@@ -127,14 +129,15 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def serve_all(settings, layout, trained: dict[str, dict], work: Path, ks: list[int], device: str) -> dict:
+def serve_all(settings, layout, trained: dict[str, dict], ks: list[int], device: str,
+              prompt_file: str | None = None) -> dict:
     from transformers import AutoTokenizer
 
     from draftlab.serving.engine import Engine
     from draftlab.training.model import Eagle3Drafter
 
     tok = AutoTokenizer.from_pretrained(layout.target_model)
-    prompts = bench_prompts(settings, tok)
+    prompts = bench_prompts(settings, tok, prompt_file)
     max_new = settings.bench.clients[0].max_new_tokens
     target = Engine.from_folders(layout.target_model, None, device=device).target
     plain = Engine(target, None, eos_token_ids=())
@@ -144,7 +147,7 @@ def serve_all(settings, layout, trained: dict[str, dict], work: Path, ks: list[i
     for name in trained:
         rows = {}
         for k in ks:
-            drafter = Eagle3Drafter.from_pretrained(str(work / name / "drafter"), dtype=next(target.parameters()).dtype,
+            drafter = Eagle3Drafter.from_pretrained(trained[name]["drafter"], dtype=next(target.parameters()).dtype,
                                                     device=device)
             eng = Engine(target, drafter, num_steps=k, eos_token_ids=())
             decode(eng, prompts[:1], 8)
@@ -163,7 +166,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configfile", default=None, help="e.g. config/demo-gpu.yaml (default: config/config.yaml alone)")
     ap.add_argument("--config", nargs="*", default=[], help="KEY=VALUE overrides, as snakemake --config (size=smoke)")
-    ap.add_argument("--variants", required=True, help="JSON list of {name, samples?, steps?, batch_size?, lr?}")
+    ap.add_argument("--variants", default="[]", help="JSON list of {name, samples?, steps?, batch_size?, lr?}")
+    ap.add_argument("--serve", nargs="*", default=[], metavar="NAME=DRAFTER",
+                    help="drafters already trained (e.g. an arm of the run), served beside the variants")
+    ap.add_argument("--prompts", default=None, help="prompt file instead of the bench client's (its limit kept)")
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4])
     ap.add_argument("--device", default="cuda")
@@ -177,9 +183,11 @@ def main() -> int:
     variants = json.loads(args.variants)
     t0 = time.perf_counter()
     trained = train_all(settings, layout, variants, work, args.parallel)
-    report = {"variants_args": variants, "parallel": args.parallel, "train_total_s": round(time.perf_counter() - t0, 1)}
-    report.update(serve_all(settings, layout, {k: v for k, v in trained.items() if v["rc"] == 0}, work, args.ks,
-                            args.device))
+    report = {"variants_args": variants, "parallel": args.parallel, "train_total_s": round(time.perf_counter() - t0, 1),
+              "prompt_file": args.prompts}
+    served = {k: v for k, v in trained.items() if v["rc"] == 0}
+    served.update({name: {"drafter": path} for name, path in (kv.split("=", 1) for kv in args.serve)})
+    report.update(serve_all(settings, layout, served, args.ks, args.device, args.prompts))
     report["failed"] = {k: v for k, v in trained.items() if v["rc"] != 0}
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))

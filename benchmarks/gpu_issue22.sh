@@ -9,7 +9,10 @@
 #  2. pytest -m gpu tests/test_gpu.py: graphs replay token-identically, fp32 and bf16;
 #  3. snakemake --profile gpu1 --configfile config/demo-gpu.yaml all from clean (the decision, the paired
 #     intervals, the recommendation; the pipeline's wall time, goal <= 8 min);
-#  4. benchmarks/chain_prediction.py on CUDA on the demo pair that run built (predicted vs measured k = 1..4);
+#  3b. benchmarks/drafter_levers.py --serve: that run's arms served in process at k = 3, on the bench's prompts
+#     and on the demo's held-out prompts (the target's own domain);
+#  4. with CHAIN=1 (the default): benchmarks/chain_prediction.py on CUDA on the demo pair that run built
+#     (predicted vs measured k = 1..4);
 #  5. benchmarks/gpu_specforge.sh: SpecForge 0.2.0 trains the keep arm offline on that run's features (issue 23),
 #     once $SF_WHEELS/READY exists (up to SF_WAIT s: the wheels may come with a later device call);
 #  6. with SERVER_BATCHING=1: benchmarks/server_batching.py on CUDA (concurrency 1 vs 8 through the server).
@@ -48,9 +51,21 @@ tar czf "$WORK/demo-gpu-results.tar.gz" --ignore-failed-read $r/report $r/record
 log "results packed"
 
 t0=$(date +%s)
+arms=$(for d in $r/train/*/drafter; do a=${d#$r/train/}; echo "${a%/drafter}=$d"; done)
+for prompts in "" resources/demo/gpu/work/data/heldout.jsonl; do
+  name=${prompts:+heldout}
+  timeout 120 python3 benchmarks/drafter_levers.py --configfile config/demo-gpu.yaml --ks 3 --serve $arms \
+    ${prompts:+--prompts $prompts} --out "$WORK/arms_served${name:+_$name}.json" > /dev/null 2>> "$WORK/arms_served.log"
+  log "drafter_levers.py --serve (${name:-bench prompts}): rc $?: $(grep -h "levers:" "$WORK/arms_served.log" | tail -4 | tr '\n' ' ')"
+done
+log "in-process serving of the arms: $(( $(date +%s) - t0 )) s"
+
+if [ "${CHAIN:-1}" = 1 ]; then
+t0=$(date +%s)
 timeout 180 python3 benchmarks/chain_prediction.py --demo resources/demo/gpu --device cuda --max-k 4 --limit 6 \
   --max-new-tokens 128 --repeats 2 --threads 0 --out "$WORK/chain_gpu.json" > "$WORK/chain_gpu.log" 2>&1
 log "chain_prediction.py --device cuda: rc $? in $(( $(date +%s) - t0 )) s"
+fi
 
 # SpecForge's wheels may arrive with a later device call (the steps above take ~15 min): wait for them
 SF_WHEELS=${SF_WHEELS:-.whl-sf}
