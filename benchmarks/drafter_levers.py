@@ -6,7 +6,8 @@ arm with the pipeline's own ``draftlab train`` command (from ``jobs.builtin_trai
 recipes (``--variants``: samples, steps, batch size, learning rate), ``--parallel`` of them at once on
 one device (what side-by-side arms would cost), then serves each trained drafter in process through the
 static decoder (CUDA graphs where there are CUDA, fused layers) on the bench's own prompts (the client's
-stratified sample, its chat template, ``max_new_tokens``, ``ignore_eos``) and reports per variant:
+stratified sample, sent as the bench sends them: raw text, ``--chat-template`` to wrap them;
+``max_new_tokens``, ``ignore_eos``) and reports per variant:
 train wall seconds, validation accuracy per TTT step, accept length and decode tok/s at each chain
 length in ``--ks``, over plain decoding's tok/s on the same prompts and decoder (tokens must be identical).
 
@@ -88,12 +89,16 @@ def train_all(settings, layout, variants: list[dict], work: Path, parallel: int)
     return out
 
 
-def bench_prompts(settings, tokenizer, path: str | None = None) -> list[list[int]]:
-    """The first bench client's prompts (its file, or ``path``; its seeded stratified ``limit``), templated."""
+def bench_prompts(settings, tokenizer, path: str | None = None, chat: bool = False) -> list[list[int]]:
+    """The first bench client's prompts (its file, or ``path``; its seeded stratified ``limit``) as the bench
+    sends them: raw text to ``/generate``, which the server tokenizes (``tokenizer.encode``); with ``chat``,
+    inside the chat template instead."""
     from draftlab.benchmark.bench_prompts import default_prompts_path, load_prompts, stratified_sample
 
     client = settings.bench.clients[0]
     prompts = stratified_sample(load_prompts(path or client.prompts or default_prompts_path()), client.limit)
+    if not chat:
+        return [list(tokenizer.encode(p.text)) for p in prompts]
     ids = []
     for p in prompts:
         enc = tokenizer.apply_chat_template([{"role": "user", "content": p.text}], add_generation_prompt=True)
@@ -130,14 +135,14 @@ def sync() -> None:
 
 
 def serve_all(settings, layout, trained: dict[str, dict], ks: list[int], device: str,
-              prompt_file: str | None = None) -> dict:
+              prompt_file: str | None = None, chat: bool = False) -> dict:
     from transformers import AutoTokenizer
 
     from draftlab.serving.engine import Engine
     from draftlab.training.model import Eagle3Drafter
 
     tok = AutoTokenizer.from_pretrained(layout.target_model)
-    prompts = bench_prompts(settings, tok, prompt_file)
+    prompts = bench_prompts(settings, tok, prompt_file, chat)
     max_new = settings.bench.clients[0].max_new_tokens
     target = Engine.from_folders(layout.target_model, None, device=device).target
     plain = Engine(target, None, eos_token_ids=())
@@ -170,6 +175,8 @@ def main() -> int:
     ap.add_argument("--serve", nargs="*", default=[], metavar="NAME=DRAFTER",
                     help="drafters already trained (e.g. an arm of the run), served beside the variants")
     ap.add_argument("--prompts", default=None, help="prompt file instead of the bench client's (its limit kept)")
+    ap.add_argument("--chat-template", action="store_true",
+                    help="send each prompt inside the target's chat template (the bench sends raw text)")
     ap.add_argument("--parallel", type=int, default=2)
     ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4])
     ap.add_argument("--device", default="cuda")
@@ -184,10 +191,10 @@ def main() -> int:
     t0 = time.perf_counter()
     trained = train_all(settings, layout, variants, work, args.parallel)
     report = {"variants_args": variants, "parallel": args.parallel, "train_total_s": round(time.perf_counter() - t0, 1),
-              "prompt_file": args.prompts}
+              "prompt_file": args.prompts, "chat_template": args.chat_template}
     served = {k: v for k, v in trained.items() if v["rc"] == 0}
     served.update({name: {"drafter": path} for name, path in (kv.split("=", 1) for kv in args.serve)})
-    report.update(serve_all(settings, layout, served, args.ks, args.device, args.prompts))
+    report.update(serve_all(settings, layout, served, args.ks, args.device, args.prompts, args.chat_template))
     report["failed"] = {k: v for k, v in trained.items() if v["rc"] != 0}
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
