@@ -13,6 +13,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from helpers import DRAFTLAB
@@ -357,7 +358,8 @@ def test_a_server_that_goes_away_stops_the_run_and_a_rerun_resumes(target, promp
     spec = ServerSpec.from_dict(_spec(target))
     out, state = tmp_path / "gen.jsonl", tmp_path / "state"
     with running_server(spec, tmp_path / "s1.log", progress=lambda m: None) as srv:
-        killer = threading.Thread(target=_kill_when_stored, args=(state, 10, srv.pid), daemon=True)
+        killer = threading.Thread(target=_kill_when, args=(lambda: len(stored_ids(state)) >= 10, srv.pid),
+                                  daemon=True)
         killer.start()
         with pytest.raises(DraftlabError, match="stopped answering"):
             generate(target, prompts, out, url=srv.url, concurrency=4, retries=1, max_new_tokens=MAX_NEW,
@@ -378,24 +380,42 @@ def test_several_servers_share_the_prompts_and_one_dying_leaves_the_rest(server,
     out, state = tmp_path / "gen.jsonl", tmp_path / "state"
     before = call(server + "/get_server_info")[1]["internal_states"][0]["num_requests"]
     with running_server(ServerSpec.from_dict(_spec(target)), tmp_path / "b.log", progress=lambda m: None) as b:
-        killer = threading.Thread(target=_kill_when_stored, args=(state, 12, b.pid), daemon=True)
+        # B dies mid-run once it has answered a few itself (on a loaded host a cold B can be slower than A
+        # to answer its first: killed by a count of stored answers alone, it had once answered none)
+        stored_at_kill: list[int] = []
+
+        def b_has_served():
+            n = len(stored_ids(state))
+            if n >= 12 and _answered(b.url) >= 3:
+                stored_at_kill.append(n)
+                return True
+            return False
+
+        killer = threading.Thread(target=_kill_when, args=(b_has_served, b.pid), daemon=True)
         killer.start()
         r = generate(target, prompts, out, url=[server, b.url], concurrency=3, retries=2, max_new_tokens=MAX_NEW,
                      state_dir=state, progress=False)
         killer.join()
+    assert stored_at_kill and stored_at_kill[0] < N_PROMPTS  # B died with prompts still to answer
     assert out.read_bytes() == reference.read_bytes() and r["failed"] == 0 and r["concurrency"] == 6
     served_by_a = call(server + "/get_server_info")[1]["internal_states"][0]["num_requests"] - before
     assert 0 < served_by_a < N_PROMPTS  # both answered some: B its share until it died, A the rest
     assert r["server"]["urls"] == [server, b.url]
 
 
-def _kill_when_stored(state: Path, n: int, pid: int) -> None:
+def _kill_when(ready: Callable[[], bool], pid: int) -> None:
+    """SIGKILL the server's process group as soon as ``ready()`` (polled) holds."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        if len(stored_ids(state)) >= n:
+        if ready():
             os.killpg(pid, signal.SIGKILL)
             return
         time.sleep(0.005)
+
+
+def _answered(url: str) -> int:
+    """Requests the server at ``url`` has answered (its /get_server_info count)."""
+    return call(url + "/get_server_info")[1]["internal_states"][0]["num_requests"]
 
 
 # --- the state folder ----------------------------------------------------------------------------------
