@@ -35,3 +35,15 @@ gpu_background() {
   cp "$WORK/steps.log" "$OUT/" 2>/dev/null
   exit 0
 }
+
+# The start of a background job's run mode: `gpu_job_begin NAME`. $OUT becomes $WORK, `log` appends
+# "[NAME time +seconds] ..." to $WORK/steps.log, the wheels install (on failure: logged, $WORK/done, exit 1),
+# and the GPU's name, driver and memory are the first line.
+gpu_job_begin() {
+  OUT=$WORK
+  START=$(date +%s)
+  GPU_JOB=$1
+  log() { echo "[$GPU_JOB $(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" >> "$WORK/steps.log"; }
+  gpu_env || { log "wheel install failed: $(tail -3 "$WORK/pip.log")"; touch "$WORK/done"; exit 1; }
+  log "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1)"
+}

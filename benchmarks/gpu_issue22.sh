@@ -26,11 +26,7 @@ mode=${1:-start}
 [ "$mode" = run ] || gpu_background "$mode" "${2:-300}" "$0" gpu22.tar.gz
 
 # mode run: the work itself
-OUT=$WORK
-START=$(date +%s)
-log() { echo "[gpu22 $(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" >> "$WORK/steps.log"; }
-gpu_env || { log "wheel install failed: $(tail -3 "$WORK/pip.log")"; touch "$WORK/done"; exit 1; }
-log "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
+gpu_job_begin gpu22
 log "$(python3 -c 'import torch, transformers, snakemake; print("torch", torch.__version__, "transformers", transformers.__version__, "snakemake", snakemake.__version__)' 2>&1)"
 
 t0=$(date +%s)

@@ -19,11 +19,7 @@ mode=${1:-start}
 [ "$mode" = run ] || gpu_background "$mode" "${2:-300}" "$0" levers.tar.gz
 
 # mode run: the work itself
-OUT=$WORK
-START=$(date +%s)
-log() { echo "[levers $(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" >> "$WORK/steps.log"; }
-gpu_env || { log "wheel install failed: $(tail -3 "$WORK/pip.log")"; touch "$WORK/done"; exit 1; }
-log "$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
+gpu_job_begin levers
 
 t0=$(date +%s)
 timeout 120 python3 benchmarks/gemm_layouts_gpu.py > "$WORK/gemm_layouts_gpu.json" 2> "$WORK/gemm_layouts_gpu.log"
