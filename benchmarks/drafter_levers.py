@@ -30,11 +30,13 @@ import torch
 
 
 def load(configfile: str | None, overrides: dict):
+    from draftlab.commands.experiment import DEFAULT_CONFIG
     from draftlab.experiment.jobs import load_settings
     from draftlab.experiment.layout import Layout
     from draftlab.settings.config import experiment_layers
 
-    settings = load_settings(*experiment_layers("config/config.yaml", [configfile] if configfile else [], overrides))
+    # the Snakefile's loading (check-config's too): config/config.yaml, then the experiment's file, then overrides
+    settings = load_settings(*experiment_layers(DEFAULT_CONFIG, [configfile] if configfile else [], overrides))
     return settings, Layout(settings.experiment)
 
 

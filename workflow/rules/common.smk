@@ -34,10 +34,7 @@ DEMO_GPUS = 1 if S.demo.device.startswith("cuda") else 0
 
 
 def gpu_resources(gpus, shared=False):
-    """A GPU job's resources. A GPU is worth train.arms_per_gpu `gpu_share` units (the Snakefile registers
-    gpu x arms_per_gpu of them): a training arm (``shared``) holds one unit of each of its GPUs and, when
-    arms share GPUs, no whole `gpu`; every other GPU job holds all units of its GPUs, so servers, data
-    generation and the demo build never share a GPU with anything."""
+    """A GPU job's resources at this run's train.arms_per_gpu (``shared``: a training arm); see jobs.gpu_resources."""
     return jobs.gpu_resources(gpus, S.train.arms_per_gpu, shared)
 
 
