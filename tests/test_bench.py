@@ -394,6 +394,7 @@ def test_t_interval_numbers():
     half = 4.303 * 2.0 / math.sqrt(3)
     assert (lo, hi) == pytest.approx((12 - half, 12 + half))
     assert mean_ci95([5.0]) is None
+    assert mean_ci95([5.0, 9.0]) is None  # no interval from two points (t = 12.7)
     assert t_quantile_975(30) == 2.042
     assert t_quantile_975(31) == pytest.approx(2.040, abs=2e-3)
     assert t_quantile_975(120) == pytest.approx(1.980, abs=1e-3)

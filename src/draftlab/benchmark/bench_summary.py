@@ -39,13 +39,16 @@ def t_quantile_975(df: int) -> float:
     return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
+MIN_CI_POINTS = 3  # two points give a t(0.975, 1) = 12.7 interval: a range, not an estimate
+
+
 def mean_ci95(values: Sequence[float], floor: float | None = None) -> tuple[float, float] | None:
-    """95% Student-t interval of the mean: mean +- t(0.975, n-1) * s / sqrt(n); None for n < 2.
+    """95% Student-t interval of the mean: mean +- t(0.975, n-1) * s / sqrt(n); None for n < MIN_CI_POINTS.
 
     ``floor`` clamps the lower end (0 for throughput, which cannot be negative).
     """
     n = len(values)
-    if n < 2:
+    if n < MIN_CI_POINTS:
         return None
     m = statistics.fmean(values)
     half = t_quantile_975(n - 1) * statistics.stdev(values) / math.sqrt(n)
@@ -123,7 +126,7 @@ def summarize(
         "output_tps_median": _median(per_repeat),
         "output_tps_mean": statistics.fmean(per_repeat) if per_repeat else None,
         "output_tps_ci95": list(ci) if ci else None,
-        "output_tps_ci_method": "student-t 95% interval of the mean over repeats, lower end clamped at 0 (null for 1 repeat)",
+        "output_tps_ci_method": "student-t 95% interval of the mean over repeats, lower end clamped at 0 (null for fewer than 3 repeats)",
         "output_tps_per_repeat": per_repeat,
         "repeat_wall_s": repeat_walls,
         "speculation_active": accept_length is not None,
