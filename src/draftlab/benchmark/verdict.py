@@ -41,16 +41,6 @@ def fmt(v: Any, spec: str = "{:.2f}") -> str:
     return "–" if f is None else spec.format(f)
 
 
-def interval(row: dict[str, Any]) -> tuple[float, float] | None:
-    lo, hi = num(row.get("tps_ci_low")), num(row.get("tps_ci_high"))
-    return None if lo is None or hi is None else (lo, hi)
-
-
-def ci_text(row: dict[str, Any]) -> str:
-    iv = interval(row)
-    return "no interval (1 repeat)" if iv is None else f"[{iv[0]:.1f}, {iv[1]:.1f}]"
-
-
 def label(row: Mapping[str, Any]) -> str:
     return f"{code(row['variant'])} at {md(row['spec_id'])}"
 

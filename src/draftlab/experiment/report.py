@@ -25,8 +25,6 @@ from draftlab.benchmark.bench import is_verify_cycle
 from draftlab.benchmark.verdict import (
     arm_table,
     baseline_row,
-    best_by_accept,
-    ci_text,
     decide,
     fmt,
     label,
@@ -39,7 +37,7 @@ from draftlab.experiment.layout import REPORT_FILES, Layout, is_trained
 from draftlab.experiment.records import read_table
 from draftlab.experiment.report_plots import ok as _ok
 from draftlab.experiment.report_plots import plot_accept, plot_tps, plot_ttt
-from draftlab.fsutil import atomic_path, read_json, write_text
+from draftlab.fsutil import read_json, write_text
 from draftlab.textsafe import code
 from draftlab.textsafe import md as esc
 
