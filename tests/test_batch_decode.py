@@ -10,14 +10,16 @@ batch while others decode, and rows leaving as they finish.
 
 from __future__ import annotations
 
+import functools
 import time
 
 import pytest
 import torch
 
+from draftlab.errors import DraftlabError
 from draftlab.serving.batch_decode import BatchDecoder
 from draftlab.serving.engine import Engine
-from draftlab.serving.static_decode import StaticDecoder, graph_buckets, width_buckets
+from draftlab.serving.static_decode import StaticDecoder, graph_buckets, solo_generate, width_buckets
 from test_engine import VOCAB, world  # noqa: F401 (the module fixture)
 
 FIELDS = ("output_ids", "finish_reason", "spec_verify_ct", "accept_histogram", "accept_by_position",
@@ -36,7 +38,8 @@ def _requests(n: int, seed: int, stop_every: int = 0):
 
 
 def _alone(eng: Engine, reqs, stops_of) -> list:
-    return [eng.generate(p, n, stop_token_ids=stops_of(i)) for p, n, i in reqs]
+    generate = functools.partial(solo_generate, eng) if eng.tree else eng.generate  # a tree: a one-row decoder
+    return [generate(p, n, stop_token_ids=stops_of(i)) for p, n, i in reqs]
 
 
 def _batched(eng: Engine, reqs, stops_of, join_every: int = 0, compact: bool = False, static: bool = False) -> list:
@@ -237,3 +240,101 @@ def test_static_decoder_replays_the_narrowest_width_that_holds_its_rows(world): 
     assert {16, 32, 64} <= {w for w, _ in replayed}
     for w, need in replayed:  # the narrowest that holds the rows
         assert need <= w and all(v < need for v in widths if v < w), (w, need)
+
+
+TREES = [(3, 2, 5), (3, 4, 10), (2, 4, 6), (1, 3, 4), (5, 3, 16)]  # (num_steps, topk, num_draft_tokens)
+
+
+@pytest.mark.parametrize("drafter", ["trained", "random"])
+@pytest.mark.parametrize("steps, topk, tokens", TREES)
+def test_draft_trees_are_lossless_alone_and_batched(world, drafter, steps, topk, tokens):  # noqa: F811
+    """SGLang's EAGLE tree (topk > 1) in the static decoder: every request's tokens are plain greedy decoding's,
+    alone (``Engine.generate``) and decoded together with requests joining, with the same counters both ways."""
+    plain = Engine(world["v1"], None, eos_token_ids=())
+    eng = Engine(world["v1"], world[drafter], num_steps=steps, topk=topk, num_draft_tokens=tokens, eos_token_ids=())
+    reqs = _requests(8, seed=11) + [(p, 20, 8 + j) for j, p in enumerate(world["train_prompts"][:3])]
+    first = {i: plain.generate(p, 6).output_ids for p, _, i in reqs}
+    stops_of = lambda i: [first[i][3]] if i % 3 == 0 else []  # noqa: E731
+    ref = _alone(plain, reqs, stops_of)
+    alone = _alone(eng, reqs, stops_of)
+    for r, a in zip(ref, alone):
+        assert (a.output_ids, a.finish_reason) == (r.output_ids, r.finish_reason)
+        assert sum(a.accept_histogram) == a.spec_verify_ct and len(a.accept_histogram) == steps + 1
+    assert _same(alone, _batched(eng, reqs, stops_of, join_every=2, static=True))
+    if drafter == "trained" and steps > 1:
+        assert sum(sum(r.accept_histogram[2:]) for r in alone) > 0  # paths deeper than one draft were accepted
+
+
+def test_a_tree_accepts_more_than_its_chain(world):  # noqa: F811
+    """The tree holds the chain's best guesses and more: on the trained drafter's own prompts, 3 steps x topk 4
+    with 10 tokens verified accept more tokens a verify than the 3-step chain, with the same output."""
+    prompts = world["train_prompts"][:6]
+    lengths, outputs = {}, {}
+    for topk, tokens in ((1, 4), (4, 10)):
+        eng = Engine(world["v1"], world["trained"], num_steps=3, topk=topk, num_draft_tokens=tokens, eos_token_ids=())
+        res = _alone(eng, [(p, 24, i) for i, p in enumerate(prompts)], lambda i: [])
+        outputs[topk] = [r.output_ids for r in res]
+        lengths[topk] = sum(r.completion_tokens for r in res) / sum(r.spec_verify_ct for r in res)
+    assert outputs[4] == outputs[1]
+    assert lengths[4] > lengths[1], lengths
+
+
+def test_tree_settings_the_decoder_cannot_hold_are_refused(world):  # noqa: F811
+    tree = Engine(world["v1"], world["trained"], num_steps=2, topk=2, num_draft_tokens=4)
+    with pytest.raises(DraftlabError, match="Engine.generate drafts chains; a tree \\(topk 2\\) decodes through"):
+        tree.generate([5, 6, 7], 4)
+    with pytest.raises(DraftlabError, match="--num-draft-tokens: a tree of 2 steps x topk 2 verifies 2..7 tokens, got 9"):
+        Engine(world["v1"], world["trained"], num_steps=2, topk=2, num_draft_tokens=9)
+    with pytest.raises(DraftlabError, match="a chain \\(topk 1\\) verifies num_steps \\+ 1 = 3 tokens, got 5"):
+        Engine(world["v1"], world["trained"], num_steps=2, topk=1, num_draft_tokens=5)
+
+
+@torch.inference_mode()
+def _reference_tree(eng: Engine, prompt: list[int], steps: int, topk: int, tokens: int) -> set[tuple[int, ...]]:
+    """SGLang's tree for the first cycle after ``prompt``, built one path at a time: each beam's drafter
+    steps rerun from the prefix's cache (the engine's own drafter, a cache per path), children scored by
+    their path's summed log-probability, the best ``topk`` kept as beams, the best ``tokens - 1`` of every
+    child drafted returned as token paths from the root."""
+    from draftlab.training.model import DrafterCache
+
+    _, out, pending = eng.prefill_target(prompt, hidden=True)
+    dcache, d_logits, d_hidden = eng.prefill_drafter(prompt, out, pending)
+    n = len(prompt)
+
+    def children(path: tuple[int, ...], score: float) -> list[tuple[tuple[int, ...], float]]:
+        logits, hidden, cache = d_logits, d_hidden, DrafterCache(k=dcache.k, v=dcache.v)
+        for j, tok in enumerate(path):
+            logits, hidden = eng.drafter(torch.tensor([[tok]]), hidden, torch.tensor([[n + j]]), cache)
+            logits, hidden = logits[:, -1], hidden[:, -1:]
+        lp, ids = torch.log_softmax(logits[0].float(), -1).topk(topk)
+        return [(path + (int(eng._hot[i]),), score + float(v)) for v, i in zip(lp, ids)]
+
+    beams = children((), 0.0)
+    drafted = list(beams)
+    for _ in range(steps - 1):
+        kids = [c for path, score in beams for c in children(path, score)]
+        drafted += kids
+        beams = sorted(kids, key=lambda c: -c[1])[:topk]
+    return {path for path, _ in sorted(drafted, key=lambda c: -c[1])[: tokens - 1]}
+
+
+@pytest.mark.parametrize("steps, topk, tokens", [(3, 2, 5), (3, 4, 10), (4, 3, 12)])
+def test_the_drafted_tree_is_sglangs_tree(world, steps, topk, tokens):  # noqa: F811
+    """The batched tree drafting (beams in slots of their own, ancestor masks, beams re-gathered each step)
+    drafts exactly the tree built path by path: the same token paths, whatever row each prompt sits in."""
+    eng = Engine(world["v1"], world["trained"], num_steps=steps, topk=topk, num_draft_tokens=tokens, eos_token_ids=())
+    prompts = world["train_prompts"][:3] + [_requests(1, seed=5)[0][0]]  # different lengths
+    dec = StaticDecoder(eng, max_rows=4)
+    for p in prompts:
+        dec.add(p, 20, set())
+    dec.step()
+    nodes, parents = dec.tree_nodes.tolist(), dec.tree_parents.tolist()
+    for row, p in enumerate(prompts):
+        paths = set()
+        for i in range(1, tokens):
+            path, j = [], i
+            while j:
+                path.append(nodes[row][j])
+                j = parents[row][j]
+            paths.add(tuple(reversed(path)))
+        assert paths == _reference_tree(eng, p, steps, topk, tokens), row

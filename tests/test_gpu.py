@@ -179,8 +179,8 @@ def test_static_cache_cuda_graphs_replay_exactly(engine_pair, dtype):
     """Issue 26: graphs are captured per batch bucket and attention width and replayed; their tokens equal
     the engine's.
 
-    float32: graph replay (plain and speculative) = ``Engine.generate`` plain decoding, requests crossing
-    from one width to the next included. bfloat16: speculative graphs = the static plain graphs, and the
+    float32: graph replay (plain, a speculative chain and a draft tree) = ``Engine.generate`` plain decoding,
+    requests crossing from one width to the next included. bfloat16: speculative graphs = the static plain graphs, and the
     fused target agrees with transformers' bf16 forward position by position (``fused_agreement``)."""
     import copy
 
@@ -191,6 +191,7 @@ def test_static_cache_cuda_graphs_replay_exactly(engine_pair, dtype):
     target = load_target(engine_pair["dir"], dtype=dtype, device="cuda")
     drafter = copy.deepcopy(engine_pair["drafter"]).to(device="cuda", dtype=dtype)
     plain, spec = Engine(target, None, eos_token_ids=()), Engine(target, drafter, num_steps=3, eos_token_ids=())
+    tree = Engine(target, drafter, num_steps=3, topk=4, num_draft_tokens=8, eos_token_ids=())  # SGLang's EAGLE tree
     g = torch.Generator().manual_seed(1)
     reqs = [(p, n) for p, n in zip(engine_pair["prompts"][:6] + [torch.randint(1, 300, (9,), generator=g).tolist()
                                                                   for _ in range(4)], [24, 5, 17, 24, 1, 9, 30, 12, 24, 3])]
@@ -198,7 +199,7 @@ def test_static_cache_cuda_graphs_replay_exactly(engine_pair, dtype):
     long = [(torch.randint(1, 300, (110,), generator=g).tolist(), 30) for _ in range(2)]
     ref, ref_long = ([plain.generate(p, n).output_ids for p, n in rs] for rs in (reqs, long))
     outs, outs_long = {}, {}
-    for name, eng in (("plain", plain), ("spec", spec)):
+    for name, eng in (("plain", plain), ("spec", spec), ("tree", tree)):
         dec = StaticDecoder(eng, max_rows=8, graph_max_bs=4)
         dec.capture()
         info = dec.info()  # 8 rows: above 4 runs eagerly
@@ -206,13 +207,14 @@ def test_static_cache_cuda_graphs_replay_exactly(engine_pair, dtype):
         assert info["cuda_graph_widths"] == width_buckets(dec.slots) and len(info["cuda_graph_widths"]) >= 2, info
         outs[name], results = _decode_together(dec, reqs)
         outs_long[name], _ = _decode_together(dec, long)
-        if name == "spec":
+        if name != "plain":
             assert sum(sum(r.accept_histogram[1:]) for r in results) > 0  # drafts were really accepted
     if dtype == torch.float32:
-        assert outs["plain"] == ref and outs["spec"] == ref
-        assert outs_long["plain"] == ref_long and outs_long["spec"] == ref_long
+        assert outs["plain"] == ref and outs["spec"] == ref and outs["tree"] == ref
+        assert outs_long["plain"] == ref_long and outs_long["spec"] == ref_long and outs_long["tree"] == ref_long
     else:  # bf16: lossless against the engine's own bf16 plain path
-        assert outs["spec"] == outs["plain"] and outs_long["spec"] == outs_long["plain"]
+        for name in ("spec", "tree"):
+            assert outs[name] == outs["plain"] and outs_long[name] == outs_long["plain"], name
         assert fused_agreement(plain, reqs, ref) >= 0.95
 
 

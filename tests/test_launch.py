@@ -128,8 +128,12 @@ def test_builtin_argv_runs_draftlab_cli_with_this_python():
     assert spec.argv() == [sys.executable, "-m", "draftlab.cli", "serve", "--target", "/m/t", "--drafter", "/m/d",
                            "--num-steps", "2", "--device", "cpu", "--dtype", "bfloat16",
                            "--host", "127.0.0.1", "--port", "0", "--threads", "1"]
-    with pytest.raises(DraftlabError, match="topk"):
-        ServerSpec(backend="builtin", target="t", drafter="d", num_steps=2, topk=2, num_draft_tokens=5)
+    # a tree: SGLang's numbers under the builtin's flag names; beyond what the tree holds is refused
+    tree = ServerSpec(backend="builtin", target="t", drafter="d", num_steps=2, topk=2, num_draft_tokens=5).argv()
+    assert tree[tree.index("--num-steps"):tree.index("--device")] == [
+        "--num-steps", "2", "--topk", "2", "--num-draft-tokens", "5"]
+    with pytest.raises(DraftlabError, match="key 'num_draft_tokens': a tree of 2 steps x topk 2 verifies 2..7"):
+        ServerSpec(backend="builtin", target="t", drafter="d", num_steps=2, topk=2, num_draft_tokens=8)
 
 
 def test_from_dict_errors_name_the_key():

@@ -20,7 +20,14 @@ def register(sub) -> None:
     )
     p.add_argument("--target", required=True, help="target model folder (Hugging Face layout)")
     p.add_argument("--drafter", default=None, help="EAGLE-3 drafter folder; omit for plain decoding")
-    p.add_argument("--num-steps", type=int, default=3, help="draft tokens per cycle (chain, topk 1; default 3)")
+    p.add_argument("--num-steps", type=int, default=3, help="draft steps per cycle: a chain's drafts, a tree's "
+                                                             "depth (default 3)")
+    p.add_argument("--topk", type=int, default=1,
+                   help="SGLang's --speculative-eagle-topk: branches per draft step (default 1: a chain; above 1 a "
+                        "tree, decoded from the static-slot cache, eagerly on the CPU)")
+    p.add_argument("--num-draft-tokens", type=int, default=None,
+                   help="SGLang's --speculative-num-draft-tokens: tokens one verify reads (a chain: num-steps + 1, "
+                        "the default; a tree: the pending token and its best num-draft-tokens - 1 drafts)")
     p.add_argument("--host", default=schema_default("serve.host"), help="bind address (default %(default)s)")
     p.add_argument("--port", type=int, default=schema_default("serve.port"),
                    help="port; 0 picks a free one and prints it (default %(default)s)")
@@ -65,9 +72,12 @@ def _serve(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     print(f"draftlab-serve: loading target {args.target}"
-          + (f" and drafter {args.drafter} (num_steps {args.num_steps})" if args.drafter else " (plain decoding)"),
+          + (f" and drafter {args.drafter} (num_steps {args.num_steps}, topk {args.topk}"
+             f"{'' if args.num_draft_tokens is None else f', num_draft_tokens {args.num_draft_tokens}'})"
+             if args.drafter else " (plain decoding)"),
           file=sys.stderr, flush=True)
-    state = load_state(args.target, args.drafter, num_steps=args.num_steps, device=args.device, dtype=args.dtype,
+    state = load_state(args.target, args.drafter, num_steps=args.num_steps, topk=args.topk,
+                       num_draft_tokens=args.num_draft_tokens, device=args.device, dtype=args.dtype,
                        trust_remote_code=args.trust_remote_code, health_timeout_s=args.health_timeout,
                        read_timeout_s=args.read_timeout, max_batch_size=args.max_batch_size,
                        max_prompts=args.max_prompts_per_request, cuda_graph_max_bs=args.cuda_graph_max_bs)

@@ -30,6 +30,7 @@ from torch import Tensor
 from draftlab.errors import DraftlabError
 from draftlab.formats import aux_layers
 from draftlab.models.target import aux_layer_ids_for, load_target
+from draftlab.serving.server_spec import most_tree_tokens
 from draftlab.training.model import DrafterCache, Eagle3Drafter
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -124,13 +125,15 @@ class Engine:
     # Timer for the per-request times; benchmarks on a shared CPU swap in time.thread_time.
     clock = staticmethod(time.perf_counter)
 
-    def __init__(self, target, drafter=None, *, num_steps: int = 3, aux_layer_ids: Sequence[int] | None = None,
-                 eos_token_ids: Iterable[int] | None = None):
+    def __init__(self, target, drafter=None, *, num_steps: int = 3, topk: int = 1, num_draft_tokens: int | None = None,
+                 aux_layer_ids: Sequence[int] | None = None, eos_token_ids: Iterable[int] | None = None):
         self.target = target
         self.drafter = drafter
         self.num_steps = int(num_steps)
-        if drafter is not None and self.num_steps < 1:
-            raise DraftlabError(f"--num-steps: expected an integer >= 1 with a drafter, got {num_steps}")
+        self.topk = int(topk)
+        self.num_draft_tokens = self.num_steps + 1 if num_draft_tokens is None else int(num_draft_tokens)
+        if drafter is not None:
+            _check_tree(self.num_steps, self.topk, self.num_draft_tokens)
         self.device = next(target.parameters()).device
         self.eos_token_ids = set(eos_ids_of(target) if eos_token_ids is None else eos_token_ids)
         self._cache_kw = _cache_kwarg(target)
@@ -158,19 +161,24 @@ class Engine:
 
     @classmethod
     def from_folders(cls, target_dir: str | Path, drafter_dir: str | Path | None = None, *, num_steps: int = 3,
-                     device: str = "cpu", dtype: str | torch.dtype | None = None,
-                     trust_remote_code: bool = False) -> "Engine":
+                     topk: int = 1, num_draft_tokens: int | None = None, device: str = "cpu",
+                     dtype: str | torch.dtype | None = None, trust_remote_code: bool = False) -> "Engine":
         """Load a transformers target folder and (optionally) an EAGLE-3 drafter folder."""
         dt = resolve_dtype(dtype)
         target = load_target(target_dir, dtype=dt, device=device, trust_remote_code=trust_remote_code)
         drafter = None
         if drafter_dir is not None:
             drafter = Eagle3Drafter.from_pretrained(drafter_dir, dtype=next(target.parameters()).dtype, device=device)
-        return cls(target, drafter, num_steps=num_steps)
+        return cls(target, drafter, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens)
 
     @property
     def speculative(self) -> bool:
         return self.drafter is not None
+
+    @property
+    def tree(self) -> bool:
+        """Drafts a tree (topk > 1): only the static-slot decoder decodes one (``static_decode``)."""
+        return self.drafter is not None and self.topk > 1
 
     @property
     def context_length(self) -> int | None:
@@ -229,6 +237,9 @@ class Engine:
         Stops at EOS unless ``ignore_eos``. ``should_stop`` is polled before every decode step or
         speculative cycle; when it returns True, :class:`GenerationStopped` is raised.
         """
+        if self.tree:
+            raise DraftlabError(f"Engine.generate drafts chains; a tree (topk {self.topk}) decodes through the "
+                                "static-slot decoder: draftlab.serving.static_decode.solo_generate(engine, ...)")
         budget, stops = self.limits(input_ids, max_new_tokens, ignore_eos, stop_token_ids)
         run = self._plain if self.drafter is None else self._speculative
         return run(list(map(int, input_ids)), budget, stops, should_stop or _never)
@@ -386,6 +397,21 @@ def meta_info(res: GenerationResult, e2e_latency: float | None = None) -> dict[s
             "prefill_time": res.prefill_time,
         })
     return meta
+
+
+def _check_tree(num_steps: int, topk: int, num_draft_tokens: int) -> None:
+    """SGLang's three speculative numbers, as the builtin engine can draft them."""
+    if num_steps < 1:
+        raise DraftlabError(f"--num-steps: expected an integer >= 1 with a drafter, got {num_steps}")
+    if topk < 1:
+        raise DraftlabError(f"--topk: expected an integer >= 1, got {topk}")
+    if topk == 1 and num_draft_tokens != num_steps + 1:
+        raise DraftlabError(f"--num-draft-tokens: a chain (topk 1) verifies num_steps + 1 = "
+                            f"{num_steps + 1} tokens, got {num_draft_tokens}")
+    most = most_tree_tokens(num_steps, topk)
+    if topk > 1 and not 2 <= num_draft_tokens <= most:
+        raise DraftlabError(f"--num-draft-tokens: a tree of {num_steps} steps x topk {topk} verifies "
+                            f"2..{most} tokens, got {num_draft_tokens}")
 
 
 def _check_hot_ids(hot: torch.Tensor, vocab: int) -> None:

@@ -13,8 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from draftlab.serving.fused_llama import (fused_weights, grouped_attention, mlp_residual, rms, rope_table, rotate,
-                                          slot_bias)
+from draftlab.serving.fused_llama import fused_weights, grouped_attention, mlp_residual, rms, rope_table, rotate
 
 
 class FusedDrafter:
@@ -46,8 +45,7 @@ class FusedDrafter:
         qkv = (x.reshape(b * t, 2 * h) @ self.wqkv).view(b, t, H + 2 * KV, hd)
         qk = rotate(qkv[:, :, : H + KV], self.cos[pos][:, :, None], self.sin[pos][:, :, None])
         keys, values = slots.write_kv(qk[:, :, H:].transpose(1, 2), qkv[:, :, H + KV :].transpose(1, 2), pos)
-        attn = grouped_attention(qk[:, :, :H], keys, values, slot_bias(pos, slots.width, KV, H // KV, hidden.dtype),
-                                 hd ** -0.5)
+        attn = grouped_attention(qk[:, :, :H], keys, values, slots.bias(pos, KV, H // KV, hidden.dtype), hd ** -0.5)
         res = hidden.reshape(b * t, h)
         a = torch.addmm(res if self.bo is None else res + self.bo, attn, self.wo)
         a = mlp_residual(a, self.norms["post_attention_layernorm"], self.wgu, self.wdown, self.inter)

@@ -75,9 +75,15 @@ def rotate(x: Tensor, cos: Tensor, sin_signed: Tensor) -> Tensor:
 
 def slot_bias(pos: Tensor, width: int, kv: int, group: int, dtype) -> Tensor:
     """Additive slot mask ``[b * kv, group * T, width]``: a query at position p reads slots 0..p."""
-    b, t = pos.shape
     ok = torch.arange(width, device=pos.device)[None, None, :] <= pos[:, :, None]  # [b, T, W]
-    bias = torch.zeros(ok.shape, dtype=dtype, device=pos.device).masked_fill_(~ok, torch.finfo(dtype).min)
+    return mask_bias(ok, kv, group, dtype)
+
+
+def mask_bias(ok: Tensor, kv: int, group: int, dtype) -> Tensor:
+    """``ok`` ``[b, T, W]`` (query t may read slot w) as the additive ``[b * kv, group * T, W]`` bias
+    ``grouped_attention`` takes: a draft tree's queries read their ancestors' slots, not every earlier one."""
+    b, t, width = ok.shape
+    bias = torch.zeros(ok.shape, dtype=dtype, device=ok.device).masked_fill_(~ok, torch.finfo(dtype).min)
     return bias[:, None, None].expand(b, kv, group, t, width).reshape(b * kv, group * t, width)
 
 
@@ -132,7 +138,9 @@ class _Layer:
 
 class FusedLlama:
     """``forward(ids, pos, cache)`` → (normed last hidden [b, T, D], every layer's output): the
-    transformers model's function, keys and values written into ``cache`` (a ``SlotCache``)."""
+    transformers model's function, keys and values written into ``cache`` (a ``SlotCache``) at the
+    positions' slots, or at ``at`` with the reads ``mask`` allows (a draft tree's verify: its nodes
+    share positions, so they sit in slots of their own and read their ancestors')."""
 
     def __init__(self, model, slots: int):
         refusal = fused_refusal(model)
@@ -165,12 +173,14 @@ class FusedLlama:
         keys, values = cache.write(i, qk[:, :, H:].transpose(1, 2), v.transpose(1, 2))  # [b, KV, W, hd]
         return grouped_attention(qk[:, :, :H], keys, values, bias, self.scale)
 
-    def forward(self, ids: Tensor, pos: Tensor, cache) -> tuple[Tensor, list[Tensor]]:
+    def forward(self, ids: Tensor, pos: Tensor, cache, at: Tensor | None = None,
+                mask: Tensor | None = None) -> tuple[Tensor, list[Tensor]]:
         h = self.base.embed_tokens(ids)
         b, t, d = h.shape
         cos, sin = self.cos[pos][:, :, None], self.sin[pos][:, :, None]  # transformers' RoPE, scaling included
-        bias = slot_bias(pos, cache.width, self.kv, self.group, h.dtype)
-        cache.pos = pos
+        bias = slot_bias(pos, cache.width, self.kv, self.group, h.dtype) if mask is None \
+            else mask_bias(mask, self.kv, self.group, h.dtype)
+        cache.pos = pos if at is None else at
         states = [h]
         flat = h.reshape(b * t, d)
         for i, lw in enumerate(self.layers):

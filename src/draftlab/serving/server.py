@@ -213,8 +213,9 @@ def make_server(state: ServerState, host: str = "127.0.0.1", port: int = 0) -> D
         raise DraftlabError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
-def load_state(target: str | Path, drafter: str | Path | None = None, *, num_steps: int = 3, device: str = "cpu",
-               dtype: str | None = None, trust_remote_code: bool = False, **limits: Any) -> ServerState:
+def load_state(target: str | Path, drafter: str | Path | None = None, *, num_steps: int = 3, topk: int = 1,
+               num_draft_tokens: int | None = None, device: str = "cpu", dtype: str | None = None,
+               trust_remote_code: bool = False, **limits: Any) -> ServerState:
     """Load models and tokenizer (if the target folder has one) into a ready ``ServerState``.
 
     ``limits``: ``health_timeout_s``, ``read_timeout_s``, ``max_body_bytes``, ``max_batch_size``, ``max_prompts``,
@@ -223,8 +224,8 @@ def load_state(target: str | Path, drafter: str | Path | None = None, *, num_ste
     """
     from draftlab.models.target import load_tokenizer  # deferred: transformers, only when serving
 
-    engine = Engine.from_folders(target, drafter, num_steps=num_steps, device=device, dtype=dtype,
-                                 trust_remote_code=trust_remote_code)
+    engine = Engine.from_folders(target, drafter, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens,
+                                 device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     tokenizer = None
     tdir = Path(target)
     if any((tdir / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):

@@ -129,8 +129,11 @@ def _builtin_argv(s: ServerSpec, py: str) -> list[str]:
     cmd = [py, "-m", "draftlab.cli", "serve", "--target", str(s.target)]
     if s.drafter:
         cmd += ["--drafter", str(s.drafter)]
-        if s.num_steps is not None:
-            cmd += ["--num-steps", str(s.num_steps)]
+        nums = s.speculative_numbers()
+        if nums is not None:
+            cmd += ["--num-steps", str(nums[0])]
+            if nums[1] != 1:  # a tree; a chain's topk and token count are the defaults
+                cmd += ["--topk", str(nums[1]), "--num-draft-tokens", str(nums[2])]
     cmd += ["--device", s.device]
     if s.max_batch_size is not None:
         cmd += ["--max-batch-size", str(s.max_batch_size)]
@@ -268,10 +271,19 @@ def _validate_speculative(s: ServerSpec, source: str) -> None:
         raise DraftlabError(f"{source}: key 'num_draft_tokens' is required when topk > 1")
 
 
+def most_tree_tokens(num_steps: int, topk: int) -> int:
+    """Tokens a tree of ``num_steps`` x ``topk`` can verify: the pending token and every candidate draft (topk
+    children of the root, then topk children of each of the topk beams per further step), as SGLang builds it."""
+    return 1 + topk + (num_steps - 1) * topk * topk
+
+
 def _validate_backend(s: ServerSpec, source: str) -> None:
     topk = s.topk or 1
-    if s.backend == "builtin" and topk != 1:
-        raise DraftlabError(f"{source}: key 'topk': the builtin engine drafts a chain (topk 1), got {s.topk}")
+    if s.backend == "builtin" and topk > 1 and s.num_steps is not None and s.num_draft_tokens is not None:
+        most = most_tree_tokens(s.num_steps, topk)
+        if not 2 <= s.num_draft_tokens <= most:
+            raise DraftlabError(f"{source}: key 'num_draft_tokens': a tree of {s.num_steps} steps x topk {topk} "
+                                f"verifies 2..{most} tokens, got {s.num_draft_tokens}")
     if s.backend == "builtin" and s.tp != 1:
         raise DraftlabError(f"{source}: key 'tp': the builtin engine runs on one device (tp 1), got {s.tp}")
     if s.backend == "vllm" and s.drafter is not None and s.num_steps is None:

@@ -21,6 +21,7 @@ the same results from buffers allocated once:
   every batch where capture is refused (reason logged once), runs the same function eagerly. On the
   CPU it always runs eagerly (tests: token-identical to ``BatchDecoder`` and ``Engine.generate``).
 
+- **draft trees** (topk > 1): SGLang's EAGLE tree as one cycle of the same buffers (``draft_tree``).
 - **fused layers**: the target's layers run as ``fused_llama.FusedLlama`` (the same function in about
   half the kernels), unless ``fused_refusal`` names why not (then transformers' own layers).
 
@@ -38,15 +39,18 @@ from __future__ import annotations
 
 import inspect
 import sys
-from typing import Any
+import weakref
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor
 
 from draftlab.serving.batch_decode import BatchDecoder, Row, prefill_row
-from draftlab.serving.engine import Engine, accept_cycle
+from draftlab.serving.draft_tree import DraftTreeCycle
+from draftlab.errors import DraftlabError
+from draftlab.serving.engine import Engine, GenerationResult, GenerationStopped, accept_cycle
 from draftlab.serving.fused_drafter import FusedDrafter
-from draftlab.serving.fused_llama import FusedLlama, fused_refusal
+from draftlab.serving.fused_llama import FusedLlama, fused_refusal, mask_bias, slot_bias
 
 LLAMA_SHAPED = ("llama", "mistral", "qwen2", "qwen3")
 MAX_CACHE_FRACTION = 0.5  # of free GPU memory (CPU: of MAX_CPU_CACHE_BYTES) the slots may take
@@ -91,13 +95,16 @@ def static_refusal(engine: Engine) -> str | None:
 
 
 class SlotCache:
-    """Key/value buffers ``[R, kv_heads, S, hd]`` per layer; ``update`` writes at ``pos`` (transformers' Cache call)."""
+    """Key/value buffers ``[R, kv_heads, S, hd]`` per layer; ``update`` writes at ``pos`` (transformers' Cache call).
+
+    All of them are views of one ``[2, layers, R, kv_heads, S, hd]`` tensor, so that moving a draft
+    tree's accepted path into place (``compact``) is one gather and one scatter, not one per layer."""
 
     def __init__(self, layers: int, rows: int, heads: int, slots: int, hd: int, dtype, device):
-        shape = (rows, heads, slots, hd)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.pos: Tensor | None = None  # [b, T] write positions of the forward in progress
+        self.kv = torch.zeros((2, layers, rows, heads, slots, hd), dtype=dtype, device=device)
+        self.k = [self.kv[0, i] for i in range(layers)]  # select views (unbind's may not be written in place)
+        self.v = [self.kv[1, i] for i in range(layers)]
+        self.pos: Tensor | None = None  # [b, T] write slots of the forward in progress
         self.width = slots  # slots read (eager runs read only the ones in use)
 
     def write(self, layer: int, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor]:
@@ -111,29 +118,50 @@ class SlotCache:
     def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs):
         return self.write(layer_idx, key_states, value_states)
 
+    def compact(self, src: Tensor, dst: Tensor) -> None:
+        """For rows ``0..b-1``: the keys and values of slots ``src`` ``[b, n]`` into slots ``dst``, every layer."""
+        two, layers, _, heads, _, hd = self.kv.shape
+        b, n = src.shape
+        live = self.kv[:, :, :b]
+        shape = (two, layers, b, heads, n, hd)
+        moved = live.gather(4, src[None, None, :, None, :, None].expand(shape))
+        live.scatter_(4, dst[None, None, :, None, :, None].expand(shape), moved)
+
     def move(self, src: int, dst: int, upto: int) -> None:
-        for buf in (*self.k, *self.v):
-            buf[dst, :, :upto] = buf[src, :, :upto]
+        self.kv[:, :, dst, :, :upto] = self.kv[:, :, src, :, :upto]
 
     def load(self, row: int, keys: list[Tensor], values: list[Tensor]) -> None:
         for buf, src in zip((*self.k, *self.v), (*keys, *values)):
             buf[row, :, : src.shape[2]] = src[0]
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+        return self.kv.numel() * self.kv.element_size()
 
 
 class DrafterSlots(SlotCache):
-    """The drafter's one layer in slots; ``Eagle3Drafter.forward`` calls ``write(k, v, position_ids)``."""
+    """The drafter's one layer in slots; ``Eagle3Drafter.forward`` calls ``write(k, v, position_ids)``.
+
+    ``at`` and ``mask`` (None: the positions' own slots, causal) redirect a draft tree's step: its
+    beams share a position, so each writes a slot of its own (``at`` ``[b, T]``) and reads the prefix
+    and its ancestors (``mask`` ``[b, T, width]``)."""
+
+    at: Tensor | None = None
+    mask: Tensor | None = None
 
     def write(self, key: Tensor, value: Tensor, position_ids: Tensor):  # type: ignore[override]
         k, v = self.write_kv(key, value, position_ids)
-        return k, v, _slot_mask(position_ids, self.width)
+        return k, v, (_slot_mask(position_ids, self.width) if self.mask is None else self.mask[:, None])
 
     def write_kv(self, key: Tensor, value: Tensor, position_ids: Tensor) -> tuple[Tensor, Tensor]:
-        """``write`` without the mask (``FusedDrafter`` builds its own additive one)."""
-        self.pos = position_ids
+        """``write`` without the mask (``FusedDrafter`` builds its own additive one, ``bias``)."""
+        self.pos = position_ids if self.at is None else self.at
         return SlotCache.write(self, 0, key, value)
+
+    def bias(self, pos: Tensor, kv: int, group: int, dtype) -> Tensor:
+        """The additive mask ``grouped_attention`` takes for this step's queries at ``pos``."""
+        if self.mask is None:
+            return slot_bias(pos, self.width, kv, group, dtype)
+        return mask_bias(self.mask, kv, group, dtype)
 
 
 def _slot_mask(pos: Tensor, width: int) -> Tensor:
@@ -141,7 +169,7 @@ def _slot_mask(pos: Tensor, width: int) -> Tensor:
     return torch.arange(width, device=pos.device)[None, None, None, :] <= pos[:, None, :, None]
 
 
-class StaticDecoder:
+class StaticDecoder(DraftTreeCycle):
     """``BatchDecoder``'s interface (``rows``, ``add``, ``remove``, ``step``) over static slots.
 
     ``max_rows``: rows at once (the server's ``--max-batch-size``). ``graph_max_bs``: the largest
@@ -159,8 +187,14 @@ class StaticDecoder:
         cfg = tgt.config
         dtype = next(tgt.parameters()).dtype
         self.k = engine.num_steps if engine.speculative else 0
+        self.topk = getattr(engine, "topk", 1) if engine.speculative else 1
+        self.tree = self.topk > 1
+        self.n_verify = getattr(engine, "num_draft_tokens", None) or self.k + 1  # tokens a verify reads
+        # slots past a row's length a cycle may write: the verify's tokens, a tree's drafting beams
+        # ((k-1) x topk), the extend over the accepted path (k+1)
+        self.reach = max(self.n_verify, (self.k - 1) * self.topk, self.k + 1) if engine.speculative else 1
         self.max_rows = int(max_rows)
-        self.slots = engine.context_length + self.k + 2
+        self.slots = engine.context_length + self.reach + 1
         self.fused, self.fused_drafter, self.fused_reason = None, None, "off"
         if fused:
             self.fused_reason = fused_refusal(engine.target) or ""
@@ -170,6 +204,8 @@ class StaticDecoder:
                 self.fused = FusedLlama(engine.target, self.slots)
             if engine.speculative:
                 self.fused_drafter = FusedDrafter(engine.drafter, self.slots)
+        if self.tree:
+            self._tree_tables(engine.device)
         n_layers = int(cfg.num_hidden_layers)
         hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
@@ -229,17 +265,20 @@ class StaticDecoder:
         return self
 
     # -- forwards (pure functions of the buffers: what a graph captures) -----------------------
-    def _target(self, ids: Tensor, pos: Tensor, hidden: bool) -> tuple[Tensor, Tensor | None]:
-        """The target over ``ids`` at ``pos`` ([b, T]) through the slots: (greedy [b, T], aux or None)."""
+    def _target(self, ids: Tensor, pos: Tensor, hidden: bool, at: Tensor | None = None,
+                mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """The target over ``ids`` at ``pos`` ([b, T]) through the slots: (greedy [b, T], aux or None).
+        Keys land in the positions' slots and each query reads the slots up to its own, unless ``at``
+        ([b, T] slots) and ``mask`` ([b, T, width] reads) say otherwise (a draft tree's verify)."""
         tgt = self.engine.target
         if self.fused is not None:
-            last, states = self.fused.forward(ids, pos, self.cache)
+            last, states = self.fused.forward(ids, pos, self.cache, at, mask)
             return self._head(last, states, hidden)
         base = tgt.model
-        self.cache.pos = pos
+        self.cache.pos = pos if at is None else at
         h = base.embed_tokens(ids)
         pe = base.rotary_emb(h, pos)
-        mask = _slot_mask(pos, self.cache.width)
+        mask = _slot_mask(pos, self.cache.width) if mask is None else mask[:, None]
         if not self._sdpa:  # eager attention adds its mask
             mask = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill(~mask, torch.finfo(h.dtype).min)
         states = [h]
@@ -295,7 +334,10 @@ class StaticDecoder:
         self.out[:b, 2 * k + 1] = m
 
     def _cycle(self, b: int) -> None:
-        (self._spec_cycle if self.engine.speculative else self._plain_cycle)(b)
+        if not self.engine.speculative:
+            self._plain_cycle(b)
+        else:
+            (self._tree_cycle if self.tree else self._spec_cycle)(b)
 
     # -- graphs -------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -336,7 +378,7 @@ class StaticDecoder:
             self.dslots.width = width
 
     def _run(self, b: int) -> None:
-        need = min(self.slots, max(r.length for r in self.rows) + self.k + 1)  # every slot this cycle writes
+        need = min(self.slots, max(r.length for r in self.rows) + self.reach)  # every slot this cycle writes
         bucket = next((s for s in self.buckets if s >= b), None)
         if self.graphs and bucket is not None:
             self.graphs[(bucket, next(w for w in self.widths if w >= need))].replay()
@@ -376,7 +418,7 @@ class StaticDecoder:
             return
         for dst, src in enumerate(keep):
             if src != dst:
-                upto = min(self.slots, self.rows[src].length + self.k + 1)
+                upto = min(self.slots, self.rows[src].length + self.reach)
                 self.cache.move(src, dst, upto)
                 if self.dslots is not None:
                     self.dslots.move(src, dst, upto)
@@ -431,26 +473,60 @@ def _cache_kw(layer) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def tree_decoder(build: Callable[[], "StaticDecoder"], topk: int) -> "StaticDecoder":
+    """``build()``, its refusal turned into the one-line error a tree setting gets (a tree has no other decoder)."""
+    try:
+        return build()
+    except (ValueError, RuntimeError) as exc:
+        raise DraftlabError(f"--topk {topk}: the builtin engine drafts trees only with its static-slot decoder, "
+                            f"which cannot serve this target: {exc}") from None
+
+
+_SOLO: "weakref.WeakKeyDictionary[Engine, StaticDecoder]" = weakref.WeakKeyDictionary()
+
+
+@torch.inference_mode()
+def solo_generate(engine: Engine, input_ids: Sequence[int], max_new_tokens: int, *, ignore_eos: bool = False,
+                  stop_token_ids: Iterable[int] = (), should_stop: Callable[[], bool] | None = None) -> GenerationResult:
+    """``Engine.generate`` through a one-row static decoder of the engine's own (graphs on CUDA): the way a
+    draft tree decodes one request (``Engine.generate`` drafts chains only)."""
+    budget, stops = engine.limits(input_ids, max_new_tokens, ignore_eos, stop_token_ids)
+    dec = _SOLO.get(engine)
+    if dec is None:
+        dec = _SOLO[engine] = tree_decoder(lambda: StaticDecoder(engine, 1, graph_max_bs=1), engine.topk)
+        dec.capture()
+    row = dec.reset().add(list(map(int, input_ids)), budget, stops)
+    while not row.done:
+        if should_stop is not None and should_stop():
+            dec.reset()
+            raise GenerationStopped(len(row.res.output_ids))
+        dec.step()
+    return row.res
+
+
 def make_decoder(engine: Engine):
-    """The engine's static decoder when it has one (CUDA), else a ``BatchDecoder``."""
+    """The engine's static decoder when it has one (``enable_static``), else a ``BatchDecoder``."""
     static = getattr(engine, "static_decoder", None)
     return static.reset() if static is not None else BatchDecoder(engine)
 
 
 def enable_static(engine: Engine, max_rows: int, cuda_graph_max_bs: int | None = None, log=None) -> dict[str, Any]:
-    """On CUDA: give ``engine`` a ``StaticDecoder`` with graphs up to ``cuda_graph_max_bs`` (default
-    ``max_rows``; 0: static cache, no graphs) and capture them now. Returns what ``/get_server_info`` reports."""
+    """Give ``engine`` a ``StaticDecoder`` (CUDA graphs up to ``cuda_graph_max_bs``, default ``max_rows``, 0: none;
+    eager on the CPU, where its fused layers decode 1.5-1.8x faster than ``BatchDecoder``, RESULTS.md) and
+    capture the graphs now. Returns what ``/get_server_info`` reports. A chain or plain decoding the static path
+    refuses (``static_refusal``, memory) falls back to the dynamic cache; a tree has no fallback (an error)."""
     log = log or (lambda msg: print(f"draftlab-serve: {msg}", file=sys.stderr, flush=True))
-    if engine.device.type != "cuda":
-        return {"static_cache": False, "cuda_graph": False, "cuda_graph_bs": [], "cuda_graph_reason": "not on CUDA",
-                "fused_layers": False, "fused_layers_reason": "not on CUDA"}
-    try:
-        dec = StaticDecoder(engine, max_rows, max_rows if cuda_graph_max_bs is None else cuda_graph_max_bs, log)
-    except (ValueError, RuntimeError) as exc:  # refused (static_refusal, size) or out of memory
-        log(f"static KV cache and CUDA graphs off, decoding with the dynamic cache ({exc})")
-        return {"static_cache": False, "cuda_graph": False, "cuda_graph_bs": [],
-                "cuda_graph_reason": f"static cache refused: {exc}", "fused_layers": False,
-                "fused_layers_reason": "no static cache"}
+    graph_bs = max_rows if cuda_graph_max_bs is None else cuda_graph_max_bs
+    if engine.tree:
+        dec = tree_decoder(lambda: StaticDecoder(engine, max_rows, graph_bs, log), engine.topk)
+    else:
+        try:
+            dec = StaticDecoder(engine, max_rows, graph_bs, log)
+        except (ValueError, RuntimeError) as exc:  # refused (static_refusal, size) or out of memory
+            log(f"static KV cache off, decoding with the dynamic cache ({exc})")
+            return {"static_cache": False, "cuda_graph": False, "cuda_graph_bs": [],
+                    "cuda_graph_reason": f"static cache refused: {exc}", "fused_layers": False,
+                    "fused_layers_reason": "no static cache"}
     dec.capture()
     engine.static_decoder = dec
     return dec.info()
