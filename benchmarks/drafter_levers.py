@@ -113,7 +113,7 @@ def decode(engine, prompts: list[list[int]], max_new: int) -> tuple[list[list[in
     seconds, tokens after the first, verify cycles)."""
     from draftlab.serving.static_decode import enable_static, make_decoder
 
-    if engine.device.type == "cuda" and getattr(engine, "static_decoder", None) is None:
+    if (engine.device.type == "cuda" or engine.tree) and getattr(engine, "static_decoder", None) is None:
         enable_static(engine, 1, log=lambda m: None)
     outs, wall, n, cycles = [], 0.0, 0, 0
     for p in prompts:
@@ -136,7 +136,19 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
-def serve_all(settings, layout, trained: dict[str, dict], ks: list[int], device: str,
+def parse_setting(label: str) -> tuple[int, int, int]:
+    """``s3-k4-d8`` (the pipeline's setting label) -> (num_steps 3, topk 4, num_draft_tokens 8); ``3`` -> a chain."""
+    import re
+
+    if label.isdigit():
+        return int(label), 1, int(label) + 1
+    hit = re.fullmatch(r"s(\d+)-k(\d+)-d(\d+)", label)
+    if not hit:
+        raise SystemExit(f"--ks: expected a chain length (3) or a setting label (s3-k4-d8), got {label!r}")
+    return int(hit[1]), int(hit[2]), int(hit[3])
+
+
+def serve_all(settings, layout, trained: dict[str, dict], ks: list[str], device: str,
               prompt_file: str | None = None, chat: bool = False) -> dict:
     from transformers import AutoTokenizer
 
@@ -156,7 +168,8 @@ def serve_all(settings, layout, trained: dict[str, dict], ks: list[int], device:
         for k in ks:
             drafter = Eagle3Drafter.from_pretrained(trained[name]["drafter"], dtype=next(target.parameters()).dtype,
                                                     device=device)
-            eng = Engine(target, drafter, num_steps=k, eos_token_ids=())
+            steps, topk, tokens = parse_setting(k)
+            eng = Engine(target, drafter, num_steps=steps, topk=topk, num_draft_tokens=tokens, eos_token_ids=())
             decode(eng, prompts[:1], 8)
             outs, w, m, cycles = decode(eng, prompts, max_new)
             rows[str(k)] = {"accept_length": round((m + len(prompts)) / max(cycles, 1), 3),  # completion / verifies
@@ -180,7 +193,8 @@ def main() -> int:
     ap.add_argument("--chat-template", action="store_true",
                     help="send each prompt inside the target's chat template (the bench sends raw text)")
     ap.add_argument("--parallel", type=int, default=2)
-    ap.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4])
+    ap.add_argument("--ks", nargs="+", default=["1", "2", "3", "4"],
+                    help="chain lengths (3) and tree settings (s3-k4-d8: steps, topk, tokens verified)")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--work", default=None)
     ap.add_argument("--out", required=True)

@@ -166,6 +166,14 @@ def kernel_table(fn, top: int = 12) -> dict:
             "top": [[name, n, round(us, 1)] for name, (n, us) in ranked]}
 
 
+def _plain_decoder(plain):
+    from draftlab.serving.static_decode import StaticDecoder
+
+    dec = StaticDecoder(plain, max_rows=1, graph_max_bs=1)
+    dec.capture()
+    return dec
+
+
 def static_arms(args, plain, spec, prompts, ref, fused: bool) -> dict:
     """Plain decode at 1 and 8 rows and the speculative cycle (k = num_steps) through ``StaticDecoder``."""
     from draftlab.serving.static_decode import StaticDecoder
@@ -204,6 +212,35 @@ def static_arms(args, plain, spec, prompts, ref, fused: bool) -> dict:
     return out
 
 
+def tree_cycles(args, target, drafter, prompts, plain_c1: list[int], t_plain_ms: float) -> dict:
+    """Each ``--trees`` setting's cycle (a chain too: ``3``) through the static decoder with graphs at concurrency 1 (fused
+    layers): its time, in plain steps, and token identity with plain decoding. A tree verifies more tokens
+    than a chain and drafts ``topk`` beams a step; what it buys is a longer accepted path (measured on a
+    trained drafter by ``drafter_levers.py``), what it costs is this."""
+    from drafter_levers import parse_setting
+
+    from draftlab.serving.engine import Engine
+    from draftlab.serving.static_decode import StaticDecoder
+
+    out = {}
+    for label in args.trees:
+        steps, topk, tokens = parse_setting(label)
+        eng = Engine(target, drafter, num_steps=steps, topk=topk, num_draft_tokens=tokens, eos_token_ids=())
+        dec = StaticDecoder(eng, max_rows=1, graph_max_bs=1)
+        dec.capture()
+        static_run(dec, prompts[:1], 8)
+        outs, wall, _, cycles = static_run(dec, prompts[:1], args.max_new)
+        ms = wall / cycles * 1e3
+        out[label] = {"t_cycle_c1_ms": round(ms, 4), "cycle_in_plain_steps": round(ms / t_plain_ms, 3),
+                      "identical_to_plain": outs[0] == plain_c1, "kernels": kernels_per_cycle(dec, 1)}
+        if args.device.startswith("cuda"):
+            dec.add(prompts[0], args.max_new, set())
+            with torch.inference_mode():
+                out[label]["kernel_table"] = kernel_table(lambda: dec._cycle(1), top=25)
+        del dec, eng
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda")
@@ -219,6 +256,8 @@ def main() -> int:
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--num-steps", type=int, default=3)
     ap.add_argument("--accept", type=float, nargs="+", default=[1.85, 2.5, 3.0])
+    ap.add_argument("--trees", nargs="*", default=[], help="tree settings to time (s3-k4-d8: steps, topk, tokens)")
+    ap.add_argument("--skip-unfused", action="store_true", help="fused layers only (the served path)")
     args = ap.parse_args()
 
     from draftlab.serving.engine import Engine
@@ -242,13 +281,16 @@ def main() -> int:
         n += len(res.output_ids) - 1
     report["engine_generate_c1_tok_s"] = round(n / t, 1)
     # 2.-3. the static decoder with graphs, fused layers (the default) and transformers' own layers
-    for name, fused in (("fused", True), ("unfused", False)):
+    for name, fused in (("fused", True), ("unfused", False))[: 1 if args.skip_unfused else 2]:
         report[name] = static_arms(args, plain, spec, prompts, ref, fused)
         try:
             report[name]["phase_ms"] = phase_times(spec, prompts[0], fused)
         except Exception as exc:  # noqa: BLE001 - a diagnostic: its failure must not cost the measurements above
             report[name]["phase_ms"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     report.update(report["fused"])  # the default path's figures at the top level
+    if args.trees:
+        c1 = static_run(_plain_decoder(plain), prompts[:1], args.max_new)[0][0]
+        report["trees"] = tree_cycles(args, target, drafter, prompts, c1, report["t_plain_step_ms"])
     # 4. the memory floor of one plain step
     emb = target.get_input_embeddings().weight
     weights = sum(p.numel() * p.element_size() for p in target.parameters()) - emb.numel() * emb.element_size()
@@ -260,7 +302,8 @@ def main() -> int:
                        "static_c1_over_floor": round(report["t_plain_step_ms"] / ((weights + kv) / 4.3e12 * 1e3), 1)}
     print(json.dumps(report, indent=1))
     ok = all(all(report[n]["plain_identical_to_engine"].values()) and all(report[n]["spec_identical_to_plain"].values())
-             for n in ("fused", "unfused"))
+             for n in ("fused", "unfused") if n in report)
+    ok = ok and all(t["identical_to_plain"] for t in report.get("trees", {}).values())
     return 0 if ok else 1
 
 
