@@ -262,6 +262,8 @@ class StaticDecoder(DraftTreeCycle):
         """Drop every row (the scheduler starts over after an engine failure)."""
         self.rows = []
         self.L.zero_()
+        if self.dslots is not None:  # a tree step that raised leaves its beams' slots and mask set
+            self.dslots.at = self.dslots.mask = None
         return self
 
     # -- forwards (pure functions of the buffers: what a graph captures) -----------------------
