@@ -19,6 +19,7 @@ length A: A x t_plain_step / t_cycle (``--accept`` lists the A's; 1.85 is the de
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -236,7 +237,7 @@ def tree_cycles(args, target, drafter, prompts, plain_c1: list[int], t_plain_ms:
         if args.device.startswith("cuda"):
             dec.add(prompts[0], args.max_new, set())
             with torch.inference_mode():
-                out[label]["kernel_table"] = kernel_table(lambda: dec._cycle(1), top=25)
+                out[label]["kernel_table"] = kernel_table(functools.partial(dec._cycle, 1), top=25)
         del dec, eng
     return out
 

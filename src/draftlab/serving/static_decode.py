@@ -45,9 +45,9 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch import Tensor
 
+from draftlab.errors import DraftlabError
 from draftlab.serving.batch_decode import BatchDecoder, Row, prefill_row
 from draftlab.serving.draft_tree import DraftTreeCycle
-from draftlab.errors import DraftlabError
 from draftlab.serving.engine import Engine, GenerationResult, GenerationStopped, accept_cycle
 from draftlab.serving.fused_drafter import FusedDrafter
 from draftlab.serving.fused_llama import FusedLlama, fused_refusal, mask_bias, slot_bias
