@@ -229,7 +229,7 @@ def test_each_server_and_its_benchmarks_ran_in_one_gpu_allocation(runs):
         assert f"Partition={runs['partition']}" in info
     for jobid in jobs["inspect"]:
         assert "JOB_GRES=(null)" in _scontrol(jobid), f"CPU job {jobid} (inspect) held a GPU"
-    r, spec, client = runs["r"], runs["spec"], runs["client"]
+    r, spec = runs["r"], runs["spec"]
     serve = json.loads((runs["slurm"] / r / "bench/probe" / spec / "serve.json").read_text())
     assert serve["launches"] == 1, "one server launch per serve_bench job"
     assert "127.0.0.1" in json.dumps(serve), "the benchmark client did not talk to a server on its own node"

@@ -161,15 +161,17 @@ def test_kimi_dag_on_gpu8_prints_real_sglang_and_training_commands(tmp_path):
 
 
 def test_sweep_shares_one_launch_per_server_configuration(workdir, tmp_path):
-    """Client variants never multiply servers: jobs = 1 + drafters x speculative settings."""
+    """Client variants never multiply servers: jobs = 1 + drafters x speculative settings. A draft tree is one
+    more setting, its builtin server launched with SGLang's numbers under the builtin's flags."""
     cfg = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
-    cfg["speculative"] = [{"num_steps": k, "topk": 1, "num_draft_tokens": k + 1} for k in (1, 2, 3)]
+    cfg["speculative"] = [{"num_steps": k, "topk": 1, "num_draft_tokens": k + 1} for k in (1, 2)]
+    cfg["speculative"].append({"num_steps": 3, "topk": 2, "num_draft_tokens": 5})
     cfg["bench"]["clients"] = [{"name": "a"}, {"name": "b", "concurrency": 4}, {"name": "c", "max_new_tokens": 8}]
     cfg["train"]["finetune_modes"] = ["remap"]
     cfg["reference"] = {"source": "hf:draftlab-demo/drafter-v1", "revision": "main"}
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    out, after = gate_plans(tmp_path / "wf", ["-n", "--cores", "2", "all", "--configfile", str(path)])
+    out, after = gate_plans(tmp_path / "wf", ["-n", "-p", "--cores", "2", "all", "--configfile", str(path)])
     counts, after = job_counts(out.stdout), job_counts(after.stdout)
     drafters = 4  # probe (before the gate), reference, finetune-remap, scratch (after it passed)
     assert counts["serve_bench"] == 3 and counts["serve_bench"] + after["serve_bench"] == 1 + drafters * 3
@@ -178,6 +180,8 @@ def test_sweep_shares_one_launch_per_server_configuration(workdir, tmp_path):
     assert out.stdout.count("bench/probe/s2-k1-d3/a.json") >= 1
     job = next(b for b in job_blocks(out.stdout) if "rule serve_bench:" in b and "probe/s2-k1-d3" in b)
     assert all(f"probe/s2-k1-d3/{c}.json" in job for c in "abc")
+    tree = next(b for b in job_blocks(out.stdout) if "rule serve_bench:" in b and "probe/s3-k2-d5" in b)
+    assert re.search(r"-m draftlab\.cli serve .*--num-steps 3 --topk 2 --num-draft-tokens 5 ", tree), tree
 
 
 def test_report_is_handed_exactly_the_configured_arms(workdir, tmp_path):
