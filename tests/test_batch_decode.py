@@ -287,6 +287,8 @@ def test_tree_settings_the_decoder_cannot_hold_are_refused(world):  # noqa: F811
         Engine(world["v1"], world["trained"], num_steps=2, topk=2, num_draft_tokens=9)
     with pytest.raises(DraftlabError, match="a chain \\(topk 1\\) verifies num_steps \\+ 1 = 3 tokens, got 5"):
         Engine(world["v1"], world["trained"], num_steps=2, topk=1, num_draft_tokens=5)
+    with pytest.raises(DraftlabError, match="--topk 10000: over the drafter's vocabulary"):
+        Engine(world["v1"], world["trained"], num_steps=1, topk=10_000, num_draft_tokens=3)
 
 
 @torch.inference_mode()

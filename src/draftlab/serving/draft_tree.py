@@ -28,8 +28,6 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from draftlab.serving.server_spec import most_tree_tokens
-
 
 class DraftTreeCycle:
     """The tree cycle's constant tables (``_tree_tables``) and the cycle itself (``_tree_cycle``)."""
@@ -37,13 +35,7 @@ class DraftTreeCycle:
     def _tree_tables(self, dev) -> None:
         """Constant index tables of the tree cycle. Candidate nodes are numbered depth by depth (root 0;
         depth 1: the topk children of the root; depth d >= 2: topk children of each of the topk beams)."""
-        k, K = self.k, self.topk
-        n_cand = most_tree_tokens(k, K) - 1
-        if not 2 <= self.n_verify <= n_cand + 1:
-            raise ValueError(f"num_draft_tokens {self.n_verify}: a tree of {k} steps x topk {K} has {n_cand} "
-                             f"candidate drafts, so it verifies 2..{n_cand + 1} tokens")
-        if K > self.engine.drafter.lm_head.out_features:
-            raise ValueError(f"topk {K} is over the drafter's vocabulary ({self.engine.drafter.lm_head.out_features})")
+        k, K = self.k, self.topk  # the shape the engine checked (server_spec.draft_tokens_problem)
         depth = [0] + [1] * K + [d for d in range(2, k + 1) for _ in range(K * K)]
         self.node_depth = torch.tensor(depth, device=dev)  # [1 + n_cand]
         region = max((k - 1) * K, 1)
@@ -55,7 +47,6 @@ class DraftTreeCycle:
         self.root_parents = torch.zeros(1, 1, dtype=torch.long, device=dev)
         self.verify_span = torch.arange(self.n_verify, device=dev)
         self.eye_verify = torch.eye(self.n_verify, dtype=torch.bool, device=dev)
-        self.path_span = torch.arange(k + 1, device=dev)
         self.slot_ar = torch.arange(self.slots, device=dev)
 
     @staticmethod
@@ -133,8 +124,8 @@ class DraftTreeCycle:
 
     def _accept_tree(self, b: int, at: Tensor, verify_in: Tensor, par: Tensor, depth: Tensor, anc: Tensor,
                      greedy: Tensor, aux: Tensor) -> None:
-        """The deepest node on the greedy path; its path's keys moved into place, the drafter extended over it,
-        and the chain's ``out`` row written (greedy path, drafts, accepted count)."""
+        """The deepest node on the greedy path; its path's keys moved into place, then the end a chain's cycle
+        has too (``_extend``: the drafter over the path, the next state, the ``out`` row)."""
         k = self.k
         ar = self.ar[:b]
         match = (verify_in == greedy.gather(1, par.clamp(min=0))) & (par >= 0) & (depth <= self.k_eff[:b, None])
@@ -142,17 +133,10 @@ class DraftTreeCycle:
         ok = ~(anc & ~match[:, None, :]).any(-1)  # [b, N]: it and all its ancestors matched
         best = torch.where(ok, depth, -1).argmax(1)  # [b] the deepest accepted node
         m = depth.gather(1, best[:, None])[:, 0]
-        on_path = anc[ar, best][:, :, None] & (depth[:, :, None] == self.path_span)  # [b, N, k+1]
+        on_path = anc[ar, best][:, :, None] & (depth[:, :, None] == self.span)  # [b, N, k+1]
         path = on_path.long().argmax(1)  # [b, k+1] verify index at each depth (the root past m)
         g_path = greedy.gather(1, path)
         d_path = torch.where(self.span[None, :k] < m[:, None], verify_in.gather(1, path[:, 1:]), -1)
         self.cache.compact(at.gather(1, path[:, 1:]), at[:, 1 : k + 1])
         e_aux = aux.gather(1, path[:, :, None].expand(b, k + 1, aux.shape[-1]))
-        lg, hid = (self.fused_drafter or self.engine.drafter)(g_path, e_aux, at[:, : k + 1], self.dslots)
-        self.d_logits[:b] = lg[ar, m]
-        self.d_hidden[:b] = hid[ar, m][:, None]
-        self.pending[:b] = g_path.gather(1, m[:, None])
-        self.L[:b] += m + 1
-        self.out[:b, : k + 1] = g_path
-        self.out[:b, k + 1 : 2 * k + 1] = d_path
-        self.out[:b, 2 * k + 1] = m
+        self._extend(b, g_path, e_aux, at[:, : k + 1], d_path, m)

@@ -30,7 +30,7 @@ from torch import Tensor
 from draftlab.errors import DraftlabError
 from draftlab.formats import aux_layers
 from draftlab.models.target import aux_layer_ids_for, load_target
-from draftlab.serving.server_spec import most_tree_tokens
+from draftlab.serving.server_spec import draft_tokens_problem
 from draftlab.training.model import DrafterCache, Eagle3Drafter
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
@@ -133,7 +133,7 @@ class Engine:
         self.topk = int(topk)
         self.num_draft_tokens = self.num_steps + 1 if num_draft_tokens is None else int(num_draft_tokens)
         if drafter is not None:
-            _check_tree(self.num_steps, self.topk, self.num_draft_tokens)
+            _check_speculative(self.num_steps, self.topk, self.num_draft_tokens)
         self.device = next(target.parameters()).device
         self.eos_token_ids = set(eos_ids_of(target) if eos_token_ids is None else eos_token_ids)
         self._cache_kw = _cache_kwarg(target)
@@ -155,6 +155,8 @@ class Engine:
             # draft id -> target id in one gather: hot[i] = i + d2t[i] (SGLang's hot_token_id)
             self._hot = drafter.d2t + torch.arange(drafter.d2t.numel(), device=drafter.d2t.device)
             _check_hot_ids(self._hot, int(target.get_output_embeddings().weight.shape[0]))
+            if self.topk > self._hot.numel():  # a tree's first step takes the drafter's topk best tokens
+                raise DraftlabError(f"--topk {self.topk}: over the drafter's vocabulary ({self._hot.numel()} tokens)")
         self.trace: list[dict[str, Any]] | None = None  # set to [] to record every cycle (tests, debugging)
         self.static_decoder = None  # the server's static-cache decoder on CUDA (serving.static_decode)
         self._sync = self.device.type == "cuda"
@@ -399,19 +401,15 @@ def meta_info(res: GenerationResult, e2e_latency: float | None = None) -> dict[s
     return meta
 
 
-def _check_tree(num_steps: int, topk: int, num_draft_tokens: int) -> None:
+def _check_speculative(num_steps: int, topk: int, num_draft_tokens: int) -> None:
     """SGLang's three speculative numbers, as the builtin engine can draft them."""
     if num_steps < 1:
         raise DraftlabError(f"--num-steps: expected an integer >= 1 with a drafter, got {num_steps}")
     if topk < 1:
         raise DraftlabError(f"--topk: expected an integer >= 1, got {topk}")
-    if topk == 1 and num_draft_tokens != num_steps + 1:
-        raise DraftlabError(f"--num-draft-tokens: a chain (topk 1) verifies num_steps + 1 = "
-                            f"{num_steps + 1} tokens, got {num_draft_tokens}")
-    most = most_tree_tokens(num_steps, topk)
-    if topk > 1 and not 2 <= num_draft_tokens <= most:
-        raise DraftlabError(f"--num-draft-tokens: a tree of {num_steps} steps x topk {topk} verifies "
-                            f"2..{most} tokens, got {num_draft_tokens}")
+    problem = draft_tokens_problem(num_steps, topk, num_draft_tokens)
+    if problem:
+        raise DraftlabError(f"--num-draft-tokens: {problem}")
 
 
 def _check_hot_ids(hot: torch.Tensor, vocab: int) -> None:

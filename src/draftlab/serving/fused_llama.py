@@ -79,6 +79,12 @@ def slot_bias(pos: Tensor, width: int, kv: int, group: int, dtype) -> Tensor:
     return mask_bias(ok, kv, group, dtype)
 
 
+def attention_bias(pos: Tensor, width: int, mask: Tensor | None, kv: int, group: int, dtype) -> Tensor:
+    """``slot_bias`` for queries at ``pos``, or ``mask_bias`` of ``mask`` ``[b, T, width]`` where one is given
+    (a draft tree's queries, which read their ancestors' slots)."""
+    return slot_bias(pos, width, kv, group, dtype) if mask is None else mask_bias(mask, kv, group, dtype)
+
+
 def mask_bias(ok: Tensor, kv: int, group: int, dtype) -> Tensor:
     """``ok`` ``[b, T, W]`` (query t may read slot w) as the additive ``[b * kv, group * T, W]`` bias
     ``grouped_attention`` takes: a draft tree's queries read their ancestors' slots, not every earlier one."""
@@ -178,8 +184,7 @@ class FusedLlama:
         h = self.base.embed_tokens(ids)
         b, t, d = h.shape
         cos, sin = self.cos[pos][:, :, None], self.sin[pos][:, :, None]  # transformers' RoPE, scaling included
-        bias = slot_bias(pos, cache.width, self.kv, self.group, h.dtype) if mask is None \
-            else mask_bias(mask, self.kv, self.group, h.dtype)
+        bias = attention_bias(pos, cache.width, mask, self.kv, self.group, h.dtype)
         cache.pos = pos if at is None else at
         states = [h]
         flat = h.reshape(b * t, d)

@@ -263,12 +263,13 @@ def _validate_speculative(s: ServerSpec, source: str) -> None:
             f"{source}: set 'num_steps' together with {', '.join(sorted(given))} (all three speculative numbers or none)"
         )
     topk = s.topk or 1
-    if s.num_draft_tokens is not None and topk == 1 and s.num_steps is not None and s.num_draft_tokens != s.num_steps + 1:
-        raise DraftlabError(
-            f"{source}: key 'num_draft_tokens': with topk 1 a chain verifies num_steps + 1 = {s.num_steps + 1} tokens, got {s.num_draft_tokens}"
-        )
     if topk > 1 and s.num_steps is not None and s.num_draft_tokens is None:
         raise DraftlabError(f"{source}: key 'num_draft_tokens' is required when topk > 1")
+    # a chain's count for every backend; a tree's bounds are the builtin's (SGLang checks its own)
+    if s.num_steps is not None and s.num_draft_tokens is not None and (topk == 1 or s.backend == "builtin"):
+        problem = draft_tokens_problem(s.num_steps, topk, s.num_draft_tokens)
+        if problem:
+            raise DraftlabError(f"{source}: key 'num_draft_tokens': {problem}")
 
 
 def most_tree_tokens(num_steps: int, topk: int) -> int:
@@ -277,13 +278,21 @@ def most_tree_tokens(num_steps: int, topk: int) -> int:
     return 1 + topk + (num_steps - 1) * topk * topk
 
 
+def draft_tokens_problem(num_steps: int, topk: int, num_draft_tokens: int) -> str | None:
+    """What is wrong with ``num_draft_tokens`` for ``num_steps`` x ``topk`` (None: nothing): a chain verifies
+    ``num_steps + 1`` tokens, a tree 2 up to ``most_tree_tokens``. The config check and the engine's flags share it."""
+    if topk == 1:
+        if num_draft_tokens != num_steps + 1:
+            return f"a chain (topk 1) verifies num_steps + 1 = {num_steps + 1} tokens, got {num_draft_tokens}"
+        return None
+    most = most_tree_tokens(num_steps, topk)
+    if not 2 <= num_draft_tokens <= most:
+        return f"a tree of {num_steps} steps x topk {topk} verifies 2..{most} tokens, got {num_draft_tokens}"
+    return None
+
+
 def _validate_backend(s: ServerSpec, source: str) -> None:
     topk = s.topk or 1
-    if s.backend == "builtin" and topk > 1 and s.num_steps is not None and s.num_draft_tokens is not None:
-        most = most_tree_tokens(s.num_steps, topk)
-        if not 2 <= s.num_draft_tokens <= most:
-            raise DraftlabError(f"{source}: key 'num_draft_tokens': a tree of {s.num_steps} steps x topk {topk} "
-                                f"verifies 2..{most} tokens, got {s.num_draft_tokens}")
     if s.backend == "builtin" and s.tp != 1:
         raise DraftlabError(f"{source}: key 'tp': the builtin engine runs on one device (tp 1), got {s.tp}")
     if s.backend == "vllm" and s.drafter is not None and s.num_steps is None:

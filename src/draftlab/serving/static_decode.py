@@ -50,7 +50,7 @@ from draftlab.serving.batch_decode import BatchDecoder, Row, prefill_row
 from draftlab.serving.draft_tree import DraftTreeCycle
 from draftlab.serving.engine import Engine, GenerationResult, GenerationStopped, accept_cycle
 from draftlab.serving.fused_drafter import FusedDrafter
-from draftlab.serving.fused_llama import FusedLlama, fused_refusal, mask_bias, slot_bias
+from draftlab.serving.fused_llama import FusedLlama, attention_bias, fused_refusal
 
 LLAMA_SHAPED = ("llama", "mistral", "qwen2", "qwen3")
 MAX_CACHE_FRACTION = 0.5  # of free GPU memory (CPU: of MAX_CPU_CACHE_BYTES) the slots may take
@@ -159,9 +159,7 @@ class DrafterSlots(SlotCache):
 
     def bias(self, pos: Tensor, kv: int, group: int, dtype) -> Tensor:
         """The additive mask ``grouped_attention`` takes for this step's queries at ``pos``."""
-        if self.mask is None:
-            return slot_bias(pos, self.width, kv, group, dtype)
-        return mask_bias(self.mask, kv, group, dtype)
+        return attention_bias(pos, self.width, self.mask, kv, group, dtype)
 
 
 def _slot_mask(pos: Tensor, width: int) -> Tensor:
@@ -187,9 +185,9 @@ class StaticDecoder(DraftTreeCycle):
         cfg = tgt.config
         dtype = next(tgt.parameters()).dtype
         self.k = engine.num_steps if engine.speculative else 0
-        self.topk = getattr(engine, "topk", 1) if engine.speculative else 1
-        self.tree = self.topk > 1
-        self.n_verify = getattr(engine, "num_draft_tokens", None) or self.k + 1  # tokens a verify reads
+        self.topk = engine.topk if engine.speculative else 1
+        self.tree = engine.tree
+        self.n_verify = engine.num_draft_tokens  # tokens a verify reads (a chain: k + 1)
         # slots past a row's length a cycle may write: the verify's tokens, a tree's drafting beams
         # ((k-1) x topk), the extend over the accepted path (k+1)
         self.reach = max(self.n_verify, (self.k - 1) * self.topk, self.k + 1) if engine.speculative else 1
@@ -325,14 +323,21 @@ class StaticDecoder(DraftTreeCycle):
         greedy, aux = self._target(verify_in, pos, hidden=True)
         ok = (verify_in[:, 1:] == greedy[:, :-1]) & (self.span[None, :k] < self.k_eff[:b, None])
         m = ok.long().cumprod(1).sum(1)  # [b] drafts accepted
-        lg, hid = drafter(greedy, aux, pos, self.dslots)
+        self._extend(b, greedy, aux, pos, verify_in[:, 1:], m)
+
+    def _extend(self, b: int, greedy: Tensor, aux: Tensor, pos: Tensor, drafts: Tensor, m: Tensor) -> None:
+        """A speculative cycle's end, chain or tree: the drafter extended over the verified path (``greedy``
+        [b, k+1], the target's ``aux`` states at ``pos``), the next cycle's drafter state and pending token taken
+        after each row's ``m`` accepted drafts, and the ``out`` row (greedy path, ``drafts`` [b, k], m)."""
+        k = self.k
+        lg, hid = (self.fused_drafter or self.engine.drafter)(greedy, aux, pos, self.dslots)
         ar = self.ar[:b]
         self.d_logits[:b] = lg[ar, m]
         self.d_hidden[:b] = hid[ar, m][:, None]
         self.pending[:b] = greedy.gather(1, m[:, None])
         self.L[:b] += m + 1
         self.out[:b, : k + 1] = greedy
-        self.out[:b, k + 1 : 2 * k + 1] = verify_in[:, 1:]
+        self.out[:b, k + 1 : 2 * k + 1] = drafts
         self.out[:b, 2 * k + 1] = m
 
     def _cycle(self, b: int) -> None:
