@@ -109,31 +109,17 @@ def bench_prompts(settings, tokenizer, path: str | None = None, chat: bool = Fal
 
 
 def decode(engine, prompts: list[list[int]], max_new: int) -> tuple[list[list[int]], float, int, int]:
-    """Each prompt alone (concurrency 1), through the static decoder when there is one: (outputs, decode
-    seconds, tokens after the first, verify cycles)."""
+    """Each prompt alone (concurrency 1), through the decoder the server would use (``enable_static``: the
+    static one, on the CPU too, so plain, chains and trees share it): (outputs, decode seconds, tokens after
+    the first, verify cycles)."""
+    from static_decode_gpu import static_run
+
     from draftlab.serving.static_decode import enable_static, make_decoder
 
-    if (engine.device.type == "cuda" or engine.tree) and getattr(engine, "static_decoder", None) is None:
+    if getattr(engine, "static_decoder", None) is None:
         enable_static(engine, 1, log=lambda m: None)
-    outs, wall, n, cycles = [], 0.0, 0, 0
-    for p in prompts:
-        dec = make_decoder(engine)
-        row = dec.add(p, max_new, set())
-        sync()
-        t0 = time.perf_counter()
-        while not row.done:
-            dec.step()
-        sync()
-        wall += time.perf_counter() - t0
-        outs.append(row.res.output_ids)
-        n += len(row.res.output_ids) - 1
-        cycles += row.res.spec_verify_ct
-    return outs, wall, n, cycles
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    runs = [static_run(make_decoder(engine), [p], max_new) for p in prompts]
+    return ([r[0][0] for r in runs], sum(r[1] for r in runs), sum(r[2] for r in runs), sum(r[3] for r in runs))
 
 
 def parse_setting(label: str) -> tuple[int, int, int]:

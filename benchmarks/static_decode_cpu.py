@@ -20,7 +20,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -29,21 +28,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def decode(make, prompts: list[list[int]], max_new: int, together: bool):
-    """(decode tok/s after each first token, accept length, outputs) with ``make()`` a fresh decoder."""
+    """(decode tok/s after each first token, accept length, outputs) with ``make()`` a fresh decoder: all
+    prompts as one batch, or each alone."""
+    from static_decode_gpu import static_run
+
     dec = make()
-    rows, n, cycles, wall = [], 0, 0, 0.0
-    groups = [prompts] if together else [[p] for p in prompts]
-    for group in groups:
-        mine = [dec.add(p, max_new, set()) for p in group]
-        t0 = time.perf_counter()
-        while len(dec):
-            dec.step()
-        wall += time.perf_counter() - t0
-        rows += mine
-    n = sum(len(r.res.output_ids) - 1 for r in rows)
-    cycles = sum(r.res.spec_verify_ct for r in rows)
-    accept = (n + len(rows)) / cycles if cycles else None
-    return n / wall, accept, [r.res.output_ids for r in rows]
+    runs = [static_run(dec, group, max_new) for group in ([prompts] if together else [[p] for p in prompts])]
+    n, cycles = sum(r[2] for r in runs), sum(r[3] for r in runs)
+    accept = (n + len(prompts)) / cycles if cycles else None
+    return n / sum(r[1] for r in runs), accept, [o for r in runs for o in r[0]]
 
 
 def main() -> int:
