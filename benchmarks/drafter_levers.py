@@ -3,8 +3,9 @@
 
 After a run of the pipeline up to its fine-tune data (``snakemake ... --until tokenize``), trains the keep
 arm with the pipeline's own ``draftlab train`` command (from ``jobs.builtin_train_command``) under a few
-recipes (``--variants``: samples, steps, batch size, learning rate), ``--parallel`` of them at once on
-one device (what side-by-side arms would cost), then serves each trained drafter in process through the
+recipes (``--variants``: samples, steps, batch size, learning rate, max length, TTT length), ``--parallel`` of them at once on
+one device (what side-by-side arms would cost), then serves each trained drafter in process as soon as its group is trained (the report
+is rewritten after every drafter, so a time limit keeps what was served) through the
 static decoder (CUDA graphs where there are CUDA, fused layers) on the bench's own prompts (the client's
 stratified sample, sent as the bench sends them: raw text, ``--chat-template`` to wrap them;
 ``max_new_tokens``, ``ignore_eos``) and reports per variant:
@@ -58,7 +59,9 @@ def train_cmd(settings, layout, v: dict, work: Path) -> list[str]:
     cmd = builtin_train_command(settings, layout, "finetune-keep")
     opts = {"--out": str(work / v["name"]), "--state-dir": str(work / f"{v['name']}.state"),
             "--tokens": subset_tokens(layout.tokens, v.get("samples"), work / f"{v['name']}.tokens.jsonl")}
-    for key, flag in (("steps", "--max-steps"), ("batch_size", "--batch-size"), ("lr", "--lr")):
+    for key, flag in (("steps", "--max-steps"), ("batch_size", "--batch-size"), ("lr", "--lr"),
+                      ("max_length", "--max-length"), ("ttt_length", "--ttt-length"),
+                      ("checkpoint_every", "--checkpoint-every")):
         if key in v:
             opts[flag] = str(v[key])
     for flag, value in opts.items():
@@ -66,28 +69,26 @@ def train_cmd(settings, layout, v: dict, work: Path) -> list[str]:
     return [sys.executable, "-m", "draftlab.cli"] + cmd[1:]
 
 
-def train_all(settings, layout, variants: list[dict], work: Path, parallel: int) -> dict[str, dict]:
-    """Train the variants, ``parallel`` at a time; wall seconds per variant and per group."""
+def train_group(settings, layout, group: list[dict], work: Path) -> dict[str, dict]:
+    """Train ``group``'s variants side by side; wall seconds per variant."""
     out = {}
-    for i in range(0, len(variants), parallel):
-        group = variants[i:i + parallel]
-        t0 = time.perf_counter()
-        procs = []
-        for v in group:
-            log = open(work / f"{v['name']}.log", "w")
-            procs.append((v, subprocess.Popen(train_cmd(settings, layout, v, work), stdout=log, stderr=subprocess.STDOUT,
-                                              start_new_session=True), log, time.perf_counter()))
-        for v, p, log, t in procs:
-            rc = p.wait()
-            log.close()
-            summary = work / v["name"] / "summary.json"
-            s = json.loads(summary.read_text()) if summary.exists() else {}
-            out[v["name"]] = {"rc": rc, "train_s": round(time.perf_counter() - t, 1), "group": [g["name"] for g in group],
-                              "drafter": str(work / v["name"] / "drafter"),
-                              "val_acc": [round(a, 4) for a in (s.get("validation") or {}).get("acc", [])],
-                              "train_samples": s.get("train_samples"), "steps": s.get("steps")}
-        print(f"levers: trained {[g['name'] for g in group]} side by side in {time.perf_counter() - t0:.1f} s",
-              file=sys.stderr)
+    t0 = time.perf_counter()
+    procs = []
+    for v in group:
+        log = open(work / f"{v['name']}.log", "w")
+        procs.append((v, subprocess.Popen(train_cmd(settings, layout, v, work), stdout=log, stderr=subprocess.STDOUT,
+                                          start_new_session=True), log, time.perf_counter()))
+    for v, p, log, t in procs:
+        rc = p.wait()
+        log.close()
+        summary = work / v["name"] / "summary.json"
+        s = json.loads(summary.read_text()) if summary.exists() else {}
+        out[v["name"]] = {"rc": rc, "train_s": round(time.perf_counter() - t, 1), "group": [g["name"] for g in group],
+                          "drafter": str(work / v["name"] / "drafter"),
+                          "val_acc": [round(a, 4) for a in (s.get("validation") or {}).get("acc", [])],
+                          "train_samples": s.get("train_samples"), "steps": s.get("steps")}
+    print(f"levers: trained {[g['name'] for g in group]} side by side in {time.perf_counter() - t0:.1f} s",
+          file=sys.stderr)
     return out
 
 
@@ -134,45 +135,52 @@ def parse_setting(label: str) -> tuple[int, int, int]:
     return int(hit[1]), int(hit[2]), int(hit[3])
 
 
-def serve_all(settings, layout, trained: dict[str, dict], ks: list[str], device: str,
-              prompt_file: str | None = None, chat: bool = False) -> dict:
-    from transformers import AutoTokenizer
+class Bench:
+    """The target on the bench's prompts, plain decoding measured once; ``serve`` runs a drafter at each
+    setting against it."""
 
-    from draftlab.serving.engine import Engine
-    from draftlab.training.model import Eagle3Drafter
+    def __init__(self, settings, layout, device: str, prompt_file: str | None = None, chat: bool = False):
+        from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(layout.target_model)
-    prompts = bench_prompts(settings, tok, prompt_file, chat)
-    max_new = settings.bench.clients[0].max_new_tokens
-    target = Engine.from_folders(layout.target_model, None, device=device).target
-    plain = Engine(target, None, eos_token_ids=())
-    decode(plain, prompts[:1], 8)
-    ref, wall, n, _ = decode(plain, prompts, max_new)
-    result = {"prompts": len(prompts), "max_new_tokens": max_new, "plain_tok_s": round(n / wall, 1)}
-    for name in trained:
+        from draftlab.serving.engine import Engine
+
+        tok = AutoTokenizer.from_pretrained(layout.target_model)
+        self.prompts = bench_prompts(settings, tok, prompt_file, chat)
+        self.max_new = settings.bench.clients[0].max_new_tokens
+        self.device = device
+        self.target = Engine.from_folders(layout.target_model, None, device=device).target
+        plain = Engine(self.target, None, eos_token_ids=())
+        decode(plain, self.prompts[:1], 8)
+        self.ref, self.wall, self.n, _ = decode(plain, self.prompts, self.max_new)
+        self.summary = {"prompts": len(self.prompts), "max_new_tokens": self.max_new,
+                        "plain_tok_s": round(self.n / self.wall, 1)}
+
+    def serve(self, name: str, drafter_dir: str, ks: list[str]) -> dict:
+        from draftlab.serving.engine import Engine
+        from draftlab.training.model import Eagle3Drafter
+
         rows = {}
         for k in ks:
-            drafter = Eagle3Drafter.from_pretrained(trained[name]["drafter"], dtype=next(target.parameters()).dtype,
-                                                    device=device)
+            drafter = Eagle3Drafter.from_pretrained(drafter_dir, dtype=next(self.target.parameters()).dtype,
+                                                    device=self.device)
             steps, topk, tokens = parse_setting(k)
-            eng = Engine(target, drafter, num_steps=steps, topk=topk, num_draft_tokens=tokens, eos_token_ids=())
-            decode(eng, prompts[:1], 8)
-            outs, w, m, cycles = decode(eng, prompts, max_new)
-            rows[str(k)] = {"accept_length": round((m + len(prompts)) / max(cycles, 1), 3),  # completion / verifies
-                            "tok_s": round(m / w, 1), "speedup": round((m / w) / (n / wall), 3),
-                            "identical": outs == ref}
+            eng = Engine(self.target, drafter, num_steps=steps, topk=topk, num_draft_tokens=tokens, eos_token_ids=())
+            decode(eng, self.prompts[:1], 8)
+            outs, w, m, cycles = decode(eng, self.prompts, self.max_new)
+            rows[str(k)] = {"accept_length": round((m + len(self.prompts)) / max(cycles, 1), 3),  # completion / verifies
+                            "tok_s": round(m / w, 1), "speedup": round((m / w) / (self.n / self.wall), 3),
+                            "identical": outs == self.ref}
             del eng, drafter
-        trained[name]["served"] = rows
         print(f"levers: {name}: {rows}", file=sys.stderr)
-    result["variants"] = trained
-    return result
+        return rows
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configfile", default=None, help="e.g. config/demo-gpu.yaml (default: config/config.yaml alone)")
     ap.add_argument("--config", nargs="*", default=[], help="KEY=VALUE overrides, as snakemake --config (size=smoke)")
-    ap.add_argument("--variants", default="[]", help="JSON list of {name, samples?, steps?, batch_size?, lr?}")
+    ap.add_argument("--variants", default="[]", help="JSON list of {name, samples?, steps?, batch_size?, lr?, max_length?, ttt_length?, "
+                    "checkpoint_every?}")
     ap.add_argument("--serve", nargs="*", default=[], metavar="NAME=DRAFTER",
                     help="drafters already trained (e.g. an arm of the run), served beside the variants")
     ap.add_argument("--prompts", default=None, help="prompt file instead of the bench client's (its limit kept)")
@@ -190,14 +198,27 @@ def main() -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="levers-"))
     work.mkdir(parents=True, exist_ok=True)
     variants = json.loads(args.variants)
+    report = {"variants_args": variants, "parallel": args.parallel, "prompt_file": args.prompts,
+              "chat_template": args.chat_template, "variants": {}, "failed": {}}
+    bench = Bench(settings, layout, args.device, args.prompts, args.chat_template)
+    report.update(bench.summary)
+
+    def served(name: str, entry: dict) -> None:
+        """Serve one drafter and write the report so far: a time limit keeps every variant already served."""
+        entry["served"] = bench.serve(name, entry["drafter"], args.ks)
+        report["variants"][name] = entry
+        Path(args.out).write_text(json.dumps(report, indent=1))
+
+    for name, path in (kv.split("=", 1) for kv in args.serve):
+        served(name, {"drafter": path})
     t0 = time.perf_counter()
-    trained = train_all(settings, layout, variants, work, args.parallel)
-    report = {"variants_args": variants, "parallel": args.parallel, "train_total_s": round(time.perf_counter() - t0, 1),
-              "prompt_file": args.prompts, "chat_template": args.chat_template}
-    served = {k: v for k, v in trained.items() if v["rc"] == 0}
-    served.update({name: {"drafter": path} for name, path in (kv.split("=", 1) for kv in args.serve)})
-    report.update(serve_all(settings, layout, served, args.ks, args.device, args.prompts, args.chat_template))
-    report["failed"] = {k: v for k, v in trained.items() if v["rc"] != 0}
+    for i in range(0, len(variants), args.parallel):  # each group served as soon as it is trained
+        for name, entry in train_group(settings, layout, variants[i:i + args.parallel], work).items():
+            if entry["rc"] == 0:
+                served(name, entry)
+            else:
+                report["failed"][name] = entry
+    report["train_and_serve_s"] = round(time.perf_counter() - t0, 1)
     Path(args.out).write_text(json.dumps(report, indent=1))
     print(json.dumps(report, indent=1))
     return 0
