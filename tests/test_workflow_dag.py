@@ -342,18 +342,18 @@ def test_smoke_size_writes_nothing_into_the_default_runs_folder(workdir):
 
 
 _SHARING_SNAKEFILE = '''
-from draftlab.experiment.jobs import gpu_resources, register_gpu_shares
+from draftlab.experiment.jobs import register_gpu_shares, rule_gpu_resources
 register_gpu_shares(workflow, config["arms_per_gpu"])
 SPAN = "date +%s.%N > {output}; sleep 1.5; date +%s.%N >> {output}"
 rule all:
     input: expand("train{i}", i=range(4)), expand("serve{i}", i=range(2))
 rule train:
     output: "train{i}"
-    resources: **gpu_resources(1, config["arms_per_gpu"], shared=True)
+    resources: **rule_gpu_resources(workflow, 1, config["arms_per_gpu"], shared=True)
     shell: SPAN
 rule serve:
     output: "serve{i}"
-    resources: **gpu_resources(1, config["arms_per_gpu"])
+    resources: **rule_gpu_resources(workflow, 1, config["arms_per_gpu"])
     shell: SPAN
 '''
 

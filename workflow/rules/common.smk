@@ -34,8 +34,9 @@ DEMO_GPUS = 1 if S.demo.device.startswith("cuda") else 0
 
 
 def gpu_resources(gpus, shared=False):
-    """A GPU job's resources at this run's train.arms_per_gpu (``shared``: a training arm); see jobs.gpu_resources."""
-    return jobs.gpu_resources(gpus, S.train.arms_per_gpu, shared)
+    """A GPU job's resources at this run's train.arms_per_gpu (``shared``: a training arm; whole GPUs under a
+    cluster executor); see jobs.rule_gpu_resources."""
+    return jobs.rule_gpu_resources(workflow, gpus, S.train.arms_per_gpu, shared)
 
 
 GENERATE_SERVER_LOG = L.log("generate_data.server.log")

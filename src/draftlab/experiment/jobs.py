@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import shlex
+import sys
 from typing import Any
 
 from draftlab.benchmark.bench_plan import build_plan
@@ -140,6 +141,33 @@ def gpu_resources(gpus: int, arms_per_gpu: int, shared: bool = False) -> dict[st
     if shared and arms_per_gpu > 1:
         return {"gpu": 0, "gpu_share": gpus}
     return {"gpu": gpus, "gpu_share": gpus * arms_per_gpu}
+
+
+_SAID_WHOLE_GPUS: list[bool] = []  # rule_gpu_resources says once per Snakemake process that arms get whole GPUs
+
+
+def rule_gpu_resources(workflow: Any, gpus: int, arms_per_gpu: int, shared: bool = False) -> dict[str, Any]:
+    """A rule's ``gpu``/``gpu_share`` (:func:`gpu_resources`), decided when Snakemake builds the DAG.
+
+    Arms share one host's GPU only where jobs run on that host. Under a cluster executor (``slurm``: every
+    job its own allocation) a training arm asking for ``gpu=0`` would be submitted without a GPU, so there
+    every GPU job asks for whole GPUs whatever ``arms_per_gpu`` says (said once on stderr). Snakemake picks
+    the executor after it has parsed the Snakefile, so the values are callables; a dry run uses its own
+    local executor and shows the local values."""
+
+    def arms() -> int:
+        if arms_per_gpu > 1 and workflow.non_local_exec:
+            if shared and not _SAID_WHOLE_GPUS:
+                _SAID_WHOLE_GPUS.append(True)
+                print(f"draftlab: train.arms_per_gpu {arms_per_gpu} shares one host's GPU; under this cluster "
+                      "executor every training arm is a job of its own and asks for whole GPUs", file=sys.stderr)
+            return 1
+        return arms_per_gpu
+
+    def value(name: str):
+        return lambda wildcards: gpu_resources(gpus, arms(), shared)[name]
+
+    return {"gpu": value("gpu"), "gpu_share": value("gpu_share")}
 
 
 def register_gpu_shares(workflow: Any, arms_per_gpu: int) -> None:

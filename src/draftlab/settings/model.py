@@ -290,7 +290,8 @@ class Train:
     arms_per_gpu: int = setting(1,
         "arms trained side by side on one host's GPU (a small drafter leaves the GPU idle between "
         "kernels); servers, data generation and the demo build still hold their GPUs alone. Local GPU "
-        "hosts (profiles gpu1/gpu8) only: under SLURM every job has its own allocation, keep 1",
+        "hosts (profiles gpu1/gpu8) only: under SLURM every job has its own allocation, and each arm asks "
+        "for whole GPUs",
         minimum=1, maximum=16)
     extra_args: tuple[str, ...] = setting([])
     chat_template: str = setting("llama3", "specforge backend: SpecForge's chat template name for the data")
