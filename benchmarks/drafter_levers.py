@@ -193,6 +193,8 @@ def main() -> int:
     ap.add_argument("--work", default=None)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    from draftlab.fsutil import to_json, write_json
+
     overrides = dict(kv.split("=", 1) for kv in args.config)
     settings, layout = load(args.configfile, overrides)
     work = Path(args.work or tempfile.mkdtemp(prefix="levers-"))
@@ -207,7 +209,7 @@ def main() -> int:
         """Serve one drafter and write the report so far: a time limit keeps every variant already served."""
         entry["served"] = bench.serve(name, entry["drafter"], args.ks)
         report["variants"][name] = entry
-        Path(args.out).write_text(json.dumps(report, indent=1))
+        write_json(args.out, report)  # temp file, then rename: a kill mid-write leaves the last whole report
 
     for name, path in (kv.split("=", 1) for kv in args.serve):
         served(name, {"drafter": path})
@@ -219,8 +221,8 @@ def main() -> int:
             else:
                 report["failed"][name] = entry
     report["train_and_serve_s"] = round(time.perf_counter() - t0, 1)
-    Path(args.out).write_text(json.dumps(report, indent=1))
-    print(json.dumps(report, indent=1))
+    write_json(args.out, report)
+    print(to_json(report), end="")
     return 0
 
 

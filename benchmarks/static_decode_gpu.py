@@ -90,7 +90,7 @@ def phase_times(spec, prompt: list[int], fused: bool, reps: int = 50) -> dict:
     dec = StaticDecoder(spec, max_rows=1, graph_max_bs=0, fused=fused)
     dec.add(prompt, 64, set())
     k, eng = dec.k, dec.engine
-    drafter = dec.fused_drafter or eng.drafter
+    drafter = dec.draft_step
     one, pos1 = dec.pending[:1], dec._clamp(dec.L[:1, None])
     many, posk = torch.zeros(1, k + 1, dtype=torch.long, device=eng.device), dec._clamp(dec.L[:1, None] + dec.span)
     with torch.inference_mode():

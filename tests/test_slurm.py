@@ -250,13 +250,18 @@ rule cpu:
 """
 
 
-@cluster_test
-def test_gpu_resource_becomes_cuda_visible_devices_in_the_job(tmp_path):
-    (tmp_path / "Snakefile").write_text(GPU_PROBE)
-    shutil.copytree(REPO / "profiles/slurm", tmp_path / "profiles/slurm")
+def _submit_probe(workdir: Path, snakefile: str) -> str:
+    """Run ``snakefile`` in ``workdir`` through the slurm profile on the test cluster; its merged output."""
+    (workdir / "Snakefile").write_text(snakefile)
+    shutil.copytree(REPO / "profiles/slurm", workdir / "profiles/slurm")
     env = {**os.environ, **{k: v for k, v in SMALL_CLUSTER_ENV.items() if k not in os.environ}}
     env.pop("SLURM_JOB_ID", None)
-    snakemake(tmp_path, "--profile", "profiles/slurm", "--latency-wait", "5", env=env)
+    return snakemake(workdir, "--profile", "profiles/slurm", "--latency-wait", "5", env=env, merge_output=True).stdout
+
+
+@cluster_test
+def test_gpu_resource_becomes_cuda_visible_devices_in_the_job(tmp_path):
+    _submit_probe(tmp_path, GPU_PROBE)
     gpus = (tmp_path / "gpu.txt").read_text().strip()
     assert len(gpus.split(",")) == 2 and all(g.isdigit() for g in gpus.split(",")), gpus
     assert (tmp_path / "cpu.txt").read_text().strip() == "unset"
@@ -276,14 +281,10 @@ rule train:  # named as the real rule, so the profile's GPU-job settings apply
 def test_arms_that_share_a_gpu_on_one_host_each_get_a_gpu_under_slurm(tmp_path):
     """train.arms_per_gpu: 4 (config/demo-gpu.yaml) makes each arm a quarter of one host's GPU, `gpu=0`; submitted
     as is, under the slurm profile an arm would get an allocation without a GPU. There each arm asks for one."""
-    (tmp_path / "Snakefile").write_text(ARMS_PROBE)
-    shutil.copytree(REPO / "profiles/slurm", tmp_path / "profiles/slurm")
-    env = {**os.environ, **{k: v for k, v in SMALL_CLUSTER_ENV.items() if k not in os.environ}}
-    env.pop("SLURM_JOB_ID", None)
-    proc = snakemake(tmp_path, "--profile", "profiles/slurm", "--latency-wait", "5", env=env, merge_output=True)
+    out = _submit_probe(tmp_path, ARMS_PROBE)
     gpus = (tmp_path / "train.txt").read_text().strip()
     assert gpus.isdigit(), f"the training arm ran without a GPU (CUDA_VISIBLE_DEVICES={gpus})"
-    assert proc.stdout.count("train.arms_per_gpu 4 shares one host's GPU") == 1, proc.stdout[-3000:]
+    assert out.count("train.arms_per_gpu 4 shares one host's GPU") == 1, out[-3000:]
 
 
 def test_profile_resolves_partition_account_and_gpu_settings_from_the_environment(tmp_path):

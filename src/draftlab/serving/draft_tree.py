@@ -69,7 +69,7 @@ class DraftTreeCycle:
     def _draft_tree(self, b: int, at: Tensor, prefix: Tensor) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
         """Every candidate's path score, target token and parent's node number (0: the root), depth by depth."""
         eng, k, K = self.engine, self.k, self.topk
-        drafter, ds = self.fused_drafter or eng.drafter, self.dslots
+        drafter, ds = self.draft_step, self.dslots
         hid_size = self.d_hidden.shape[-1]
         score, tok = torch.log_softmax(self.d_logits[:b].float(), -1).topk(K, -1)  # [b, K]
         tok = eng._hot[tok]

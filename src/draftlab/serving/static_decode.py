@@ -193,7 +193,9 @@ class StaticDecoder(DraftTreeCycle):
         self.reach = max(self.n_verify, (self.k - 1) * self.topk, self.k + 1) if engine.speculative else 1
         self.max_rows = int(max_rows)
         self.slots = engine.context_length + self.reach + 1
-        self.fused, self.fused_drafter, self.fused_reason = None, None, "off"
+        self.fused, self.fused_reason = None, "off"
+        # the drafter's step every cycle calls: its fused form where the layers are fused, else its own forward
+        self.draft_step = engine.drafter
         if fused:
             self.fused_reason = fused_refusal(engine.target) or ""
             if self.fused_reason:
@@ -201,7 +203,7 @@ class StaticDecoder(DraftTreeCycle):
             else:
                 self.fused = FusedLlama(engine.target, self.slots)
             if engine.speculative:
-                self.fused_drafter = FusedDrafter(engine.drafter, self.slots)
+                self.draft_step = FusedDrafter(engine.drafter, self.slots)
         if self.tree:
             self._tree_tables(engine.device)
         n_layers = int(cfg.num_hidden_layers)
@@ -308,7 +310,7 @@ class StaticDecoder(DraftTreeCycle):
 
     def _spec_cycle(self, b: int) -> None:
         eng, k = self.engine, self.k
-        drafter = self.fused_drafter or eng.drafter
+        drafter = self.draft_step
         L = self.L[:b]
         d_logits, d_hidden = self.d_logits[:b], self.d_hidden[:b]
         drafts = []
@@ -330,7 +332,7 @@ class StaticDecoder(DraftTreeCycle):
         [b, k+1], the target's ``aux`` states at ``pos``), the next cycle's drafter state and pending token taken
         after each row's ``m`` accepted drafts, and the ``out`` row (greedy path, ``drafts`` [b, k], m)."""
         k = self.k
-        lg, hid = (self.fused_drafter or self.engine.drafter)(greedy, aux, pos, self.dslots)
+        lg, hid = self.draft_step(greedy, aux, pos, self.dslots)
         ar = self.ar[:b]
         self.d_logits[:b] = lg[ar, m]
         self.d_hidden[:b] = hid[ar, m][:, None]
