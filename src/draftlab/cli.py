@@ -34,8 +34,16 @@ COMMAND_MODULES = (  # one per layer (d2t: its own stage), in pipeline order
 )
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is the same one ``error:`` line (exit 2) as any other bad input, naming
+    the command and the flag (``--ttt-length 0``: what was expected), not a usage block."""
+
+    def error(self, message: str):
+        raise DraftlabError(f"{self.prog}: {' '.join(message.split())} (--help lists the flags)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="draftlab",
         description="Probe, fine-tune and evaluate EAGLE-3 speculative-decoding drafters.",
     )
@@ -48,8 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = argparse.Namespace(command=None)
     try:
+        args = parser.parse_args(argv)
         return int(args.func(args) or 0)
     except DraftlabError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from draftlab.commands._common import add_json_flag, emit
+from draftlab.commands._common import add_json_flag, emit, number
 
 
 def register(sub) -> None:
@@ -21,7 +21,7 @@ def register(sub) -> None:
     p.add_argument("--exp-dir", required=True)
     p.add_argument("--out-dir", required=True)
     p.add_argument("--records", required=True, help="the experiment's records CSV")
-    p.add_argument("--target-tps", type=float, nargs="*", default=[],
+    p.add_argument("--target-tps", type=number(float, above=0), nargs="*", default=[],
                    help="throughput goals (kept for compatibility: the break-even section shows the goals of the "
                         "--standing files)")
     p.add_argument("--standing", nargs="*", default=[], metavar="JSON",

@@ -24,9 +24,9 @@ from draftlab.settings.config import config_hash, load_config
 from draftlab.fsutil import write_text
 
 
-def schema_default(key: str) -> Any:
-    """The default of a dotted config key (``"train.batch_size"``, ``"bench.clients.max_new_tokens"`` for a
-    field of a list's items), read from the settings model below: the one set of defaults."""
+def _setting_field(key: str) -> dataclasses.Field:
+    """The settings field of a dotted config key (``"train.batch_size"``, ``"bench.clients.max_new_tokens"``
+    for a field of a list's items)."""
     cls: Any = Settings
     node = None
     for part in key.split("."):
@@ -38,11 +38,23 @@ def schema_default(key: str) -> Any:
         hint = typing.get_type_hints(cls)[part]
         args = typing.get_args(hint)
         cls = args[0] if typing.get_origin(hint) is tuple and args and dataclasses.is_dataclass(args[0]) else hint
+    return node
+
+
+def schema_default(key: str) -> Any:
+    """The default of a dotted config key, read from the settings model below: the one set of defaults."""
+    node = _setting_field(key)
     if "json_default" in node.metadata:
         return copy.deepcopy(node.metadata["json_default"])
     if node.default is dataclasses.MISSING:
         raise KeyError(f"config key {key!r} has no default")
     return node.default
+
+
+def schema_rules(key: str) -> Mapping[str, Any]:
+    """The JSON-schema rules (``minimum``, ``maximum``, ...) the settings model declares for a config key:
+    a command-line flag of the same meaning is held to the same range."""
+    return types.MappingProxyType(dict(_setting_field(key).metadata["rules"]))
 
 
 def _frozen(value: Any) -> Any:
