@@ -8,6 +8,7 @@ Exit statuses (README "Command line", docs/RELIABILITY.md): 0 done; 1 the comman
 problems (doctor findings); 2 bad input or environment (one ``error:`` line); 3 ``train`` stopped
 by ``--stop-after`` (resumable); 70 draftlab itself crashed (one ``internal error:`` line;
 ``DRAFTLAB_TRACEBACK=1`` prints the traceback), so a crash is never read as findings; 130 interrupted.
+A full disk or a refused permission is the user's to fix: one ``error:`` line (exit 2), wherever it is met.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import traceback
 
 from draftlab import __version__
 from draftlab.errors import DraftlabError
+from draftlab.fsutil import environment_error
 
 EXIT_CRASH = 70  # EX_SOFTWARE (sysexits.h): an internal software error; 3 is train's "stopped by --stop-after"
 
@@ -66,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # a bug, not bad input: say so on one line, with its own status
+    except Exception as exc:  # a bug, not bad input, unless the disk or a permission refused draftlab
+        said = environment_error(exc)
+        if said is not None:
+            print(f"error: {said}", file=sys.stderr)
+            return 2
         if os.environ.get("DRAFTLAB_TRACEBACK"):
             traceback.print_exc()
         detail = " ".join(str(exc).split())[:300]

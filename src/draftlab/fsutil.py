@@ -10,6 +10,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -25,6 +26,49 @@ DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 
 def _cannot_write(path: Path, exc: OSError):
     return DraftlabError(f"{path}: cannot write this output ({exc.strerror or exc}); nothing was written there")
+
+
+def os_error(exc: BaseException) -> OSError | None:
+    """The operating system's error behind ``exc``: ``exc`` itself, or the ``(os error N)`` that
+    safetensors' writer wraps into a ``SafetensorError`` (a full disk reaches us that way)."""
+    if isinstance(exc, OSError):
+        return exc
+    found = re.search(r"\(os error (\d+)\)", str(exc)) if type(exc).__name__ == "SafetensorError" else None
+    return OSError(int(found.group(1)), os.strerror(int(found.group(1)))) if found else None
+
+
+def disk_error(exc: BaseException) -> OSError | None:
+    """The disk's own error behind ``exc`` (full, over quota, read-only, too large), else None:
+    a full disk is the user's to fix, whichever library met it."""
+    err = os_error(exc)
+    return err if err is not None and err.errno in DISK_ERRNOS else None
+
+
+def environment_error(exc: BaseException) -> str | None:
+    """The one-line message of an error of the user's disk or permissions, else None (a bug).
+
+    The last net of the CLI: a folder this user may not enter or write, or a disk that fills up,
+    wherever it meets draftlab, is named in one line, not reported as draftlab crashing."""
+    err = os_error(exc)
+    if err is None or err.errno not in (*DISK_ERRNOS, errno.EACCES, errno.EPERM):
+        return None
+    where = err.filename or "a file draftlab reads or writes"
+    if err.errno in DISK_ERRNOS:
+        return f"{where}: {err.strerror}; free space (or fix the mount) and run again"
+    return (f"{where}: {err.strerror}: this user may not read, enter or write it "
+            "(check the owner and mode of it and of its folders)")
+
+
+@contextlib.contextmanager
+def disk_errors_as(path: str | os.PathLike) -> Iterator[None]:
+    """Inside the block, a disk error (:func:`disk_error`) is the one-line user error naming ``path``."""
+    try:
+        yield
+    except Exception as exc:
+        err = disk_error(exc)
+        if err is None:
+            raise
+        raise _cannot_write(Path(path), err) from None
 
 
 @contextlib.contextmanager
@@ -45,12 +89,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     os.close(fd)
     tmp_path = Path(tmp)
     try:
-        try:
+        with disk_errors_as(path):
             yield tmp_path
-        except OSError as exc:
-            if exc.errno in DISK_ERRNOS:
-                raise _cannot_write(path, exc) from None
-            raise
         try:
             os.replace(tmp_path, path)
         except OSError as exc:
@@ -135,10 +175,14 @@ def atomic_dir(path: str | os.PathLike, *, stage: str, inputs: Iterable[str | os
     inputs = tuple(inputs)
     check_replaceable(path, stage, inputs)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
-        yield tmp
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    except OSError as exc:
+        raise _cannot_write(path, exc) from None
+    try:
+        with disk_errors_as(path):
+            yield tmp
         mark_output(tmp, stage)
         check_replaceable(path, stage, inputs)
         if path.exists():

@@ -52,8 +52,12 @@ def load_prompts(path: str | Path, category: str | None = None) -> list[Prompt]:
     file (``"0"``, ``"1"``, ...); its category is the record's ``category``, else ``category`` (the
     client's name in the workflow), else ``"misc"``."""
     path = resolve_prompts_path(path)
-    if not os.path.lexists(path):
-        raise DraftlabError(f"{path}: prompt file not found (use --prompts default for the shipped set)")
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        raise DraftlabError(f"{path}: prompt file not found (use --prompts default for the shipped set)") from None
+    except OSError as exc:  # a folder this user may not enter is not a missing file
+        raise DraftlabError(f"{path}: cannot read the prompt file ({exc.strerror})") from None
     prompts: list[Prompt] = []
     seen: set[str] = set()
     for p in iter_prompts(path):
