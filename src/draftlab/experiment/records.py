@@ -26,7 +26,7 @@ from draftlab.settings.config import config_hash
 from draftlab.errors import DraftlabError
 from draftlab.experiment.layout import Layout
 from draftlab.experiment.variants import BASELINE, ORDER, REFERENCE, SCRATCH, Variant, is_trained
-from draftlab.settings.model import spec_id
+from draftlab.settings.model import GLOBAL_RECORDS, spec_id
 from draftlab.fsutil import atomic_path, locked, named_digest, read_json, sha256_file, write_json
 from draftlab.fsutil import read_text_file
 
@@ -421,7 +421,7 @@ def merge_into_global(exp_csv: str | os.PathLike, global_dir: str | os.PathLike 
 
     global_dir = Path(global_dir)
     new = read_table(exp_csv, "experiment records table")
-    csv_path, pq_path = global_dir / "records.csv", global_dir / "records.parquet"
+    csv_path, pq_path = (global_dir / name for name in GLOBAL_RECORDS)
     with locked(global_dir / ".records.lock", "records lock"):
         if not csv_path.exists() and os.path.lexists(pq_path):
             held = _parquet_rows(pq_path)

@@ -101,6 +101,12 @@ def setting(default: Any = dataclasses.MISSING, doc: str | None = None, *, of: t
 
 
 NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+# The files every experiment shares in the results folder (records-merge's global tables): an
+# experiment's folder results/<experiment>/ may not take one of their names.
+GLOBAL_RECORDS = ("records.csv", "records.parquet")
+# The longest experiment name: a file name may hold 255 bytes (NAME_MAX), and draftlab writes a folder
+# through a temporary sibling ``.<name>.XXXXXXXX.tmp`` (14 bytes more).
+EXPERIMENT_NAME_MAX = 255 - 14
 SOURCE_DOC = "a local folder/file or hf:ORG/NAME"
 REVISION_DOC = "branch, tag or commit of an hf: source (recorded as the resolved commit)"
 
@@ -375,6 +381,7 @@ class Settings:
 
     def _check(self) -> None:
         """Cross-key rules the schema cannot say; each error names the key."""
+        self._check_experiment_name()
         names = [c.name for c in self.bench.clients]
         if len(set(names)) != len(names):
             raise DraftlabError(f"{self.source}: key 'bench.clients': client names repeat ({', '.join(names)}); "
@@ -385,6 +392,18 @@ class Settings:
         ids = [s.id for s in self.speculative]
         if len(set(ids)) != len(ids):
             raise DraftlabError(f"{self.source}: key 'speculative': settings repeat ({', '.join(ids)})")
+
+    def _check_experiment_name(self) -> None:
+        """results/<experiment>/ must be a folder the filesystem can hold, beside the global records
+        (``records.csv`` as a name passed the pattern, then broke Snakemake)."""
+        name = self.experiment
+        if name.casefold() in GLOBAL_RECORDS:
+            raise DraftlabError(f"{self.source}: key 'experiment': {name!r} is the name of the results folder's "
+                                f"global table ({', '.join(GLOBAL_RECORDS)}); expected another name")
+        if len(name.encode()) > EXPERIMENT_NAME_MAX:
+            raise DraftlabError(f"{self.source}: key 'experiment': {len(name.encode())} bytes long ({name[:40]}...); "
+                                f"expected at most {EXPERIMENT_NAME_MAX} bytes (a file name holds 255, "
+                                "draftlab's temporary siblings 14 more)")
 
     # --- names derived from the settings ------------------------------------------------------
 
