@@ -142,6 +142,7 @@ class Engine:
             tcfg = target.config.to_dict()
             self.aux_layer_ids = aux_layers.check_output_ids(aux_layer_ids, tcfg) if aux_layer_ids is not None \
                 else aux_layer_ids_for(drafter.config, tcfg)
+            _check_vocab(drafter, int(target.get_output_embeddings().weight.shape[0]))
             t_hidden = int(getattr(target.config, "hidden_size"))
             want = drafter.fc.in_features
             if want != 3 * t_hidden:
@@ -171,6 +172,8 @@ class Engine:
         drafter = None
         if drafter_dir is not None:
             drafter = Eagle3Drafter.from_pretrained(drafter_dir, dtype=next(target.parameters()).dtype, device=device)
+            _check_vocab(drafter, int(target.get_output_embeddings().weight.shape[0]), f"{drafter_dir}/config.json",
+                         f"target {target_dir}")
         return cls(target, drafter, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens)
 
     @property
@@ -410,6 +413,16 @@ def _check_speculative(num_steps: int, topk: int, num_draft_tokens: int) -> None
     problem = draft_tokens_problem(num_steps, topk, num_draft_tokens)
     if problem:
         raise DraftlabError(f"--num-draft-tokens: {problem}")
+
+
+def _check_vocab(drafter, vocab: int, where: str = "drafter config.json", target: str = "the target") -> None:
+    """Refuse at load a drafter whose vocabulary is larger than the target's: its embedding and its
+    draft ids reach past the target's (served, an IndexError on some request)."""
+    d_vocab = int(drafter.config.get("vocab_size") or 0)
+    d_draft = int(drafter.d2t.numel())
+    if d_vocab > vocab or d_draft > vocab:
+        raise DraftlabError(f"{where}: vocab_size {d_vocab} (draft_vocab_size {d_draft}) is larger than the "
+                            f"vocabulary of {target} ({vocab} tokens): the drafter belongs to another target")
 
 
 def _check_hot_ids(hot: torch.Tensor, vocab: int) -> None:

@@ -47,6 +47,29 @@ STOP_GRACE_S = 3.0
 # -- HTTP -------------------------------------------------------------------------------------------
 
 
+def _lone_surrogate(body: dict[str, Any]) -> str | None:
+    """The field (``messages[0].content``) whose string holds a lone surrogate, else None.
+
+    Why: JSON may spell ``"\\ud800"``, and Python decodes it to a str that no tokenizer or UTF-8
+    writer accepts: every such request was a 500 with a traceback in the server log."""
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:  # only a surrogate fails: every other code point encodes
+                return path or "request body"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                name = f"{path}.{key}" if path else str(key)
+                stack.append((name, key))
+                stack.append((name, item))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+    return None
+
+
 class Handler(BaseHTTPRequestHandler):
     server_version = f"draftlab/{__version__}"
     protocol_version = "HTTP/1.1"
@@ -118,6 +141,10 @@ class Handler(BaseHTTPRequestHandler):
             raise BadRequest(f"request body is not valid JSON ({str(exc)[:200]})") from None
         if not isinstance(body, dict):
             raise BadRequest("request body: expected a JSON object")
+        where = _lone_surrogate(body)
+        if where is not None:
+            raise BadRequest(f"{where}: holds a lone UTF-16 surrogate (e.g. \"\\ud800\" without its pair); "
+                             "expected text that is valid Unicode")
         return body
 
     def do_GET(self) -> None:  # noqa: N802 (http.server naming)
