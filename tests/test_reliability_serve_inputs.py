@@ -93,3 +93,13 @@ def test_a_target_saved_only_as_a_pickle_is_one_line(pickled_target, tmp_path, a
     proc.stderr = "\n".join(said)  # serve says what it loads first
     one_error_line(proc, str(pickled_target), "pytorch_model.bin", "safetensors only")
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_bench_prompt_longer_than_the_context_names_the_prompt_and_the_file(server, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "short-1", "prompt": "hello there"}) + "\n"
+                       + json.dumps({"id": "huge-7", "prompt": "word " * 3000}) + "\n")
+    proc = cli_process("bench", "--url", server.url, "--prompts", prompts, "--out", tmp_path / "b.json",
+                       "--repeats", "1", "--warmup", "0", "--max-new-tokens", "2", "--no-progress", "--no-ttft")
+    one_error_line(proc, str(prompts), "prompt 'huge-7'", "context length")
+    assert not (tmp_path / "b.json").exists()

@@ -35,6 +35,7 @@ from draftlab.benchmark.bench_summary import (VERIFY_CYCLE_SOURCES, _is_unverifi
                                               is_verify_cycle, summarize)
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import atomic_path, write_json
+from draftlab.http_client import HTTPStatusError
 from draftlab.serving.server_info import server_info, served_model  # noqa: F401 - also this module's API
 
 APIS = ("sglang", "vllm")
@@ -165,7 +166,7 @@ def run_benchmark(
     checks = Plausibility.from_server_info(max_new_tokens, settings, num_steps, num_draft_tokens)
     client = _Client(url, api, max_new_tokens, ignore_eos, request_timeout_s, model, checks)
     total = warmup + repeats * len(prompt_list) + (len(prompt_list) if measure_ttft else 0)
-    run = _Run(client, total, progress, on_row)
+    run = _Run(client, total, progress, on_row, prompt_set["path"])
     try:
         run.warmup(prompt_list, warmup, guard=require_speculation and api == "sglang")
         before = _vllm_metrics(url, request_timeout_s) if api == "vllm" else None
@@ -249,10 +250,11 @@ class _Run:
     """The requests of one run and their rows: the warm-up, the timed passes, the TTFT requests."""
 
     def __init__(self, client: _Client, total: int, progress: bool,
-                 on_row: Callable[[dict[str, Any]], None] | None):
+                 on_row: Callable[[dict[str, Any]], None] | None, source: str | None = None):
         from tqdm import tqdm  # noqa: PLC0415 - deferred: only when a run actually starts
 
         self.client = client
+        self.source = source or "the prompt set"
         self.on_row = on_row
         self.bar = tqdm(total=total, desc="bench", unit="req", file=sys.stderr, disable=not progress)
         self.lock = threading.Lock()
@@ -266,7 +268,13 @@ class _Run:
             self.on_row(row)
 
     def one(self, prompt: Prompt, phase: str, repeat: int | None, stream: bool = False) -> dict[str, Any]:
-        raw = self.client.generate(prompt, stream=stream)
+        try:
+            raw = self.client.generate(prompt, stream=stream)
+        except HTTPStatusError as exc:  # a 4xx refuses this prompt (too long for the context...): say which
+            if not 400 <= exc.status < 500:
+                raise
+            raise DraftlabError(f"{self.source}: prompt {prompt.id!r} ({len(prompt.text)} characters) refused by "
+                                f"the server: {exc}") from None
         verify = raw.get("verify_ct")
         row = {
             "phase": phase,
