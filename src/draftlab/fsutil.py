@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import math
 import os
 import re
 import shutil
@@ -207,12 +208,42 @@ def write_text(path: str | os.PathLike, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
-def to_json(obj: Any) -> str:
-    return json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n"
+def to_json(obj: Any, where: str = "JSON output", **dumps: Any) -> str:
+    """``obj`` as JSON text; a NaN or an infinity anywhere is one user error naming its key.
+
+    Why: Python writes them as bare ``NaN``/``Infinity``, which is not JSON (jq, browsers and most
+    readers refuse the file), and a number that is not finite is never a result draftlab stands behind."""
+    try:
+        return json.dumps(obj, **{"indent": 2, **dumps}, default=_json_default, allow_nan=False) + "\n"
+    except ValueError:
+        found = _non_finite(obj)
+        if found is None:
+            raise
+        key, value = found
+        raise DraftlabError(f"{where}: key {key!r} is {value}, not a finite number; JSON has no NaN or "
+                            "infinity, and draftlab records no such number: nothing was written") from None
+
+
+def _non_finite(obj: Any) -> tuple[str, float] | None:
+    """(key path, value) of the first NaN or infinity in ``obj``, looking through what JSON writes."""
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                return path or "(the value)", value
+        elif isinstance(value, dict):
+            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in value.items())
+        elif isinstance(value, (list, tuple)):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(value))
+        elif not isinstance(value, (str, int, bool, type(None))):
+            with contextlib.suppress(TypeError):
+                stack.append((path, _json_default(value)))
+    return None
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
-    write_text(path, to_json(obj))
+    write_text(path, to_json(obj, str(path)))
 
 
 def open_regular(path: str | os.PathLike, what: str) -> int:

@@ -154,6 +154,9 @@ def breakeven_table(
     }
     if step_acceptance is not None:
         length = expected_accept_length(step_acceptance, k)
+        if not math.isfinite(length):
+            raise DraftlabError(f"--step-acceptance {step_acceptance:g}: every draft accepted on a chain without end "
+                                "has no finite accept length; give --num-steps (K) or a P below 1")
         out["step_acceptance"] = float(step_acceptance)
         out["expected_accept_length"] = length
         out["expected_tps"] = expected_tps(length, cycle_ms)

@@ -37,7 +37,7 @@ from draftlab.experiment.layout import REPORT_FILES, Layout, is_trained
 from draftlab.experiment.records import read_table
 from draftlab.experiment.report_plots import ok as _ok
 from draftlab.experiment.report_plots import plot_accept, plot_tps, plot_ttt
-from draftlab.fsutil import read_json, write_text
+from draftlab.fsutil import read_json, to_json, write_text
 from draftlab.textsafe import code
 from draftlab.textsafe import md as esc
 
@@ -503,7 +503,7 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
     rec = recommend.recommendation(decision, baseline_row(rows, client) if rows else None,
                                    server_plans.get((win["variant"], win["spec_id"])) if win else None)
     rec_path = out_dir / REPORT_FILES["recommendation"]
-    write_text(rec_path, json.dumps(rec, indent=2, default=str) + "\n")
+    write_text(rec_path, to_json(rec, str(rec_path)))
     curves = ttt_curves(implied["train"] if train is None else train)
     paths = {k: out_dir / REPORT_FILES[k] for k in PLOTS}
     standing_rows = load_standing(standing)
