@@ -180,3 +180,31 @@ def test_an_output_folder_that_takes_no_new_file_is_one_line(pair, locked, name)
     one_error_line(_last_line_only(proc), "readonly/", "Permission denied")
     assert "internal error" not in proc.stderr
     assert list((locked / "readonly").iterdir()) == []
+
+
+def test_generate_data_after_a_full_disk_mid_shard_says_so_and_resumes_cleanly(pair, tmp_path, full_disk):
+    """The state folder fills up while answers are stored: one line naming the shard; the rerun (with room
+    again) cuts the torn last line off, answers what is missing, and the output is complete."""
+    from draftlab.datagen.answer_shards import stored_ids
+
+    target, _, _ = pair
+    N = 30  # noqa: N806 - ~2 KB a stored answer: the 32 KiB disk fills after about a dozen
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"story {i} " + "word " * 400}) + "\n" for i in range(N)))
+    state, out = full_disk / "state", tmp_path / "gen.jsonl"
+    argv = ("generate-data", "--target", target, "--prompts", prompts, "--out", out, "--state-dir", state,
+            "--max-new-tokens", "2", "--batch-size", "2", "--no-progress")
+    proc = cli(*argv)
+    line = one_error_line(_last_line_only(proc), str(state / "shard-00000.jsonl"), "No space left on device",
+                          "answers stored are kept")
+    assert not out.exists()
+    shard = (state / "shard-00000.jsonl").read_bytes()
+    assert shard and not shard.endswith(b"\n"), "the test wants a torn last line"
+    kept = stored_ids(state)
+    assert 0 < len(kept) < N, line
+    subprocess.run(["mount", "-o", "remount,size=4m", str(full_disk)], check=True)
+    proc = cli(*argv)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert len(out.read_text().splitlines()) == N
+    assert "shard-00000.jsonl: dropped its torn last line" in proc.stderr
+    assert f"{len(kept)} of {N} answers are already stored" in proc.stderr
