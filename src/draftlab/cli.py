@@ -37,11 +37,21 @@ COMMAND_MODULES = (  # one per layer (d2t: its own stage), in pipeline order
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a bad flag is the same one ``error:`` line (exit 2) as any other bad input, naming
-    the command and the flag (``--ttt-length 0``: what was expected), not a usage block."""
+    """argparse, but a bad flag is one ``error:`` line (exit 2) naming the command and the flag, not a
+    usage block. A number out of its declared range (``commands._common.number``) is a
+    :class:`DraftlabError` like any other bad input, so ``main`` returns 2 for it too."""
+
+    def _get_value(self, action, arg_string):
+        try:
+            return super()._get_value(action, arg_string)
+        except argparse.ArgumentError as exc:
+            if getattr(action.type, "limits", None) is None:
+                raise
+            raise DraftlabError(f"{self.prog}: {exc} (--help lists the flags)") from None
 
     def error(self, message: str):
-        raise DraftlabError(f"{self.prog}: {' '.join(message.split())} (--help lists the flags)")
+        print(f"error: {self.prog}: {' '.join(message.split())} (--help lists the flags)", file=sys.stderr)
+        sys.exit(2)
 
 
 def build_parser() -> argparse.ArgumentParser:

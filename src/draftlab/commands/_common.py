@@ -42,11 +42,11 @@ def number(kind: type, minimum: float | None = None, maximum: float | None = Non
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{expected}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"{expected}, got {text}") from None
         if kind is float and not math.isfinite(value) or any((
                 minimum is not None and value < minimum, above is not None and value <= above,
                 maximum is not None and value > maximum, below is not None and value >= below)):
-            raise argparse.ArgumentTypeError(f"{expected}, got {text!r}")
+            raise argparse.ArgumentTypeError(f"{expected}, got {text}")
         return value
 
     parse.__name__ = kind.__name__
