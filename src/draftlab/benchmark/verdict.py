@@ -6,9 +6,11 @@ seconds per output token / the arm's, with a seeded bootstrap 95% interval over 
 (variant) stands at its best setting by that paired speedup; accept length never picks a setting or
 an arm (a long chain can accept more and still run slower than plain decoding).
 
-A winner is named only where its paired interval excludes 1.0 against the baseline *and* the paired
-comparison with the runner-up (the next arm, on the same prompts) excludes 1.0; otherwise the report
-says the run cannot tell, with the numbers and how many prompts would. Results that cannot be paired
+A winner is named only where its paired interval excludes 1.0 against the baseline *and* its paired
+comparison with every other arm (each at its best setting, on the same prompts) excludes 1.0; otherwise
+the report says the run cannot tell, names the two candidates it cannot separate (plain decoding and the
+fastest arm, or two arms) and how many prompts would. No step rests on which point estimate came first:
+two runs whose intervals agree give the same verdict, however their point estimates are ordered. Results that cannot be paired
 (other prompts or budget than the baseline's) are listed and left out. Transfer vs scratch and
 fine-tuned vs probe are compared at one setting. A trained arm that learnt nothing (validation
 accuracy 0) is never the decision.
@@ -160,7 +162,9 @@ def decide(rows: Sequence[dict[str, Any]], client: str, bench: Bench | None = No
 
     ``bench`` maps (variant, spec) to that result's bench JSON for ``client`` (per-request rows); the
     last line is the decision sentence. Also returned: ``arms`` (best setting per variant, fastest first,
-    with paired numbers), ``runner_up`` and ``versus_runner_up``.
+    with paired numbers), ``runner_up`` and ``versus_runner_up``; a cannot-tell verdict between arms or
+    against plain decoding adds ``candidates`` (two rows: the baseline's first when the question is plain
+    decoding), ``versus`` (their paired comparison) and ``prompts_needed``.
     """
     bench = bench or {}
     base = baseline_row(rows, client)
@@ -186,35 +190,45 @@ def decide(rows: Sequence[dict[str, Any]], client: str, bench: Bench | None = No
         return {**empty, "verdict": "cannot-tell",
                 "lines": lines + ["**Decision:** the run cannot tell: no drafter result pairs with the baseline's."]}
     lines += like_for_like(rows, client, bench, best)
-    top, runner = best[0], (best[1] if len(best) > 1 else None)
-    p = top["paired"]
-    res = {**empty, "arms": best, "paired": p, "runner_up": runner["row"] if runner else None}
+    p = best[0]["paired"]
+    res = {**empty, "arms": best, "paired": p, "runner_up": best[1]["row"] if len(best) > 1 else None}
     standing = "; ".join(f"{label(a['row'])} {speedup_text(a['paired'])}" for a in best)
-    ci = p.get("ci95")
     if all(a["paired"].get("ci95") and a["paired"]["ci95"][1] < 1.0 for a in best):
         lines.append(f"**Decision:** keep serving without speculation: every drafter, at its best setting, is slower "
                      f"than plain decoding on the same prompts ({standing}).")
         return {**res, "verdict": "plain", "lines": lines}
-    if not ci or ci[0] <= 1.0:
+    # Only intervals decide, never which point estimate came first: an arm is a candidate when its interval
+    # clears 1.0, and it wins only when it also clears every other arm head to head.
+    faster = [a for a in best if a["paired"].get("ci95") and a["paired"]["ci95"][0] > 1.0]
+    if not faster:
+        top = best[0]
         lines.append(f"**Decision:** this run cannot tell whether speculation beats plain decoding: the fastest arm, "
                      f"{label(top['row'])}, runs {speedup_text(p)} against the baseline on the same prompts, an "
                      f"interval that holds 1.0 (all arms at their best setting: {standing}). What would tell: "
                      f"{what_would_tell(p)}.")
-        return {**res, "verdict": "cannot-tell", "lines": lines}
-    if runner is not None:
-        h2h = head_to_head(bench, top["row"], runner["row"])
-        res["versus_runner_up"] = h2h
-        hci = h2h.get("ci95")
-        if not h2h.get("paired") or not hci or hci[0] <= 1.0:
-            lines.append(f"**Decision:** speculation beats plain decoding ({label(top['row'])} {speedup_text(p)}), but "
-                         f"this run cannot tell {label(top['row'])} from the runner-up {label(runner['row'])} "
-                         f"({speedup_text(runner['paired'])}): head to head {speedup_text(h2h)}. What would tell: "
-                         f"{what_would_tell(h2h) if h2h.get('paired') else 'results on the same prompts'}.")
-            return {**res, "verdict": "cannot-tell", "lines": lines}
-        vs = f"; {speedup_text(h2h)} over the runner-up {label(runner['row'])}, same prompts"
-    else:
-        vs = ""
-    lines.append(f"**Decision:** serve {label(top['row'])}: {speedup_text(p)} over plain decoding, paired per "
+        return {**res, "verdict": "cannot-tell", "candidates": [base, top["row"]], "versus": p,
+                "prompts_needed": p.get("prompts_needed"), "lines": lines}
+    cand = faster[0]
+    res.update(paired=cand["paired"])
+    others = [(a, head_to_head(bench, cand["row"], a["row"])) for a in best if a is not cand]
+    unresolved = [(a, h) for a, h in others if not h.get("paired") or not h.get("ci95") or h["ci95"][0] <= 1.0]
+    if unresolved:
+        other, h2h = min(unresolved, key=lambda x: x[1].get("speedup") or 0.0)
+        lines.append(f"**Decision:** speculation beats plain decoding ({label(cand['row'])} {speedup_text(cand['paired'])}), "
+                     f"but this run cannot tell {label(cand['row'])} from {label(other['row'])} "
+                     f"({speedup_text(other['paired'])}): head to head {speedup_text(h2h)}. What would tell: "
+                     f"{what_would_tell(h2h) if h2h.get('paired') else 'results on the same prompts'}.")
+        return {**res, "verdict": "cannot-tell", "runner_up": other["row"], "versus_runner_up": h2h,
+                "candidates": [cand["row"], other["row"]], "versus": h2h, "prompts_needed": h2h.get("prompts_needed"),
+                "lines": lines}
+    vs = ""
+    if others:
+        runner, h2h = others[0]
+        res.update(runner_up=runner["row"], versus_runner_up=h2h)
+        vs = (f"; {speedup_text(h2h)} over the runner-up {label(runner['row'])}, same prompts"
+              + (", and clear of every other arm head to head" if len(others) > 1 else ""))
+    top = cand
+    lines.append(f"**Decision:** serve {label(top['row'])}: {speedup_text(top['paired'])} over plain decoding, paired per "
                  f"prompt{vs} (median {fmt(top['row']['tps_median'], '{:.1f}')} tok/s against the baseline's "
                  f"{fmt(base['tps_median'], '{:.1f}')}, client {code(client)}).")
     return {**res, "verdict": "serve", "winner": top["row"], "lines": lines}
