@@ -130,7 +130,9 @@ def get_in_domain_prompts():
         if path is None or path in files:
             continue
         if c.in_domain != "demo" and not os.path.exists(path):
-            logger.warning(f"bench.clients in_domain {path} does not exist here; serve_bench will fail until it does")
+            logger.warning(
+                f"bench.clients in_domain {path} does not exist here; serve_bench will fail until it does"
+            )
             continue
         files.append(path)
     return files
@@ -138,8 +140,11 @@ def get_in_domain_prompts():
 
 def get_serve_bench_inputs(wildcards):
     v = wildcards.variant
-    inputs = {"plan": L.bench_plan(v, wildcards.spec), "target": L.target_record,
-              "in_domain": get_in_domain_prompts()}
+    inputs = {
+        "plan": L.bench_plan(v, wildcards.spec),
+        "target": L.target_record,
+        "in_domain": get_in_domain_prompts(),
+    }
     if Variant(v).has_drafter:
         inputs["drafter"] = L.drafter_marker(v)
         inputs["doctor"] = L.doctor(v)
@@ -214,9 +219,9 @@ REPORT_FLAGS = (
     ("coverage", "--d2t-coverage"),
     ("static_md", "--static-md"),
     ("data_stats", "--data-stats"),
+    ("leak_check", "--leak-check"),
     ("bench", "--bench"),
     ("plans", "--plans"),
-    ("leak_check", "--leak-check"),
 )
 
 
@@ -260,7 +265,9 @@ def get_leak_check_inputs(wildcards):
         for f in files["bench"]
         if f == "default" or f in get_in_domain_prompts() or os.path.exists(f)
     ]
-    made = [L.generated_data] + ([jobs.generate_prompts(S)] if DEMO and not S.data.prompts else [])
+    made = [L.generated_data] + (
+        [jobs.generate_prompts(S)] if DEMO and not S.data.prompts else []
+    )
     data = [f for f in files["data"] if f in made or os.path.exists(f)]
     return {"bench": bench, "data": data}
 

@@ -215,7 +215,7 @@ def decide(rows: Sequence[dict[str, Any]], client: str, bench: Bench | None = No
     if unresolved:
         other, h2h = min(unresolved, key=lambda x: x[1].get("speedup") or 0.0)
         lines.append(f"**Decision:** speculation beats plain decoding ({label(cand['row'])} {speedup_text(cand['paired'])}), "
-                     f"but this run cannot tell {label(cand['row'])} from {label(other['row'])} "
+                     f"but this run cannot tell {label(cand['row'])} from the runner-up {label(other['row'])} "
                      f"({speedup_text(other['paired'])}): head to head {speedup_text(h2h)}. What would tell: "
                      f"{what_would_tell(h2h) if h2h.get('paired') else 'results on the same prompts'}.")
         return {**res, "verdict": "cannot-tell", "runner_up": other["row"], "versus_runner_up": h2h,

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# N clean runs of one experiment, each in a work dir of its own (a copy of this checkout's tracked files, demo
+# pair rebuilt, nothing cached), then one table: each run's verdict, deployed arm and paired speed-up (issue 38:
+# does the answer hold from run to run?). Runs one after another: they would disturb each other's timings.
+#
+#   benchmarks/verdict_stability.sh N [snakemake args...]
+#   benchmarks/verdict_stability.sh 3                                                   # the CPU default, 2 cores
+#   benchmarks/verdict_stability.sh 3 --config size=smoke                               # the smoke size
+#   benchmarks/verdict_stability.sh 3 --profile gpu1 --configfile config/demo-gpu.yaml  # demo-gpu, one GPU
+#
+# OUT (default /tmp/verdict-stability) holds run-1 .. run-N (each with run.log and its results/); CORES (default
+# 2) is passed as --cores unless the args name a --profile. The table is also written to OUT/verdicts.md.
+set -euo pipefail
+n="${1:?usage: benchmarks/verdict_stability.sh N [snakemake args...]}"
+shift
+root="$(cd "$(dirname "$0")/.." && pwd)"
+out="${OUT:-/tmp/verdict-stability}"
+mkdir -p "$out"
+cores=(--cores "${CORES:-2}")
+for a in "$@"; do [[ "$a" == --profile* ]] && cores=(); done
+for i in $(seq 1 "$n"); do
+  wd="$out/run-$i"
+  if [[ -e "$wd" ]]; then echo "error: $wd exists; expected a clean work dir (remove it or set OUT)" >&2; exit 2; fi
+  mkdir -p "$wd"
+  (cd "$root" && git ls-files -z | tar --null -T - -cf -) | tar -xf - -C "$wd"  # tracked files: no results, no demo
+  echo "verdict_stability: run $i of $n in $wd" >&2
+  t0=$(date +%s)
+  (cd "$wd" && snakemake "${cores[@]}" "$@" all > run.log 2>&1) || { echo "run $i failed: see $wd/run.log" >&2; exit 1; }
+  echo $(( $(date +%s) - t0 )) > "$wd/wall_s"
+done
+python3 - "$out" "$n" <<'PY'
+import glob, json, os, sys
+out, n = sys.argv[1], int(sys.argv[2])
+lines = ["| run | verdict | deployed arm | setting | paired speed-up [95%] | candidates / why | wall s |",
+         "|---|---|---|---|---|---|---|"]
+for i in range(1, n + 1):
+    wd = os.path.join(out, f"run-{i}")
+    recs = glob.glob(os.path.join(wd, "results", "*", "report", "recommendation.json"))
+    if not recs:
+        lines.append(f"| {i} | (no recommendation.json) | | | | | |")
+        continue
+    r = json.load(open(recs[0]))
+    d = r.get("deploy") or {}
+    ci = r.get("speedup_ci95")
+    sp = f"{r['speedup']:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") if r.get("speedup") else ""
+    if d.get("candidates"):
+        note = " vs ".join(f"{c['variant']}@{c['setting']}" for c in d["candidates"]) + \
+               f", ~{d.get('prompts_needed')} prompts would tell"
+    elif d.get("best_arm"):
+        b = d["best_arm"]
+        note = f"best {b['variant']}@{b['setting']} {b['speedup']:.2f}x, needs accept {b['accept_length_needed']:.2f}"
+    else:
+        note = ""
+    wall = open(os.path.join(wd, "wall_s")).read().strip()
+    lines.append(f"| {i} | {r.get('verdict')} | {r.get('winner') or '–'} | {r.get('setting') or '–'} | {sp} | {note} | {wall} |")
+text = "\n".join(lines)
+print(text)
+open(os.path.join(out, "verdicts.md"), "w").write(text + "\n")
+PY
