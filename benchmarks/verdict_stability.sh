@@ -25,7 +25,7 @@ for i in $(seq 1 "$n"); do
   (cd "$root" && git ls-files -z | tar --null -T - -cf -) | tar -xf - -C "$wd"  # tracked files: no results, no demo
   echo "verdict_stability: run $i of $n in $wd" >&2
   t0=$(date +%s)
-  (cd "$wd" && snakemake "${cores[@]}" "$@" all > run.log 2>&1) || { echo "run $i failed: see $wd/run.log" >&2; exit 1; }
+  (cd "$wd" && snakemake all "${cores[@]}" "$@" > run.log 2>&1) || { echo "run $i failed: see $wd/run.log" >&2; exit 1; }
   echo $(( $(date +%s) - t0 )) > "$wd/wall_s"
 done
 python3 - "$out" "$n" <<'PY'

@@ -135,3 +135,18 @@ def test_the_dag_checks_for_leaks_and_hands_the_bench_its_in_domain_file(tmp_pat
             f"results/demo-k2-to-k25/data/generated.jsonl {demo}/finetune-prompts.jsonl") in leak
     assert "src/draftlab/data/prompts.jsonl" in leak.split("output:")[0]  # the shipped set, tracked by its path
     assert "results/demo-k2-to-k25/data/leak-check.json" in blocks["report"][0].split("output:")[0]
+
+
+def test_a_demo_folder_snakemake_made_for_the_declared_prompt_files_is_claimed(tmp_path):
+    """Snakemake makes work/data/ of demo_models' declared prompt files before the job runs: such a tree of empty
+    folders is claimed like an empty folder (a clean run failed on it), a folder with any file in it still is not."""
+    from draftlab.fsutil import claim_dir
+
+    made = tmp_path / "smoke"
+    (made / "work" / "data").mkdir(parents=True)
+    assert claim_dir(made, "demo-models") == made
+    theirs = tmp_path / "theirs"
+    (theirs / "work" / "data").mkdir(parents=True)
+    (theirs / "work" / "data" / "notes.txt").write_text("mine")
+    with pytest.raises(DraftlabError, match="is not draftlab's output"):
+        claim_dir(theirs, "demo-models")
