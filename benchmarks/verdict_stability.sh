@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# N clean runs of one experiment, each in a work dir of its own (a copy of this checkout's tracked files, demo
-# pair rebuilt, nothing cached), then one table: each run's verdict, deployed arm and paired speed-up (issue 38:
+# N clean runs of one experiment, each in a work dir of its own (a copy of this checkout's tracked files, run
+# with that copy's src/ first on PYTHONPATH; demo pair rebuilt, nothing cached), then one table: each run's verdict, deployed arm and paired speed-up (issue 38:
 # does the answer hold from run to run?). Runs one after another: they would disturb each other's timings.
 #
 #   benchmarks/verdict_stability.sh N [snakemake args...]
@@ -25,7 +25,9 @@ for i in $(seq 1 "$n"); do
   (cd "$root" && git ls-files -z | tar --null -T - -cf -) | tar -xf - -C "$wd"  # tracked files: no results, no demo
   echo "verdict_stability: run $i of $n in $wd" >&2
   t0=$(date +%s)
-  (cd "$wd" && snakemake all "${cores[@]}" "$@" > run.log 2>&1) || { echo "run $i failed: see $wd/run.log" >&2; exit 1; }
+  # the run's own copy of the library: every run measures the same code, whatever happens to the checkout meanwhile
+  (cd "$wd" && PYTHONPATH="$wd/src${PYTHONPATH:+:$PYTHONPATH}" snakemake all "${cores[@]}" "$@" > run.log 2>&1) \
+    || { echo "run $i failed: see $wd/run.log" >&2; exit 1; }
   echo $(( $(date +%s) - t0 )) > "$wd/wall_s"
 done
 python3 - "$out" "$n" <<'PY'
