@@ -348,7 +348,7 @@ print(json.dumps({"plosses": [float(p) for p in plosses],
 
 
 def test_builtin_ttt_loss_is_specforges_on_one_batch():
-    from draftlab.training.model import Eagle3Drafter, init_weights
+    from draftlab.models.eagle3 import Eagle3Drafter, init_weights
     from draftlab.training.loss import STEP_WEIGHT, ttt_forward
 
     torch.manual_seed(0)

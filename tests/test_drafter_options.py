@@ -13,7 +13,7 @@ from draftlab.static import doctor
 
 from draftlab.formats import eagle3_format as fmt
 from draftlab.errors import DraftlabError
-from draftlab.training.model import Eagle3Drafter, apply_rope, init_weights
+from draftlab.models.eagle3 import Eagle3Drafter, apply_rope, init_weights
 from factories import drafter_tensors, tiny_drafter_config, with_sglang_options, write_drafter, write_target_config
 
 CFG = with_sglang_options(tiny_drafter_config())
@@ -114,7 +114,7 @@ def test_drafter_with_its_own_hidden_size_keeps_its_embeddings(tmp_path):
 
 
 def test_engine_serves_a_drafter_with_its_own_embeddings(tmp_path):
-    from draftlab.serving.engine import Engine
+    from draftlab.engine.core import Engine
     from draftlab.models.target import load_target
     from tiny_models import tiny_target
 

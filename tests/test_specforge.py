@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from draftlab.training import specforge
 from draftlab.cli import main
 from draftlab.errors import DraftlabError
-from draftlab.training.model import Eagle3Drafter
+from draftlab.models.eagle3 import Eagle3Drafter
 from draftlab.training.specforge_import import import_checkpoint
 from draftlab.static.d2t import VocabMapping, load_mapping, save_mapping
 from factories import drafter_tensors, tiny_drafter_config
