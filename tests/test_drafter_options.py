@@ -148,13 +148,13 @@ def test_options_draftlab_cannot_run_are_refused_naming_the_key(tmp_path, key, v
 
 def test_import_keeps_every_tensor_sglang_loads(tmp_path):
     """A SpecForge checkpoint with fc_norm and its own embeddings keeps both through import."""
-    from draftlab.training import specforge_import
+    from draftlab.training import specforge
 
     cfg = with_sglang_options(tiny_drafter_config(hidden_size=48, intermediate_size=96))
     tensors = drafter_tensors(cfg, seed=4)
     tensors = {("model." + k if k.startswith("midlayer") else k): v for k, v in tensors.items()}
     export = write_drafter(tmp_path / "export", cfg, tensors)  # a `specforge export --to sglang` folder
-    result = specforge_import.import_checkpoint(export, tmp_path / "out")
+    result = specforge.import_checkpoint(export, tmp_path / "out")
     got = load_file(str(tmp_path / "out" / "model.safetensors"))
     assert set(got) == set(fmt.expected_tensor_shapes(cfg)) and result["ignored_tensors"] == []
     assert result["embeddings_stripped"] is False and got["embed_tokens.weight"].shape == (256, 48)

@@ -171,6 +171,7 @@ def specforge_side_doors(edges: dict[str, list[tuple[str, int]]]) -> list[str]:
 
 
 def test_specforge_is_reached_only_through_its_face():
+    assert (ROOT / "training" / "specforge" / "__init__.py").is_file()  # a subpackage, with its face
     assert specforge_side_doors(graph()) == []
     assert any(dst == SPECFORGE for targets in graph().values() for dst, _ in targets)
     assert specforge_side_doors({"draftlab.commands.x": [(SPECFORGE + ".capture", 4)],
