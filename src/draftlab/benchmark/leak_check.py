@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from draftlab.benchmark.bench_prompts import file_sha256, load_prompt_files, resolve_prompts_path
+from draftlab.benchmark.bench_prompts import file_sha256, load_prompt_files, load_prompts, resolve_prompts_path
 from draftlab.errors import DraftlabError
 from draftlab.formats.data import read_records
 from draftlab.fsutil import write_json
@@ -39,17 +39,15 @@ def _texts(record: dict[str, Any]) -> list[str]:
 
 def find_leak(bench: Sequence[str | Path], data: Sequence[str | Path]) -> dict[str, Any] | None:
     """The first bench prompt found in the data (``prompt``, ``bench_file``, ``data_file``, ``line``), or None."""
-    prompts, _ = load_prompt_files(bench)
-    where = {p.id: str(resolve_prompts_path(f)) for f in bench for p in load_prompt_files([f])[0]}
-    needles = [(p, _norm(p.text)) for p in prompts]
+    needles = [(p.id, _norm(p.text), str(path)) for path in map(resolve_prompts_path, bench)
+               for p in load_prompts(path)]
     for path in map(Path, data):
         for line, record in enumerate(read_records(path), start=1):
             texts = _texts(record)
-            for p, needle in needles:
-                if not needle:
-                    continue
-                if needle in texts or (len(needle) >= MIN_SUBSTRING_CHARS and any(needle in t for t in texts)):
-                    return {"prompt": p.id, "bench_file": where[p.id], "data_file": str(path), "line": line}
+            for pid, needle, where in needles:
+                if needle and (needle in texts or (len(needle) >= MIN_SUBSTRING_CHARS
+                                                   and any(needle in t for t in texts))):
+                    return {"prompt": pid, "bench_file": where, "data_file": str(path), "line": line}
     return None
 
 
@@ -61,13 +59,13 @@ def leak_check(bench: Sequence[str | Path], data: Sequence[str | Path], out: str
     for f in data:
         if not Path(f).is_file():
             raise DraftlabError(f"{f}: fine-tune data file not found (leak-check --data)")
+    prompts, prompt_set = load_prompt_files(bench)  # refuses two files sharing an id, as the bench does
     leak = find_leak(bench, data)
     if leak:
         raise DraftlabError(
             f"{leak['data_file']}:{leak['line']}: holds bench prompt {leak['prompt']!r} of {leak['bench_file']}: "
             "the bench would measure a drafter on text it was fine-tuned on; expected no bench prompt in the "
             "fine-tune data (take it out of the data or of the bench prompts)")
-    prompts, prompt_set = load_prompt_files(bench)
     record = {
         "ok": True,
         "bench_prompts": len(prompts),
