@@ -8,8 +8,10 @@
 #   benchmarks/verdict_stability.sh 3 --config size=smoke                               # the smoke size
 #   benchmarks/verdict_stability.sh 3 --profile gpu1 --configfile config/demo-gpu.yaml  # demo-gpu, one GPU
 #
-# OUT (default /tmp/verdict-stability) holds run-1 .. run-N (each with run.log and its results/); CORES (default
-# 2) is passed as --cores unless the args name a --profile. The table is also written to OUT/verdicts.md.
+# OUT (default /tmp/verdict-stability) holds run-1, run-2, ... (each with run.log, wall_s and its results/); a
+# second call adds runs after those there (N = 1 three times = three runs, e.g. under a 10-minute limit per
+# command; N = 0 only prints the table). CORES (default 2) is passed as --cores unless the args name a --profile.
+# The table, over every run in OUT, is also written to OUT/verdicts.md.
 set -euo pipefail
 n="${1:?usage: benchmarks/verdict_stability.sh N [snakemake args...]}"
 shift
@@ -18,21 +20,28 @@ out="${OUT:-/tmp/verdict-stability}"
 mkdir -p "$out"
 cores=(--cores "${CORES:-2}")
 for a in "$@"; do [[ "$a" == --profile* ]] && cores=(); done
-for i in $(seq 1 "$n"); do
+have=$(find "$out" -maxdepth 1 -name 'run-*' -type d | wc -l)
+for i in $(seq $((have + 1)) $((have + n))); do
   wd="$out/run-$i"
-  if [[ -e "$wd" ]]; then echo "error: $wd exists; expected a clean work dir (remove it or set OUT)" >&2; exit 2; fi
-  mkdir -p "$wd"
-  (cd "$root" && git ls-files -z | tar --null -T - -cf -) | tar -xf - -C "$wd"  # tracked files: no results, no demo
-  echo "verdict_stability: run $i of $n in $wd" >&2
+  mkdir "$wd"
+  # the checkout's tracked files as they are now (no results, no demo build); without git, all but those
+  if git -C "$root" rev-parse --git-dir > /dev/null 2>&1; then
+    (cd "$root" && git ls-files -z | tar --null -T - -cf -) | tar -xf - -C "$wd"
+  else
+    (cd "$root" && tar --exclude=./results --exclude=./resources --exclude=./.snakemake --exclude=./.git -cf - .) \
+      | tar -xf - -C "$wd"
+  fi
+  echo "verdict_stability: run $i ($((i - have)) of $n) in $wd" >&2
   t0=$(date +%s)
   # the run's own copy of the library: every run measures the same code, whatever happens to the checkout meanwhile
   (cd "$wd" && PYTHONPATH="$wd/src${PYTHONPATH:+:$PYTHONPATH}" snakemake all "${cores[@]}" "$@" > run.log 2>&1) \
     || { echo "run $i failed: see $wd/run.log" >&2; exit 1; }
   echo $(( $(date +%s) - t0 )) > "$wd/wall_s"
 done
-python3 - "$out" "$n" <<'PY'
+python3 - "$out" <<'PY'
 import glob, json, os, sys
-out, n = sys.argv[1], int(sys.argv[2])
+out = sys.argv[1]
+n = len(glob.glob(os.path.join(out, "run-*")))
 lines = ["| run | verdict | deployed arm | setting | paired speed-up [95%] | candidates / why | wall s |",
          "|---|---|---|---|---|---|---|"]
 for i in range(1, n + 1):
@@ -53,7 +62,7 @@ for i in range(1, n + 1):
         note = f"best {b['variant']}@{b['setting']} {b['speedup']:.2f}x, needs accept {b['accept_length_needed']:.2f}"
     else:
         note = ""
-    wall = open(os.path.join(wd, "wall_s")).read().strip()
+    wall = open(os.path.join(wd, "wall_s")).read().strip() if os.path.exists(os.path.join(wd, "wall_s")) else "–"
     lines.append(f"| {i} | {r.get('verdict')} | {r.get('winner') or '–'} | {r.get('setting') or '–'} | {sp} | {note} | {wall} |")
 text = "\n".join(lines)
 print(text)
