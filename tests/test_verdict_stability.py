@@ -125,3 +125,31 @@ def test_the_category_table_shows_only_categories_with_prompts_enough_for_an_int
     assert "| probe | s2-k1-d3 | code-completion | 16 |" in text
     assert "| probe | s2-k1-d3 | math" not in text and "| probe | s2-k1-d3 | short" not in text
     assert "Too few prompts for a per-category interval (fewer than 8, paired): math (5), short (3)." in text
+
+
+def _noisy(result, spread):
+    """The same result with its three repeats disagreeing by ``spread`` per prompt, the median unmoved."""
+    for r in result["rows"]:
+        r["decode_time_s"] *= 1 + spread * (r["repeat"] - 1) / 2
+        r["latency_s"] = r["decode_time_s"]
+    return result
+
+
+def test_a_host_whose_repeats_disagree_cannot_decide_inside_its_own_noise():
+    """Two smoke runs on the loaded shared VM served finetune-remap at 1.34x [1.12, 1.79] and kept plain decoding
+    at 0.57x: what moves a launch is not in an interval over prompts. With the repeats of the servers disagreeing
+    by 30% per prompt, neither 1.15x nor 0.85x decides (the old rule served, then kept plain); a quiet host does."""
+    quiet = case((row("finetune-keep", accept=1.6, val=0.4), bench(1.15, spread=0.01, phase=1)))
+    assert decide(*quiet[:1], "default", quiet[1])["verdict"] == "serve"
+    rows, results = case((row("finetune-keep", accept=1.6, val=0.4), _noisy(bench(1.15, spread=0.01, phase=1), 0.3)))
+    d = decide(rows, "default", results)
+    p = d["arms"][0]["paired"]
+    assert p["ci95"][0] > 1.0 and abs(p["margin"] - 0.3) < 1e-9 and not p["clears"]
+    assert d["verdict"] == "cannot-tell" and "a quieter host: 1.15x sits inside the 30%" in d["lines"][-1]
+    assert p["prompts_needed"] is None  # more prompts do not shrink the host's noise
+    rows, results = case((row("finetune-keep", accept=1.6, val=0.4), _noisy(bench(0.85, spread=0.01, phase=1), 0.3)))
+    d = decide(rows, "default", results)
+    assert d["arms"][0]["paired"]["ci95"][1] < 1.0 and d["verdict"] == "cannot-tell"
+    # far enough outside the noise, the verdict stands
+    rows, results = case((row("finetune-keep", accept=1.6, val=0.4), _noisy(bench(0.6, spread=0.01, phase=1), 0.3)))
+    assert decide(rows, "default", results)["verdict"] == "plain"
