@@ -109,7 +109,7 @@ def prompts_needed(n: int, est: float, lo: float | None, hi: float | None, again
     half = (math.log(hi) - math.log(lo)) / 2
     if effect < 1e-9:
         return None
-    return max(n, math.ceil(n * (half / effect) ** 2))
+    return max(n + 1, math.ceil(n * (half / effect) ** 2))  # an interval that holds it: more than now
 
 
 def _ratios(base: Mapping[str, Any], variant: Mapping[str, Any]) -> tuple[dict[str, float], str]:

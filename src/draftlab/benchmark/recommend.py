@@ -123,7 +123,7 @@ def deploy_block(decision: Mapping[str, Any], rec: Mapping[str, Any],
         a, b = block["candidates"]
         more = (f"about {block['prompts_needed']} prompts (now {versus.get('prompts')})" if block["prompts_needed"]
                 else f"more prompts than {versus.get('prompts')}")
-        block["why"] = (f"this run cannot tell {a['variant']} at {a['setting']} from {b['variant']} at {b['setting']} "
+        block["why"] = (f"this run cannot tell {_name(a)} from {_name(b)} "
                         f"({_x(versus.get('speedup'), versus.get('ci95'))} paired); {more} would tell; keep the "
                         "plain server until then")
     elif verdict == "serve":
@@ -131,6 +131,10 @@ def deploy_block(decision: Mapping[str, Any], rec: Mapping[str, Any],
     else:
         block["why"] = f"no drafter result to recommend ({verdict}); keep the plain server"
     return block
+
+
+def _name(arm: Mapping[str, Any]) -> str:
+    return "plain decoding" if arm["variant"] == "baseline" else f"{arm['variant']} at {arm['setting']}"
 
 
 def _f(v: Any) -> str:

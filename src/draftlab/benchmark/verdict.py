@@ -152,9 +152,11 @@ def head_to_head(bench: Bench, a: Mapping[str, Any], b: Mapping[str, Any]) -> di
 
 
 def _within(p: Mapping[str, Any]) -> str:
-    """What an interval holds beyond 1.0 itself: the band of the hosts' own noise, when there is one."""
+    """Why an interval does not decide: it holds 1.0, or it reaches into the band of the hosts' own noise."""
     m = p.get("margin") or 0.0
-    return f" or comes within the hosts' own noise of it ({1 / (1 + m):.2f} to {1 + m:.2f})" if m else ""
+    if not m:
+        return "an interval that holds 1.0"
+    return f"an interval that reaches into the hosts' own noise around 1.0 ({1 / (1 + m):.2f} to {1 + m:.2f})"
 
 
 def what_would_tell(p: Mapping[str, Any]) -> str:
@@ -242,9 +244,9 @@ def decide(rows: Sequence[dict[str, Any]], client: str, bench: Bench | None = No
     if not faster:
         top = best[0]
         lines.append(f"**Decision:** this run cannot tell whether speculation beats plain decoding: the fastest arm, "
-                     f"{label(top['row'])}, runs {speedup_text(p)} against the baseline on the same prompts, an "
-                     f"interval that holds 1.0{_within(p)} (all arms at their best setting: {standing}). What would "
-                     f"tell: {what_would_tell(p)}.")
+                     f"{label(top['row'])}, runs {speedup_text(p)} against the baseline on the same prompts, "
+                     f"{_within(p)} (all arms at their best setting: {standing}). What would tell: "
+                     f"{what_would_tell(p)}.")
         return {**res, "verdict": "cannot-tell", "candidates": [base, top["row"]], "versus": p,
                 "prompts_needed": p.get("prompts_needed"), "lines": lines}
     cand = faster[0]
