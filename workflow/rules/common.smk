@@ -205,7 +205,7 @@ def get_report_args(wildcards, input):
         if files is None or (key == "data_stats" and not files):
             continue
         files = [files] if isinstance(files, str) else list(files)
-        parts.append(" ".join([flag] + files))
+        parts.append(shlex.join([flag] + files))
     return " ".join(parts)
 
 

@@ -56,7 +56,7 @@ rule train:
         settings=get_train_settings,
     shell:
         (
-            "{params.command} > {log} 2>&1{params.capture}"
+            "{params.command} > {log:q} 2>&1{params.capture}"
             if S.train.backend == "specforge"
-            else "{params.command} > {log} 2>&1"
+            else "{params.command} > {log:q} 2>&1"
         )

@@ -241,9 +241,10 @@ def specforge_capture_note(settings: Settings, layout: Layout, arm: str) -> str:
         return ""
     deployment = dict(settings.config["train"].get("specforge", {}).get("deployment") or {})
     if deployment.get("managed_local"):
-        return (f"\n# train {arm} (SpecForge {specforge.SPECFORGE_VERSION}, managed_local): SpecForge starts Mooncake "
-                f"and sglang {specforge_capture.SGLANG_CAPTURE_VERSION} capture servers patched by "
-                f"{specforge_capture.PATCH_SCRIPT} itself; that patch must be applied in this env")
+        return _comment_lines(
+            f"\n# train {arm} (SpecForge {specforge.SPECFORGE_VERSION}, managed_local): SpecForge starts Mooncake "
+            f"and sglang {specforge_capture.SGLANG_CAPTURE_VERSION} capture servers patched by "
+            f"{specforge_capture.PATCH_SCRIPT} itself; that patch must be applied in this env")
     model: dict = {"target_model_path": layout.target_model,
                    "trust_remote_code": bool(settings.target.trust_remote_code)}
     drafter_cfg = os.path.join(layout.patched, "config.json")
@@ -261,8 +262,16 @@ def specforge_capture_note(settings: Settings, layout: Layout, arm: str) -> str:
     if ids:
         setup[-1] += f" {ids}"
     urls = ", ".join(deployment.get("server_urls") or []) or "none set"
-    return (f"\n# train {arm} with SpecForge {specforge.SPECFORGE_VERSION}; its capture host ({urls}) runs, before "
-            "this job (the job's specforge-preflight asks it):\n#   " + "\n#   ".join(setup))
+    return _comment_lines(f"\n# train {arm} with SpecForge {specforge.SPECFORGE_VERSION}; its capture host ({urls}) "
+                          "runs, before this job (the job's specforge-preflight asks it):\n#   " + "\n#   ".join(setup))
+
+
+def _comment_lines(note: str) -> str:
+    """``note`` with every line a bash comment: a config value holding a line break (a server URL, a
+    path) would otherwise end the comment and run the rest of the value as a command."""
+    lines = note.replace("\r\n", "\n").split("\n")
+    return "\n".join(line if not line or line.startswith("#") else "#   " + " ".join(line.splitlines())
+                     for line in lines)
 
 
 def train_shell(settings: Settings, layout: Layout, arm: str) -> str:
