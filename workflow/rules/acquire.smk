@@ -30,6 +30,7 @@ if DEMO:
 rule resolve_target:
     input:
         get_demo(),
+        local=get_local_source_files("target"),
     output:
         model=L.target_record,
     log:
@@ -48,6 +49,7 @@ rule resolve_target:
 rule acquire:
     input:
         get_demo(),
+        local=lambda wc: get_local_source_files(wc.role),
     output:
         acquire=L.acquire_record("{role}"),
         summary=L.acquire_summary("{role}"),

@@ -79,6 +79,15 @@ def get_target_source():
     return get_source_args("target")
 
 
+def get_local_source_files(section):
+    """The files of `section`'s local model folder (none for hf:): an edit in place reruns the job that links
+    or records it, and what depends on it."""
+    s = getattr(S, section)
+    return jobs.local_source_files(
+        s.model_path or s.source if section == "target" else s.source
+    )
+
+
 def model_dir(input_file):
     """The model folder next to a resolve-model record (`.../models/target/model.json` -> `.../model`)."""
     return os.path.join(os.path.dirname(input_file), "model")
@@ -115,8 +124,14 @@ def get_server_command(wildcards):
 
 
 def get_serve_bench_inputs(wildcards):
+    """The plan, the models, the doctor's report and every client's prompt file (an edit in place of one
+    measures again)."""
     v = wildcards.variant
-    inputs = {"plan": L.bench_plan(v, wildcards.spec), "target": L.target_record}
+    inputs = {
+        "plan": L.bench_plan(v, wildcards.spec),
+        "target": L.target_record,
+        "prompts": jobs.bench_prompt_files(S),
+    }
     if Variant(v).has_drafter:
         inputs["drafter"] = L.drafter_marker(v)
         inputs["doctor"] = L.doctor(v)

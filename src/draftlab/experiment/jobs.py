@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
 from draftlab.benchmark.bench_plan import build_plan
+from draftlab.benchmark.bench_prompts import default_prompts_path
 from draftlab.experiment.layout import Layout
 from draftlab.settings.model import Settings, Spec
 from draftlab.experiment.variants import BASELINE, Variant
@@ -234,9 +237,6 @@ def specforge_capture_note(settings: Settings, layout: Layout, arm: str) -> str:
     The aux ids are the ones the arm's run config will carry, computed now when the patched drafter and
     the target's config are already there (else named as what the first command computes).
     """
-    import os
-
-
     if settings.train.backend != "specforge":
         return ""
     deployment = dict(settings.config["train"].get("specforge", {}).get("deployment") or {})
@@ -291,3 +291,23 @@ def static_summaries(settings: Settings, layout: Layout, drafted_now: list[str])
             + [layout.compare(a, b, "md") for a, b in pairs]
             + [layout.d2t_diff("md"), layout.d2t_coverage("md")]
             + [layout.doctor(v, "md") for v in drafted_now])
+
+
+# --- files a job reads that no rule writes ---------------------------------------------------------
+
+
+def bench_prompt_files(settings: Settings) -> list[str]:
+    """Every prompt file the clients read (a client without ``prompts``: the shipped set): inputs of each
+    serve_bench job, so a file edited in place is measured again. A user file not here yet (a dry run on
+    a laptop) is left out; the bench job then fails naming it."""
+    files = [c.prompts or str(default_prompts_path()) for c in settings.bench.clients]
+    return sorted({f for f in files if os.path.isfile(f)})
+
+
+def local_source_files(source: str | None) -> list[str]:
+    """The files at the top of a local model folder (config, tokenizer, weights), inputs of the job that
+    links or records it, so an edit in place reruns it and what depends on it; none for an hf: source,
+    a repo id or a folder not here."""
+    if not source or source.startswith("hf:") or not os.path.isdir(source):
+        return []
+    return sorted(str(p) for p in Path(source).iterdir() if p.is_file() and not p.name.startswith("."))
