@@ -87,15 +87,10 @@ LISTENING = re.compile(r"draftlab-serve listening on http://[^:]+:(\d+)")
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from factories import tiny_drafter_config, write_drafter
-    from tiny_models import tiny_target
-
-    from draftlab.models.target import read_config
+    from tiny_models import tiny_pair
 
     root = tmp_path_factory.mktemp("models")
-    target = tiny_target(root / "target")
-    drafter = write_drafter(root / "drafter", tiny_drafter_config(read_config(target)))
-    return target, drafter
+    return tiny_pair(root / "target", root / "drafter")
 
 
 def _start_pipeline(workdir: Path, models, extra: str, target_file: str) -> subprocess.Popen:

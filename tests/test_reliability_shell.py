@@ -247,17 +247,13 @@ def test_demo_build_data_generation_and_tokenize_run_on_hostile_names(smoke_demo
 
 @pytest.mark.slow  # a real run of acquire, resolve-target and tokenize on local folders (~40 s)
 def test_local_folders_and_data_file_with_hostile_names_are_read(tmp_path):
-    from factories import tiny_drafter_config, write_drafter
-    from tiny_models import tiny_target
-
-    from draftlab.models.target import read_config
+    from tiny_models import tiny_pair
 
     sentinel = _sentinel(tmp_path)
     workdir = tmp_path / "run"
     hostile = workdir / "in"
     hostile.mkdir(parents=True)
-    target = tiny_target(hostile / _hostile("target", sentinel))
-    drafter = write_drafter(hostile / _hostile("drafter", sentinel), tiny_drafter_config(read_config(target)))
+    target, drafter = tiny_pair(hostile / _hostile("target", sentinel), hostile / _hostile("drafter", sentinel))
     data = hostile / (_hostile("data", sentinel) + ".jsonl")
     data.parent.mkdir(parents=True, exist_ok=True)
     data.write_text("".join(json.dumps({"conversations": [{"role": "user", "content": f"question {i}"},

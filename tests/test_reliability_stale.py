@@ -54,13 +54,9 @@ def _edit_config(folder: Path) -> None:
 
 @pytest.mark.slow  # two real runs to a baseline benchmark on tiny models, four dry runs (~90 s)
 def test_editing_a_prompt_file_or_a_model_file_in_place_reruns_exactly_what_depends_on_it(tmp_path):
-    from factories import tiny_drafter_config, write_drafter
-    from tiny_models import tiny_target
+    from tiny_models import tiny_pair
 
-    from draftlab.models.target import read_config
-
-    target = tiny_target(tmp_path / "models" / "target")
-    drafter = write_drafter(tmp_path / "models" / "drafter", tiny_drafter_config(read_config(target)))
+    target, drafter = tiny_pair(tmp_path / "models" / "target", tmp_path / "models" / "drafter")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"text": f"Question number {i}?"}) + "\n" for i in range(3)))
     workdir = tmp_path / "run"
