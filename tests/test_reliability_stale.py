@@ -87,3 +87,44 @@ def test_editing_a_prompt_file_or_a_model_file_in_place_reruns_exactly_what_depe
     _edit_config(target)
     assert _planned(workdir, configs) == ["acquire(role=drafter)", "resolve_target",
                                           "serve_bench(variant=baseline, spec=plain)"]
+
+
+def _inputs(text: str) -> dict[str, set[str]]:
+    """The input files of every job a ``-n`` run printed, by rule."""
+    out: dict[str, set[str]] = {}
+    for block in re.split(r"^\[\w{3} \w{3} .*\]$", text, flags=re.M)[1:]:
+        rule = re.search(r"^\s*(?:localrule|rule|localcheckpoint|checkpoint) (\w+):", block, re.M)
+        files = re.search(r"^\s+input: (.+)$", block, re.M)
+        if rule and files:
+            out.setdefault(rule.group(1), set()).update(f.strip() for f in files.group(1).split(", "))
+    return out
+
+
+def test_files_named_in_extra_args_and_prompt_files_are_inputs_of_the_jobs_that_read_them(tmp_path):
+    """A chat template passed through ``serve.extra_args`` (SGLang's ``--chat-template FILE``) is read by
+    every server job and data generation's server, a file in ``train.extra_args`` by every arm."""
+    from gate_seed import SEEDED_DRY_RUN, seed_past_gate
+
+    template = tmp_path / "chat.jinja"
+    template.write_text("{{ messages }}")
+    extra = tmp_path / "train-extra.json"
+    extra.write_text("{}")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"text": "hi"}) + "\n")
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    override = workdir / "override.yaml"
+    override.write_text(
+        f"experiment: stale\nsize: smoke\n"
+        f"serve: {{backend: sglang, gpus: 0, extra_args: [--chat-template={template}]}}\n"
+        f"train: {{extra_args: [--note, {extra}]}}\n"
+        f"bench: {{clients: [{{name: short, prompts: {prompts}}}]}}\n")
+    configs = (REPO_ROOT / "config" / "config.yaml", override)
+    first = snakemake(workdir, "-n", "-c1", snakefile=REPO_ROOT / "Snakefile", configfiles=configs).stdout
+    inputs = _inputs(first)
+    assert {str(template), str(prompts)} <= inputs["serve_bench"], inputs["serve_bench"]
+    assert str(template) in inputs["generate_data"], inputs["generate_data"]
+    seed_past_gate(workdir, first, passed=True)
+    second = snakemake(workdir, "-n", "-c1", *SEEDED_DRY_RUN, snakefile=REPO_ROOT / "Snakefile",
+                       configfiles=configs).stdout
+    assert str(extra) in _inputs(second)["train"], _inputs(second).get("train")

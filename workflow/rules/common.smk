@@ -131,6 +131,7 @@ def get_serve_bench_inputs(wildcards):
         "plan": L.bench_plan(v, wildcards.spec),
         "target": L.target_record,
         "prompts": jobs.bench_prompt_files(S),
+        "extra": jobs.extra_arg_files(S.serve.extra_args),
     }
     if Variant(v).has_drafter:
         inputs["drafter"] = L.drafter_marker(v)
@@ -254,6 +255,7 @@ def get_generate_inputs(wildcards):
         inputs["prompts"] = prompts
     if S.data.engine == "server":
         inputs["server"] = L.generate_server
+        inputs["extra"] = jobs.extra_arg_files(S.serve.extra_args)
     return inputs
 
 

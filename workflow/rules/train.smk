@@ -35,6 +35,7 @@ rule train:
         mapping=L.vocab_mapping,
         data=get_train_data_input(),
         merged=L.config_json,
+        extra=jobs.extra_arg_files(S.train.extra_args),
     output:
         run=directory(L.train_dir("{arm}")),
     log:

@@ -311,3 +311,10 @@ def local_source_files(source: str | None) -> list[str]:
     if not source or source.startswith("hf:") or not os.path.isdir(source):
         return []
     return sorted(str(p) for p in Path(source).iterdir() if p.is_file() and not p.name.startswith("."))
+
+
+def extra_arg_files(args) -> list[str]:
+    """The files that ``extra_args`` name (``--chat-template tmpl.jinja``, ``--flag=path/file``): inputs of
+    the jobs that pass them on, so a template edited in place is served again."""
+    values = [a.split("=", 1)[1] if a.startswith("-") and "=" in a else a for a in map(str, args)]
+    return sorted({v for v in values if ("/" in v or "." in v) and os.path.isfile(v)})
