@@ -39,7 +39,7 @@ from draftlab.deadline_io import DeadlineReader, peer_closed
 from draftlab.errors import DraftlabError
 from draftlab.models.target import load_tokenizer
 from draftlab.serving.endpoints import handle_chat_completions, handle_completions, handle_generate
-from draftlab.serving.engine import Engine
+from draftlab.engine.core import Engine
 from draftlab.serving.server_state import BadRequest, ClientGone, HTTPFailure, ServerState
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from draftlab.formats.aux_layers import check_output_ids
 from draftlab.fsutil import check_replaceable, claim_dir, locked, write_json
+from draftlab.models.eagle3 import Eagle3Drafter
 from draftlab.models.target import read_config
 from draftlab.formats.target_config import text_config
 from draftlab.training.checkpoints import Checkpointer, restore_training_state
@@ -33,7 +34,6 @@ from draftlab.training.drafter_init import build_drafter, check_aux_ids, load_re
 from draftlab.training.features import Features, Samples, split_indices
 from draftlab.training.loop import Plan, Progress, check_finite_weights, evaluate, optimisation, plan_steps, run_steps
 from draftlab.training.metrics import Recorder
-from draftlab.training.model import Eagle3Drafter
 from draftlab.training.resume import resume_point, run_identity
 
 
