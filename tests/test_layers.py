@@ -268,6 +268,18 @@ def test_a_deferred_import_keeps_something_heavy_off_its_module():
     assert pointless == []
 
 
+def test_a_command_handler_imports_inside_only_what_the_cli_start_does_not_load():
+    """``commands/`` handlers import their library when they run, so `draftlab --help` builds every parser
+    without loading the library behind them; a module the CLI start loads anyway (errors, fsutil, the
+    settings, the standard library) goes to the top of the command module."""
+    code = ("import sys, draftlab.cli; draftlab.cli.build_parser(); "
+            "print(' '.join(sorted(sys.modules)))")
+    started = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    at_start = [f"{rel}:{line} {' '.join(names)}" for name, rel, line, names, _ in _function_imports()
+                if rel.startswith("commands/") and all(n in started for n in names)]
+    assert at_start == []
+
+
 def test_the_deferral_check_sees_a_pointless_one():
     """heavy_loaded follows module-level imports through draftlab (so the check above means something)."""
     assert "torch" in heavy_loaded(["draftlab.models.eagle3"]) and "torch" in heavy_loaded(["draftlab.static.d2t"])
