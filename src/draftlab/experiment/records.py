@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 from draftlab.settings.config import config_hash
 from draftlab.errors import DraftlabError
 from draftlab.experiment.layout import Layout
+from draftlab.experiment.records_schema import INT_COLUMNS, arrow_schema, typed
 from draftlab.experiment.variants import BASELINE, ORDER, REFERENCE, SCRATCH, Variant, is_trained
 from draftlab.settings.model import spec_id
 from draftlab.fsutil import atomic_path, locked, named_digest, read_json, sha256_file, write_json
@@ -37,8 +38,6 @@ from draftlab.training.config import TrainConfig
 TIMING_COLUMNS = ("tps_median", "tps_mean", "tps_ci_low", "tps_ci_high", "cycle_ms", "speedup",
                   "ttft_s", "latency_s_median", "bench_seconds", "server_ready_s", "created_at")
 RUN_COLUMNS = ("row_id", "draftlab_commit", "measurement_sha256")
-INT_COLUMNS = ("tp", "num_steps", "topk", "num_draft_tokens", "prompt_count", "max_new_tokens", "concurrency",
-               "repeats", "requests", "completion_tokens", "verify_ct")
 VARIANT_ORDER = ORDER
 
 
@@ -334,22 +333,13 @@ def _record_row(cfg: Mapping[str, Any], variant: str, sid: str, client: str, res
     }
 
 
-def _parquet_safe(frame):
-    """Object columns as strings (or null) so pyarrow never guesses a type from the first rows."""
-    out = frame.copy()
-    for col in out.columns:
-        if out[col].dtype == object:
-            out[col] = out[col].map(lambda v: None if v is None or (isinstance(v, float) and v != v) else str(v))
-    return out
-
-
 def write_records(frame, csv_path: str | os.PathLike, parquet_path: str | os.PathLike | None = None) -> None:
-    """CSV and Parquet, each written to a temporary file and renamed."""
+    """CSV and Parquet, each written to a temporary file and renamed; the Parquet is the CSV read
+    back in the declared column types (:mod:`draftlab.experiment.records_schema`), so the two agree."""
     with atomic_path(csv_path) as tmp:
         frame.to_csv(tmp, index=False)
     if parquet_path is not None:
-        with atomic_path(parquet_path) as tmp:
-            _parquet_safe(frame).to_parquet(tmp, index=False)
+        derive_parquet(Path(csv_path), Path(parquet_path))
 
 
 CSV_DIGEST_KEY = b"draftlab.records_csv_sha256"  # Parquet metadata: the CSV bytes it was derived from
@@ -374,13 +364,14 @@ def read_table(path: str | os.PathLike, what: str):
 
 
 def derive_parquet(csv_path: Path, pq_path: Path) -> None:
-    """The Parquet table from the CSV as it is now, carrying the CSV's sha256 (so staleness shows)."""
-    import pandas as pd  # deferred: pandas and pyarrow (~1 s): the records rules alone need them
-    import pyarrow as pa  # deferred: pandas and pyarrow (~1 s): the records rules alone need them
-    import pyarrow.parquet as pq  # deferred: pandas and pyarrow (~1 s): the records rules alone need them
+    """The Parquet table from the CSV as it is now, in the declared column types (never a guess:
+    the experiment ``2025.10`` stays text), carrying the CSV's sha256 (so staleness shows)."""
+    import pyarrow as pa  # deferred: pyarrow (~1 s): the records rules alone need it
+    import pyarrow.parquet as pq  # deferred: pyarrow (~1 s): the records rules alone need it
 
     digest = sha256_file(csv_path)
-    table = pa.Table.from_pandas(_parquet_safe(pd.read_csv(csv_path)), preserve_index=False)
+    frame = typed(read_table(csv_path, "records table"), csv_path)
+    table = pa.Table.from_pandas(frame, schema=arrow_schema(list(frame.columns)), preserve_index=False)
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), CSV_DIGEST_KEY: digest.encode()})
     with atomic_path(pq_path) as tmp:
         pq.write_table(table, tmp)
@@ -419,6 +410,11 @@ def merge_into_global(exp_csv: str | os.PathLike, global_dir: str | os.PathLike 
 
     global_dir = Path(global_dir)
     new = read_table(exp_csv, "experiment records table")
+    repeated = new["row_id"][new["row_id"].duplicated()]
+    if len(repeated):
+        rid = repeated.iloc[0]
+        raise DraftlabError(f"{exp_csv}: key 'row_id': {rid!r} appears {int((new['row_id'] == rid).sum())} times; "
+                            "expected one row per row_id (each row is one measurement); nothing was merged")
     csv_path, pq_path = global_dir / "records.csv", global_dir / "records.parquet"
     with locked(global_dir / ".records.lock", "records lock"):
         if not csv_path.exists() and os.path.lexists(pq_path):
