@@ -1,7 +1,7 @@
 # gpu-checks: does draftlab work on this GPU? `pytest -m gpu` (tests/test_gpu.py: graphs replay token-identically,
 # flex attention against the dense path, fp32 and bf16), the smoke-size loop through the gpu1 profile
 # (results/demo-gpu-smoke: every stage on CUDA), and the gpu-size demo build alone, timed (/tmp/demo-gpu-size).
-# Run by benchmarks/gpu/run.sh (gpu-checks run|start|wait N).
+# Run by benchmarks/gpu/run.sh (gpu-checks start, then wait N: up to ~19 min with its timeouts).
 . "$GPU_DIR/env.sh"
 gpu_job_begin
 python3 -c 'import torch, transformers, snakemake, draftlab; print("torch", torch.__version__, "transformers", transformers.__version__, "snakemake", snakemake.__version__, "cuda", torch.cuda.is_available())' \

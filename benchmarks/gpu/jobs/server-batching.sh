@@ -3,7 +3,7 @@
 # (static cache, CUDA graphs; outputs compared), then --single-stream (concurrency 1 in process, the static
 # decoder's graphs), then with GENERATE=1 (the default) benchmarks/generate_data.py: generate-data through the
 # builtin server against the engine's own batched loop (64 in flight), and SIGKILL/resume.
-# Run by benchmarks/gpu/run.sh (server-batching run: about 8 minutes with the demo build).
+# Run by benchmarks/gpu/run.sh (server-batching start, then wait N: about 8 minutes with the demo build).
 . "$GPU_DIR/env.sh"
 gpu_job_begin
 gpu_demo
