@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
+import hashlib
 import json
 import os
 import shutil
 import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -245,7 +248,6 @@ def locked(path: str | os.PathLike, what: str, *, wait: bool = True, busy: str =
     create or open a file elsewhere; it is opened ``O_NOFOLLOW`` and must be a regular file.
     ``wait=False`` refuses at once when another process holds it (``busy`` says what to do).
     """
-    import fcntl
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
@@ -325,16 +327,12 @@ def _json_default(obj: Any) -> Any:
 def sha256_file(path: str | os.PathLike, progress: bool = False) -> str:
     """sha256 of a (possibly multi-GB) file, read in 8 MiB chunks; a tqdm bar on stderr for big ones
     when ``progress``. The one file hash of draftlab (records, acquire, resolve-model, resume, hf_cache)."""
-    import hashlib
-
     path = Path(path)
     h = hashlib.sha256()
     size = path.stat().st_size
     bar = None
     if progress and size >= (64 << 20):
-        import sys
-
-        from tqdm import tqdm
+        from tqdm import tqdm  # deferred: tqdm (~100 ms)
 
         bar = tqdm(total=size, unit="B", unit_scale=True, desc=f"sha256 {path.name}", file=sys.stderr, leave=False)
     try:
@@ -352,8 +350,6 @@ def sha256_file(path: str | os.PathLike, progress: bool = False) -> str:
 def named_digest(pairs: Iterable[tuple[str, str]]) -> str:
     """One sha256 over ``(name, sha256)`` pairs (a model folder's weight files), as records and
     resolve-model both state a folder's weights."""
-    import hashlib
-
     return hashlib.sha256("".join(f"{name}:{sha}\n" for name, sha in pairs).encode()).hexdigest()
 
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import platform
 import subprocess
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -30,6 +32,7 @@ from draftlab.experiment.variants import BASELINE, ORDER, REFERENCE, SCRATCH, Va
 from draftlab.settings.model import spec_id
 from draftlab.fsutil import atomic_path, locked, named_digest, read_json, sha256_file, write_json
 from draftlab.fsutil import read_text_file
+from draftlab.training.config import TrainConfig
 
 # Columns that legitimately differ between two identical runs (clock, machine load, run identity).
 TIMING_COLUMNS = ("tps_median", "tps_mean", "tps_ci_low", "tps_ci_high", "cycle_ms", "speedup",
@@ -102,8 +105,6 @@ def draftlab_commit() -> str | None:
 
 
 def package_versions() -> dict[str, str]:
-    from importlib import metadata
-
     out = {"python": platform.python_version()}
     for name in ("draftlab", "torch", "transformers", "safetensors", "huggingface_hub", "snakemake", "sglang", "vllm"):
         with contextlib.suppress(metadata.PackageNotFoundError):
@@ -121,7 +122,7 @@ def hardware() -> str:
                 break
     desc = f"{cpu} x{os.cpu_count()}"
     with contextlib.suppress(Exception):
-        import torch
+        import torch  # deferred: torch (seconds), only to name the GPUs
 
         if torch.cuda.is_available():
             names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -178,7 +179,6 @@ def _training_hashes(inputs: RecordInputs, variant: str) -> dict[str, str | None
     conf = _read(inputs.train_file(variant, "train_config.json"))
     if not conf:
         return none
-    from draftlab.training.config import TrainConfig  # deferred: loads torch
 
     settings = {k: conf.get(k) for k in TrainConfig.RESUME_KEYS if k not in _PATH_KEYS}
     data = conf.get("tokens") or conf.get("data")
@@ -348,9 +348,7 @@ MAX_RECORDS_BYTES = 1 << 30
 
 def read_table(path: str | os.PathLike, what: str):
     """A records CSV as text columns; empty, unreadable or without ``row_id``: one user error."""
-    import io
-
-    import pandas as pd
+    import pandas as pd  # deferred: pandas (~1 s): the records rules alone need it
 
     text = read_text_file(path, what, MAX_RECORDS_BYTES)
     if not text.strip():
@@ -368,8 +366,8 @@ def read_table(path: str | os.PathLike, what: str):
 def derive_parquet(csv_path: Path, pq_path: Path) -> None:
     """The Parquet table from the CSV as it is now, in the declared column types (never a guess:
     the experiment ``2025.10`` stays text), carrying the CSV's sha256 (so staleness shows)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow as pa  # deferred: pyarrow (~1 s): the records rules alone need it
+    import pyarrow.parquet as pq  # deferred: pyarrow (~1 s): the records rules alone need it
 
     digest = sha256_file(csv_path)
     frame = typed(read_table(csv_path, "records table"), csv_path)
@@ -381,7 +379,7 @@ def derive_parquet(csv_path: Path, pq_path: Path) -> None:
 
 def parquet_is_current(csv_path: Path, pq_path: Path) -> bool:
     """Whether ``pq_path`` was derived from exactly the bytes ``csv_path`` holds now."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # deferred: pyarrow (~1 s): the records rules alone need it
 
     try:
         meta = pq.read_schema(pq_path).metadata or {}
@@ -391,7 +389,7 @@ def parquet_is_current(csv_path: Path, pq_path: Path) -> bool:
 
 
 def _parquet_rows(pq_path: Path) -> str:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # deferred: pyarrow (~1 s): the records rules alone need it
 
     try:
         return f"holds {pq.read_metadata(pq_path).num_rows} rows"
@@ -408,7 +406,7 @@ def merge_into_global(exp_csv: str | os.PathLike, global_dir: str | os.PathLike 
     between the two writes is repaired by the next merge and the two never disagree for good. A
     missing CSV beside a Parquet that holds rows is refused: merging would replace those rows.
     """
-    import pandas as pd
+    import pandas as pd  # deferred: pandas (~1 s): the records rules alone need it
 
     global_dir = Path(global_dir)
     new = read_table(exp_csv, "experiment records table")

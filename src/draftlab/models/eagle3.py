@@ -61,8 +61,8 @@ def rope_inv_freq(spec: fmt.DrafterConfig) -> tuple[Tensor, float]:
     if rope_type == "default":
         return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
     # Non-default schemes (llama3, yarn, linear, ...): reuse transformers' reference implementations.
-    from transformers import LlamaConfig
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers import LlamaConfig  # deferred: transformers (seconds)
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # deferred: transformers (seconds)
 
     if rope_type not in ROPE_INIT_FUNCTIONS:
         raise DraftlabError(f"drafter config: rope_scaling.rope_type {rope_type!r} is not supported "

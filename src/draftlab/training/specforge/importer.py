@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from draftlab.formats import eagle3_format as fmt
 from draftlab.errors import DraftlabError
@@ -88,7 +90,6 @@ def import_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
     mapping; the rows of ``lm_head`` now mean other tokens). ``expect_steps``: a run that stopped
     before ``train.steps`` optimizer steps (data shorter than planned) is an error, not a result.
     """
-    from safetensors.torch import save_file
 
     src = Path(src)
     if not src.exists():
@@ -164,8 +165,6 @@ def _check_mapping(ckpt: Path, tensors: dict[str, torch.Tensor], expect_mapping)
 
 
 def _has_embeddings(folder: Path) -> bool:
-    from safetensors import safe_open
-
     for path in folder.glob("*.safetensors"):
         with safe_open(str(path), framework="pt") as f:
             if any(k.endswith("embed_tokens.weight") for k in f.keys()):
