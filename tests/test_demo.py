@@ -91,7 +91,7 @@ def test_chat_template_matches_the_fast_renderer_and_masks_the_answer(smoke):
 @pytest.mark.slow  # the session's smoke build: ~40 s on an idle 2-core machine, once
 def test_drafter_follows_v1_and_drops_on_v2(smoke):
     from draftlab.static.doctor import run_doctor
-    from draftlab.training.model import Eagle3Drafter
+    from draftlab.models.eagle3 import Eagle3Drafter
     from draftlab.static.d2t import load_mapping
 
     r = smoke["result"]
@@ -172,4 +172,4 @@ def test_a_build_talks_one_line_per_stage(tmp_path, capfd):
     for stage in ("tokenizer", "target_v1", "target_v2"):
         assert f"demo-models: {stage} took" in err, stage
     rule = (Path(__file__).resolve().parents[1] / "workflow" / "rules" / "acquire.smk").read_text()
-    assert "2> >(tee {log} >&2)" in rule
+    assert "2> >(tee {log:q} >&2)" in rule

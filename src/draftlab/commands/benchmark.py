@@ -1,4 +1,4 @@
-"""CLI for the benchmark layer: ``bench``, ``serve-bench``, ``probe-gate`` (alias ``gate``), ``gated``,
+"""CLI for the benchmark layer: ``bench``, ``serve-bench``, ``probe-gate`` (alias ``gate``), ``leak-check``, ``gated``,
 ``breakeven`` and its old name for the measured form, ``standing``: measure, then decide."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from pathlib import Path
 
 from draftlab.commands._common import FRACTION, SEED, add_json_flag, emit, number
 from draftlab.errors import DraftlabError
+from draftlab.fsutil import read_json, write_json
+from draftlab.settings.model import schema_default
 
 
 def _client_default(key: str):
     """A ``bench.clients`` item's default from the settings model: ``draftlab bench`` runs what a client runs."""
-    from draftlab.settings.model import schema_default
-
     return schema_default(f"bench.clients.{key}")
 
 
@@ -83,6 +83,16 @@ def _register_serve_bench_and_gate(sub) -> None:
     p.add_argument("--out", required=True)
     add_json_flag(p)
     p.set_defaults(func=_probe_gate)
+
+    p = sub.add_parser("leak-check", help="refuse fine-tune data that holds a bench prompt (rule leak_check)",
+                       description="Look for every prompt of the --bench files in every --data file (a whole "
+                                   "message, or inside one for longer prompts); a leak is refused in one line, "
+                                   "a clean check writes --out.")
+    p.add_argument("--bench", nargs="+", required=True, help="the bench's prompt files ('default' = the shipped set)")
+    p.add_argument("--data", nargs="+", required=True, help="the fine-tune data and the prompts it was generated from")
+    p.add_argument("--out", required=True, help="the check's record (JSON)")
+    add_json_flag(p)
+    p.set_defaults(func=_leak_check)
 
     p = sub.add_parser("gated", help="run a command unless the gate is closed (then write explicit skipped outputs)")
     p.add_argument("--gate", help="gate decision JSON")
@@ -188,7 +198,6 @@ def _breakeven(args: argparse.Namespace) -> int:
         raise DraftlabError("breakeven: give --baseline FILE --drafter NAME=FILE (measured drafters) or "
                             "--baseline-tps X --cycle-ms C (calculator); missing " + " and ".join(missing))
     from draftlab.benchmark.breakeven import breakeven_table
-    from draftlab.fsutil import write_json
 
     table = breakeven_table(
         args.baseline_tps,
@@ -228,7 +237,6 @@ def _human_breakeven(t: dict) -> str:
 
 def _standing(args: argparse.Namespace) -> int:
     from draftlab.benchmark.breakeven import drafter_standing
-    from draftlab.fsutil import write_json
 
     drafters = {}
     for item in args.drafter:
@@ -269,7 +277,6 @@ def _human_standing(s: dict) -> str:
 
 def _serve_bench(args: argparse.Namespace) -> int:
     from draftlab.benchmark.serve_bench import run_plan
-    from draftlab.fsutil import read_json
 
     plan = read_json(args.plan, "serve-bench plan")
     argv = list(args.argv)
@@ -283,12 +290,19 @@ def _serve_bench(args: argparse.Namespace) -> int:
 
 def _probe_gate(args: argparse.Namespace) -> int:
     from draftlab.benchmark.probe_gate import gate_decision
-    from draftlab.fsutil import write_json
 
     decision = gate_decision(args.results, args.min_accept_length)
     write_json(args.out, decision)
     print(f"probe gate: {decision['decision'].upper()}: {decision['reason']}", file=sys.stderr)
     emit(args, decision, lambda d: f"{d['decision']}: {d['reason']}")
+    return 0
+
+
+def _leak_check(args: argparse.Namespace) -> int:
+    from draftlab.benchmark.leak_check import leak_check
+
+    record = leak_check(args.bench, args.data, args.out)
+    emit(args, record, lambda r: f"leak-check: no bench prompt of {r['bench_prompts']} in the fine-tune data")
     return 0
 
 

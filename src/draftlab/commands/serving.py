@@ -7,6 +7,7 @@ import os
 import sys
 
 from draftlab.commands._common import PORT, number
+from draftlab.errors import DraftlabError
 from draftlab.settings.model import schema_default
 
 
@@ -52,7 +53,6 @@ def register(sub) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from draftlab.errors import DraftlabError
     from draftlab.serving.server import load_state, serve
 
     if not 0 <= args.port <= 65535:

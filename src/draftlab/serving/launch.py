@@ -5,7 +5,8 @@ this module does the boring things carefully: run the description's command
 (:meth:`draftlab.serving.server_spec.ServerSpec.argv`, the only place it is spelled), refuse a port that
 someone else holds, refuse GPUs that other processes occupy, start the server in its own process
 group with output to a log file, poll health until a deadline while watching for an early exit,
-quote the log tail on failure, and always tear the whole group down (SIGTERM, then SIGKILL).
+quote the log tail on failure, and always tear the whole group down (SIGTERM, then SIGKILL), also when
+this process is killed without a chance to (:mod:`draftlab.serving.parent_watch`).
 """
 
 from __future__ import annotations
@@ -13,17 +14,22 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
+import psutil
+
 from draftlab.errors import DraftlabError
 from draftlab import http_client
+from draftlab.serving.parent_watch import death_signal_preexec, watch_group
 from draftlab.serving.server_spec import BACKENDS, ServerSpec, server_fingerprint  # noqa: F401 - launch's input, re-exported
 LISTEN_RE = re.compile(r"draftlab-serve listening on http://(\S+):(\d+)\s*$", re.M)
 LOG_TAIL_LINES = 50
@@ -51,8 +57,6 @@ def port_holder(host: str, port: int) -> str | None:
             return None
     who = "an unknown process"
     with contextlib.suppress(Exception):
-        import psutil
-
         for conn in psutil.net_connections(kind="tcp"):
             if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
                 proc = psutil.Process(conn.pid)
@@ -203,8 +207,6 @@ class _Terminated(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def _sigterm_raises() -> Iterator[None]:
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -246,18 +248,22 @@ def running_server(spec: ServerSpec, log_path: str | os.PathLike, *,
     with _sigterm_raises(), open(log_path, "wb") as log:
         log.write(("# " + " ".join(_shell_quote(a) for a in argv) + "\n").encode())
         log.flush()
+        # the server dies with this process however it dies (parent_watch): the parent-death signal on
+        # its leader, and a watch that ends its whole group when this process is gone
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
+                                env=env, start_new_session=True, preexec_fn=death_signal_preexec())
+        watch = None
         try:
+            watch = watch_group(proc.pid, spec.grace_s)
             url = _wait_healthy(spec, proc, port, log_path, say)
             yield RunningServer(url=url, pid=proc.pid, spec=spec, log_path=log_path, proc=proc)
         finally:
             stop_group(proc, spec.grace_s)
+            if watch is not None:
+                watch.release()
 
 
 def _shell_quote(a: str) -> str:
-    import shlex
-
     return shlex.quote(a)
 
 
