@@ -16,9 +16,7 @@ from pathlib import Path
 
 import pytest
 from helpers import DRAFTLAB, cli, one_error_line
-from tiny_models import tiny_chat_data, tiny_target
-
-from draftlab.training.tokenize import tokenize_file
+from test_train import setup  # noqa: F401 - the module fixture pair builds on
 
 AS_A_USER = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
 
@@ -35,13 +33,10 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv")
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    """(target, chat data, tokens): a tiny real Llama target and its tokenized data."""
-    root = tmp_path_factory.mktemp("fs")
-    target = tiny_target(root / "target")
-    data = tiny_chat_data(root / "data.jsonl", n=12)
-    tokenize_file(target, data, root / "tokens.jsonl", max_length=48)
-    return target, data, root / "tokens.jsonl"
+def pair(setup):
+    """(target, chat data, tokens): test_train's tiny real Llama target and its tokenized data."""
+    root, target, tokens = setup
+    return target, root / "data.jsonl", tokens
 
 
 @pytest.fixture
