@@ -222,6 +222,25 @@ def move_torn(plan: CapturePlan) -> tuple[list[str], str | None]:
     return [str(p.relative_to(plan.features)) for p in torn], str(dest)
 
 
+def live_writers(features: Path) -> list[int]:
+    """Processes still running SpecForge's script into ``features``. torchrun starts its workers in sessions of
+    their own (``subprocess_handler``: ``start_new_session``), so a job killed hard (SIGKILL, not Snakemake's
+    SIGTERM, which torchrun passes on) leaves them writing; a second capture beside them would write the same
+    files and find the GPUs full. Read from ``/proc`` (Linux); elsewhere nothing is found."""
+    want, found = features.resolve(), []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+            if not any(a.endswith(SCRIPT.split("/")[-1].encode()) for a in args) or b"--output-path" not in args:
+                continue
+            out = Path(args[args.index(b"--output-path") + 1].decode())
+            if (Path(os.readlink(proc / "cwd")) / out).resolve() == want:
+                found.append(int(proc.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return sorted(found)
+
+
 def listing(folder: Path) -> dict[str, Any]:
     """Samples, bytes and a digest of the file listing (relative path and size of every feature file)."""
     h = hashlib.sha256()
@@ -344,6 +363,10 @@ def preflight(plan: CapturePlan, *, free: int | None = None) -> dict[str, Any]:
     identity (another target's or other aux layers' refused; other data's moved aside, kept), the disk estimate
     against the free space, torn files moved aside, the drafter config with the capture's aux ids, the data."""
     checkout = checkout_info(plan.checkout) if plan.engine == "specforge" else None
+    writers = live_writers(plan.features)
+    if writers:
+        raise DraftlabError(f"{plan.features}: a capture is still writing here (pids {writers}: the workers of a "
+                            "killed run; torchrun starts them in sessions of their own); stop them, then rerun")
     state = Path(plan.state)
     ident_file = state / IDENTITY_FILE
     saved = read_json(ident_file) if ident_file.is_file() else None
