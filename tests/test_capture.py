@@ -27,7 +27,7 @@ from draftlab.errors import DraftlabError
 from draftlab.experiment import jobs
 from draftlab.experiment.layout import Layout
 from draftlab.settings.model import Settings
-from draftlab.training import offline_capture as oc
+from draftlab.training.specforge import local_capture as oc
 
 STAND_IN = r'''
 """Stands in for SpecForge 0.2.0's scripts/prepare_hidden_states.py (CUDA only) in tests: its disk behaviour."""
@@ -156,10 +156,12 @@ def test_a_missing_checkout_or_script_or_another_release_is_refused_in_one_line(
 
 
 def test_a_real_run_refuses_a_missing_checkout_before_any_job(tmp_path):
-    """The Snakefile's onstart: before the demo build, the probe launch or any GPU work, one line, exit 2."""
-    d = copy_workflow(tmp_path / "wf", profiles=())
+    """The Snakefile's onstart: before the demo build on the GPU, the probe launch or any GPU work, one line,
+    exit 2 (demo-gpu with a SpecForge arm; this machine has no GPU, and no job may start to find that out)."""
+    d = copy_workflow(tmp_path / "wf", profiles=("gpu1",))
     (d / "sf.yaml").write_text(json.dumps({"train": {"specforge": {"arms": ["keep"], "checkout": "no/such/SpecForge"}}}))
-    proc = snakemake(d, "--cores", "1", "all", configfiles=("config/config.yaml", "sf.yaml"), check=False)
+    files = ("config/demo-gpu.yaml", "sf.yaml")
+    proc = snakemake(d, "--profile", "gpu1", "all", configfiles=files, check=False)
     assert proc.returncode != 0
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
     assert errors == ["error: train.specforge.checkout: no/such/SpecForge/scripts/prepare_hidden_states.py not found "
@@ -167,8 +169,10 @@ def test_a_real_run_refuses_a_missing_checkout_before_any_job(tmp_path):
                       "https://github.com/sgl-project/SpecForge)"], proc.stderr[-2000:]
     assert not (d / "results").exists() and not (d / "resources").exists()
     # a dry run plans without it (the plan names the checkout it will check)
-    plan = snakemake(d, "-n", "--cores", "1", "all", configfiles=("config/config.yaml", "sf.yaml"))
+    plan = snakemake(d, "--profile", "gpu1", "-n", "all", configfiles=files)
     assert plan.returncode == 0
+    # a run of CPU jobs only (the merged config) does not need it
+    snakemake(d, "--profile", "gpu1", "results/demo-gpu/config.json", configfiles=files)
 
 
 def test_a_killed_capture_keeps_its_finished_files_and_the_rerun_captures_only_the_rest(here):

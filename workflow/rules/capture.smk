@@ -9,7 +9,8 @@ if S.train.captures:
     rule capture:
         """SpecForge's scripts/prepare_hidden_states.py under torchrun on the whole host (or draftlab's own dump,
         filed in SpecForge's format, where there is no SGLang). The preflight runs first: the checkout, the
-        features folder's target and aux ids, the disk estimate against the free space."""
+        features folder's target and aux ids, the disk estimate against the free space.
+        """
         input:
             target=L.target_record,
             drafter=L.drafter_marker("probe"),

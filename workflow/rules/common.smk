@@ -281,7 +281,11 @@ def get_training_settings(wildcards=None):
 def get_train_settings(wildcards):
     """SpecForge reads its settings from the merged config file, not the command line: this params
     value makes a change of them rerun the arm."""
-    return get_training_settings() if S.train.arm_backend(wildcards.arm) == "specforge" else ""
+    return (
+        get_training_settings()
+        if S.train.arm_backend(wildcards.arm) == "specforge"
+        else ""
+    )
 
 
 def get_train_shell(wildcards):
@@ -303,9 +307,23 @@ def get_train_capture_input(wildcards):
     return []
 
 
+def _plans_gpu_work():
+    """Whether the jobs this run will run include the capture or any job that holds a GPU."""
+    for job in workflow.dag.needrun_jobs():
+        res = job.resources
+        if job.rule.name == "capture" or any(
+            int(res.get(k) or 0) > 0 for k in ("gpu", "gpu_share")
+        ):
+            return True
+    return False
+
+
 def check_capture_ready():
     """The Snakefile's onstart (a real run, before any job): a one-host SpecForge capture's checkout must hold
-    SpecForge's script at its v0.2.0 release; else one error line and exit 2, before any GPU work."""
+    SpecForge's script at its v0.2.0 release; else one error line and exit 2, before any GPU work (a run of
+    CPU jobs only, e.g. the merged config, is let through)."""
+    if not S.train.captures or not _plans_gpu_work():
+        return
     try:
         jobs.check_capture_ready(S)
     except DraftlabError as exc:

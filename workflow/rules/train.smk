@@ -49,11 +49,7 @@ rule train:
     resources:
         **gpu_resources(TRAIN_GPUS, shared=True),
     params:
-        **(
-            {"capture": get_train_capture_note}
-            if S.train.uses_specforge
-            else {}
-        ),
+        **({"capture": get_train_capture_note} if S.train.uses_specforge else {}),
         command=get_train_shell,
         settings=get_train_settings,
     shell:

@@ -381,7 +381,7 @@ def _specforge_command(args: argparse.Namespace) -> int:
         if args.hidden_states:
             job.hidden_states_path = args.hidden_states
         if args.capture:
-            from draftlab.training.offline_capture import check_capture_for
+            from draftlab.training.specforge import check_capture_for
 
             rec = check_capture_for(args.capture, args.target, args.draft_config)
             job.hidden_states_path, job.num_samples = rec["features"], int(rec["samples"])
@@ -394,7 +394,7 @@ def _specforge_command(args: argparse.Namespace) -> int:
 
 
 def _specforge_features(args: argparse.Namespace) -> int:
-    from draftlab.training.specforge_offline import write_features
+    from draftlab.training.specforge import write_features
 
     r = write_features(args.dump, args.out)
     emit(args, r, lambda r: f"{r['samples']} samples, {r['tokens']} tokens, aux layers {r['aux_layer_ids']} -> {r['out']}")
@@ -403,14 +403,14 @@ def _specforge_features(args: argparse.Namespace) -> int:
 
 def _specforge_preflight(args: argparse.Namespace) -> int:
     from draftlab.fsutil import read_json
-    from draftlab.training import specforge_capture
+    from draftlab.training import specforge
 
     job = read_json(args.job)
     cfg = job.get("run_config") if isinstance(job, dict) else None
     if not isinstance(cfg, dict):
         raise DraftlabError(f"{args.job}: key 'run_config' missing (expected the job file of draftlab specforge-command)")
     expected = [str(cfg.get("model", {}).get("target_model_path", ""))] + list(args.expect_model)
-    r = specforge_capture.preflight(cfg, expected_models=expected, timeout=args.timeout)
+    r = specforge.preflight(cfg, expected_models=expected, timeout=args.timeout)
 
     def text(r):
         if r.get("note"):
@@ -443,7 +443,7 @@ def _count_samples(tokens: str) -> int:
 
 
 def _import_specforge(args: argparse.Namespace) -> int:
-    from draftlab.training.specforge_import import import_checkpoint
+    from draftlab.training.specforge import import_checkpoint
 
     result = import_checkpoint(args.src, args.out, expect_mapping=args.expect_mapping,
                                draft_config=args.draft_config, expect_steps=args.expect_steps)
@@ -480,7 +480,7 @@ def _add_capture(sub) -> None:
 
 
 def _capture_plan(args: argparse.Namespace):
-    from draftlab.training.offline_capture import CapturePlan
+    from draftlab.training.specforge import CapturePlan
 
     return CapturePlan(engine=args.engine, target=args.target, drafter=args.drafter, tokens=args.tokens,
                        data=args.data, state=args.state, chat_template=args.chat_template,
@@ -490,9 +490,9 @@ def _capture_plan(args: argparse.Namespace):
 def _capture_preflight(args: argparse.Namespace) -> int:
     import sys
 
-    from draftlab.training.offline_capture import human, preflight
+    from draftlab.training.specforge import capture_preflight, human
 
-    r = preflight(_capture_plan(args), free=args.free_bytes)
+    r = capture_preflight(_capture_plan(args), free=args.free_bytes)
     est = r["estimate"]
     sf = r["specforge"]
     lines = [f"SpecForge {sf['release']} at {sf['path']} (commit {sf['commit'] or 'unknown: not a git checkout'})"
@@ -512,9 +512,9 @@ def _capture_preflight(args: argparse.Namespace) -> int:
 
 
 def _capture_record(args: argparse.Namespace) -> int:
-    from draftlab.training.offline_capture import human, record
+    from draftlab.training.specforge import capture_record, human
 
-    r = record(_capture_plan(args), args.out, args.mapping_out, args.mapping)
+    r = capture_record(_capture_plan(args), args.out, args.mapping_out, args.mapping)
     emit(args, r, lambda r: (f"captured {r['samples']} samples, {r['tokens']} tokens, {human(r['bytes'])} in "
                              f"{r['features']} (listing sha256 {r['listing_sha256'][:16]}); "
                              f"{r['seconds_per_million_tokens']} s per million tokens in the last attempt"))

@@ -19,10 +19,9 @@ from draftlab.experiment.layout import Layout
 from draftlab.settings.model import Settings, Spec
 from draftlab.experiment.variants import BASELINE, Variant
 from draftlab.formats.target_config import load_json_config
-from draftlab.errors import DraftlabError
 from draftlab.fsutil import read_json
 from draftlab.serving.server_spec import ServerSpec
-from draftlab.training import offline_capture, specforge, specforge_capture
+from draftlab.training import specforge
 from draftlab.training.specforge import specforge_commands
 
 # --- servers ------------------------------------------------------------------------------------
@@ -224,35 +223,14 @@ def train_commands(settings: Settings, layout: Layout, arm: str) -> list[list[st
     if settings.train.arm_backend(arm) != "specforge":
         return [builtin_train_command(settings, layout, arm)]
     if settings.train.specforge.mode == "one-host":
-        return specforge_local_commands(settings, layout, arm)
+        return specforge.specforge_local_commands(
+            arm, target=layout.target_model, patched=layout.patched, data=train_data(settings, layout),
+            tokens=layout.tokens, capture_record=layout.capture_record, capture_mapping=layout.capture_mapping,
+            run=layout.train_dir(arm), configfile=layout.config_json, state_dir=layout.train_state(arm),
+            steps=int(settings.train.steps))
     return specforge_commands(settings.config, arm, layout.target_model, layout.patched,
                               train_data(settings, layout), layout.vocab_mapping, layout.train_dir(arm),
                               layout.config_json, layout.tokens, layout.train_state(arm))
-
-
-def specforge_local_commands(settings: Settings, layout: Layout, arm: str) -> list[list[str]]:
-    """A SpecForge arm of the one-host path: its run config over the one capture's features
-    (``data.hidden_states_path``, ``deployment.mode: local_colocated``), ``specforge train``, the import.
-
-    keep pins the transferred drafter's own mapping; regenerate and scratch pin the mapping derived from the
-    captured corpus (SpecForge's own after its script, :data:`Layout.capture_mapping`). ``--capture`` makes the
-    prepare step refuse features of another target or other aux ids before anything trains."""
-    mode = Variant(arm).finetune_mode
-    if mode == "remap":
-        raise DraftlabError(f"{settings.source}: key 'train.finetune_modes': 'remap' is not available with SpecForge "
-                            "(it keeps lm_head rows by index); use keep or regenerate, or the builtin backend")
-    pinned = layout.patched if mode == "keep" else layout.capture_mapping
-    out = f"{layout.train_state(arm)}/specforge"
-    draft_config = f"{layout.patched}/config.json"
-    prepare = ["draftlab", "specforge-command", "--config", layout.config_json, "--target", layout.target_model,
-               "--draft-config", draft_config, "--data", train_data(settings, layout), "--tokens", layout.tokens,
-               "--mapping", pinned, "--output-dir", out, "--capture", layout.capture_record]
-    if mode:
-        prepare += ["--ckpt-dir", layout.patched]
-    train = ["specforge", "train", "--config", f"{out}/{specforge.RUN_CONFIG}"]
-    imp = ["draftlab", "import-specforge", out, "--out", f"{layout.train_dir(arm)}/drafter", "--expect-mapping",
-           pinned, "--draft-config", draft_config, "--expect-steps", str(int(settings.train.steps))]
-    return [prepare, train, imp]
 
 
 def specforge_capture_note(settings: Settings, layout: Layout, arm: str) -> str:
@@ -270,8 +248,8 @@ def specforge_capture_note(settings: Settings, layout: Layout, arm: str) -> str:
     deployment = dict(settings.config["train"].get("specforge", {}).get("deployment") or {})
     if deployment.get("managed_local"):
         return (f"\n# train {arm} (SpecForge {specforge.SPECFORGE_VERSION}, managed_local): SpecForge starts Mooncake "
-                f"and sglang {specforge_capture.SGLANG_CAPTURE_VERSION} capture servers patched by "
-                f"{specforge_capture.PATCH_SCRIPT} itself; that patch must be applied in this env")
+                f"and sglang {specforge.SGLANG_CAPTURE_VERSION} capture servers patched by "
+                f"{specforge.PATCH_SCRIPT} itself; that patch must be applied in this env")
     model: dict = {"target_model_path": layout.target_model,
                    "trust_remote_code": bool(settings.target.trust_remote_code)}
     drafter_cfg = os.path.join(layout.patched, "config.json")
@@ -284,7 +262,7 @@ def specforge_capture_note(settings: Settings, layout: Layout, arm: str) -> str:
             ids = ""
         except Exception:  # noqa: BLE001 - the plan only describes; the prepare step refuses bad configs
             pass
-    setup = specforge_capture.capture_host_setup({"model": model, "deployment": {"disaggregated": deployment}},
+    setup = specforge.capture_host_setup({"model": model, "deployment": {"disaggregated": deployment}},
                                                  specforge_version=specforge.SPECFORGE_VERSION)
     if ids:
         setup[-1] += f" {ids}"
@@ -296,10 +274,10 @@ def specforge_capture_note(settings: Settings, layout: Layout, arm: str) -> str:
 # --- the one-host capture (rule capture) ------------------------------------------------------------
 
 
-def capture_plan(settings: Settings, layout: Layout) -> offline_capture.CapturePlan:
+def capture_plan(settings: Settings, layout: Layout) -> specforge.CapturePlan:
     """The capture of this experiment as the rule runs it (one for every SpecForge arm)."""
     t = settings.train
-    return offline_capture.CapturePlan(
+    return specforge.CapturePlan(
         engine=t.specforge.capture, target=layout.target_model, drafter=layout.patched, tokens=layout.tokens,
         data=train_data(settings, layout), state=layout.capture_state, chat_template=t.chat_template,
         max_length=t.max_length, checkout=t.specforge.checkout)
@@ -311,7 +289,7 @@ def check_capture_ready(settings: Settings) -> dict[str, Any] | None:
     sf = settings.train.specforge
     if not settings.train.captures or sf.capture != "specforge":
         return None
-    return offline_capture.checkout_info(sf.checkout)
+    return specforge.checkout_info(sf.checkout)
 
 
 def capture_gpus(settings: Settings) -> int:
@@ -322,7 +300,7 @@ def capture_gpus(settings: Settings) -> int:
     return settings.train_gpus
 
 
-def _plan_args(plan: offline_capture.CapturePlan) -> list[str]:
+def _plan_args(plan: specforge.CapturePlan) -> list[str]:
     args = ["--engine", plan.engine, "--target", plan.target, "--drafter", plan.drafter, "--tokens", plan.tokens,
             "--data", plan.data, "--state", plan.state, "--chat-template", plan.chat_template,
             "--max-length", str(plan.max_length)]
@@ -335,7 +313,7 @@ def capture_argv(settings: Settings, layout: Layout, data_path: str = "$DATA") -
     travel in ``--draft-model-config`` (the script has no flag for them)."""
     t, plan = settings.train, capture_plan(settings, layout)
     tp = capture_gpus(settings)
-    script = f"{plan.checkout or 'SpecForge'}/{offline_capture.SCRIPT}"
+    script = f"{plan.checkout or 'SpecForge'}/{specforge.CAPTURE_SCRIPT}"
     argv = ["torchrun", "--standalone", "--nproc_per_node", str(tp), script, "--strategy", "eagle3",
             "--target-model-path", plan.target, "--draft-model-config", f"{plan.state}/draft_config.json",
             "--data-path", data_path, "--output-path", str(plan.features), "--chat-template", plan.chat_template,
@@ -386,18 +364,18 @@ def capture_note(settings: Settings, layout: Layout) -> str:
     if os.path.isfile(target_cfg_file) and os.path.isfile(drafter_cfg_file):
         try:
             target_cfg, drafter_cfg = load_json_config(target_cfg_file), read_json(drafter_cfg_file)
-            ids, outputs = offline_capture.capture_ids(drafter_cfg, target_cfg)
-            per = offline_capture.bytes_per_token(target_cfg, len(ids))
+            ids, outputs = specforge.capture_ids(drafter_cfg, target_cfg)
+            per = specforge.bytes_per_token(target_cfg, len(ids))
             lines.append(f"aux layer ids {ids} (outputs of layers {outputs}), written into {plan.state}/draft_config.json "
                          "eagle_config.eagle_aux_hidden_state_layer_ids")
             formula = (f"({per['aux_layers']} aux + 1) x hidden {per['hidden_size']} x {per['dtype_bytes']} B "
-                       f"({per['dtype']}) + {offline_capture.ID_BYTES} B ids = {per['bytes_per_token']} B a token")
+                       f"({per['dtype']}) + {specforge.ID_BYTES} B ids = {per['bytes_per_token']} B a token")
             if os.path.isfile(plan.tokens):
-                samples, tokens = offline_capture.count_tokens(plan.tokens, plan.max_length)
+                samples, tokens = specforge.count_tokens(plan.tokens, plan.max_length)
                 need = tokens * per["bytes_per_token"]
                 lines.append(f"disk estimate: {samples} samples, {tokens} tokens x {formula} = "
-                             f"{offline_capture.human(need)}; free now at {plan.features}: "
-                             f"{offline_capture.human(offline_capture.free_bytes(plan.features))}")
+                             f"{specforge.human(need)}; free now at {plan.features}: "
+                             f"{specforge.human(specforge.free_bytes(plan.features))}")
             else:
                 lines.append(f"disk estimate: tokens of {plan.tokens} (not yet written) x {formula}")
         except Exception:  # noqa: BLE001 - the plan only describes; the preflight refuses bad configs

@@ -41,8 +41,9 @@ from draftlab.formats import aux_layers
 from draftlab.formats import eagle3_format as fmt
 from draftlab.formats.target_config import load_json_config, text_config
 from draftlab.fsutil import read_json, write_json, write_text
+from draftlab.training.specforge.config import SPECFORGE_VERSION
 
-SPECFORGE_RELEASE = "0.2.0"  # the release whose script and flags draftlab speaks (keep with envs/specforge.yaml)
+SPECFORGE_RELEASE = SPECFORGE_VERSION  # the release whose script, flags and feature format draftlab speaks
 SCRIPT = "scripts/prepare_hidden_states.py"
 FEATURE_SUFFIXES = (".ckpt", ".ckpt.gz")  # what SpecForge's offline reader lists (offline_reader.py)
 SPECFORGE_MAPPING = "vocab_mapping/vocab_mapping.pt"  # under --output-path (_generate_shared_vocab_mapping)
@@ -358,7 +359,7 @@ def _identity_now(plan: CapturePlan) -> tuple[dict[str, Any], dict[str, Any], st
     return identity(plan, target_path, ids, outputs, data_sha), {"target": target_cfg, "drafter": drafter_cfg}, rows
 
 
-def preflight(plan: CapturePlan, *, free: int | None = None) -> dict[str, Any]:
+def capture_preflight(plan: CapturePlan, *, free: int | None = None) -> dict[str, Any]:
     """Everything checked before the GPU is touched, and only then written: the checkout, the features folder's
     identity (another target's or other aux layers' refused; other data's moved aside, kept), the disk estimate
     against the free space, torn files moved aside, the drafter config with the capture's aux ids, the data."""
@@ -430,7 +431,7 @@ def _mapping_of_capture(plan: CapturePlan, draftlab_mapping: str | None, out: Pa
     return {"path": str(out), "source": source, "sha256": sha256_file(out)}
 
 
-def record(plan: CapturePlan, out: str | os.PathLike, mapping_out: str | os.PathLike,
+def capture_record(plan: CapturePlan, out: str | os.PathLike, mapping_out: str | os.PathLike,
            draftlab_mapping: str | None = None) -> dict[str, Any]:
     """What was captured, after the capture: samples, tokens, bytes, the listing's digest, the mapping, the
     SpecForge release and commit, and the time it took; written to ``out`` (the rule's output)."""
