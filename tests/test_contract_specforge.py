@@ -97,7 +97,7 @@ def _kimi_inputs(d: Path) -> None:
 
 def _segments(shell: str) -> list[list[str]]:
     """The commands ``CMD && CMD ...`` of one train job's shell line (from its first ``draftlab``)."""
-    shell = shell[shell.index("draftlab specforge-command"):].split(" > ")[0]
+    shell = shell[shell.index("draftlab specforge-command"):].split(" > ")[0].removesuffix(" )")  # ( A && B ) > log
     return [shlex.split(part) for part in shell.split(" && ")]
 
 

@@ -99,7 +99,7 @@ def one_host(tmp_path_factory):
         if not m:
             continue
         segs = [shlex.split(p) for p in line.strip()[line.strip().index("draftlab specforge-command"):]
-                .split(" > ")[0].split(" && ")]
+                .split(" > ")[0].removesuffix(" )").split(" && ")]
         prep = cli_process(*segs[0][1:], cwd=d, env=_env(), timeout=300)
         assert prep.returncode == 0, prep.stderr[-3000:]
         out = Path(d, segs[0][segs[0].index("--output-dir") + 1])

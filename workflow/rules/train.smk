@@ -27,7 +27,8 @@ rule experiment_config:
 
 # A two-host SpecForge arm's capture-host setup follows its command as comment lines (`-n -p` prints them,
 # bash skips them); only SpecForge configs get the param, so a builtin arm's params stay as they were (no
-# rerun). A one-host SpecForge arm reads the one capture (workflow/rules/capture.smk).
+# rerun). A one-host SpecForge arm reads the one capture (workflow/rules/capture.smk). A SpecForge arm's
+# commands (joined by &&) all log to the arm's log: the redirect takes the whole group.
 rule train:
     input:
         target=L.target_record,
@@ -54,7 +55,7 @@ rule train:
         settings=get_train_settings,
     shell:
         (
-            "{params.command} > {log} 2>&1{params.capture}"
+            "( {params.command} ) > {log} 2>&1{params.capture}"
             if S.train.uses_specforge
             else "{params.command} > {log} 2>&1"
         )

@@ -334,9 +334,9 @@ def capture_commands(settings: Settings, layout: Layout) -> list[list[str]]:
     if plan.engine == "specforge":
         return [pre, capture_argv(settings, layout), rec]
     dump = f"{plan.state}/dump"
+    device = [] if settings.train.device == "auto" else ["--device", settings.train.device]  # auto: its GPU, else CPU
     return [pre, ["draftlab", "dump-hidden-states", "--target", plan.target, "--tokens", plan.tokens, "--out", dump,
-                  "--store", "last_hidden", "--drafter", plan.drafter, "--max-length", str(plan.max_length),
-                  "--device", settings.train.device],
+                  "--store", "last_hidden", "--drafter", plan.drafter, "--max-length", str(plan.max_length), *device],
             ["draftlab", "specforge-features", "--dump", dump, "--out", str(plan.features)],
             rec + ["--mapping", layout.vocab_mapping]]
 
@@ -365,7 +365,7 @@ def capture_note(settings: Settings, layout: Layout) -> str:
         try:
             target_cfg, drafter_cfg = load_json_config(target_cfg_file), read_json(drafter_cfg_file)
             ids, outputs = specforge.capture_ids(drafter_cfg, target_cfg)
-            per = specforge.bytes_per_token(target_cfg, len(ids))
+            per = specforge.bytes_per_token(target_cfg, len(ids), None if plan.engine == "specforge" else "bfloat16")
             lines.append(f"aux layer ids {ids} (outputs of layers {outputs}), written into {plan.state}/draft_config.json "
                          "eagle_config.eagle_aux_hidden_state_layer_ids")
             formula = (f"({per['aux_layers']} aux + 1) x hidden {per['hidden_size']} x {per['dtype_bytes']} B "

@@ -116,12 +116,13 @@ def capture_ids(drafter_cfg: dict[str, Any], target_cfg: dict[str, Any]) -> tupl
     return aux_layers.config_ids_for(outputs, target_cfg), list(outputs)
 
 
-def bytes_per_token(target_cfg: dict[str, Any], n_aux: int = 3) -> dict[str, Any]:
+def bytes_per_token(target_cfg: dict[str, Any], n_aux: int = 3, dtype: str | None = None) -> dict[str, Any]:
     """Feature bytes a token costs: (aux layers + 1) x hidden x dtype bytes (the aux states and the final
-    hidden state), plus the int64 ``input_ids`` and ``loss_mask``."""
+    hidden state), plus the int64 ``input_ids`` and ``loss_mask``. The dtype is the target's (SpecForge's script
+    captures in the config's dtype) unless given (draftlab's dump stores bf16)."""
     text = text_config(target_cfg)
     hidden = int(text["hidden_size"])
-    dtype = str(text.get("torch_dtype") or text.get("dtype") or target_cfg.get("torch_dtype") or "bfloat16")
+    dtype = dtype or str(text.get("torch_dtype") or text.get("dtype") or target_cfg.get("torch_dtype") or "bfloat16")
     width = DTYPE_BYTES.get(dtype.removeprefix("torch."), 2)
     return {"hidden_size": hidden, "aux_layers": n_aux, "dtype": dtype, "dtype_bytes": width,
             "bytes_per_token": (n_aux + 1) * hidden * width + ID_BYTES}
@@ -150,7 +151,7 @@ def count_tokens(tokens: str | os.PathLike, max_length: int) -> tuple[int, int]:
 
 def estimate(plan: CapturePlan, target_cfg: dict[str, Any], n_aux: int = 3) -> dict[str, Any]:
     """The capture's size before it starts: tokens of the data x feature bytes a token."""
-    per = bytes_per_token(target_cfg, n_aux)
+    per = bytes_per_token(target_cfg, n_aux, None if plan.engine == "specforge" else "bfloat16")
     samples, tokens = count_tokens(plan.tokens, plan.max_length)
     return {**per, "samples": samples, "tokens": tokens, "bytes": tokens * per["bytes_per_token"]}
 
