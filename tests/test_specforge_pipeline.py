@@ -3,7 +3,7 @@ beside the builtin keep arm, and served, benched, recorded and reported like eve
 
 The real ``snakemake all`` of the smoke experiment on CPU, with ``train.specforge.arms: [keep]`` and the capture by
 draftlab's dump (the demo has no SGLang). ``specforge`` on PATH is SpecForge's own CLI from its wheel
-(tests/test_contract_specforge.py::specforge_python) through benchmarks/specforge_cpu_shim.py, which swaps the one
+(tests/test_contract_specforge.py::specforge_python) through benchmarks/gpu/specforge_cpu_shim.py, which swaps the one
 CUDA-only kernel (its Triton loss) for the reference formula of the same file; FSDP and flex attention's backward
 are settings (``train.specforge.overrides``). Everything else the arm runs is SpecForge's code.
 """
@@ -32,7 +32,7 @@ def test_the_offline_specforge_arm_runs_through_the_pipeline_beside_the_builtin_
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     wrapper = bin_dir / "specforge"
-    wrapper.write_text(f"#!/bin/sh\nexec {specforge_python()} {ROOT / 'benchmarks/specforge_cpu_shim.py'} \"$@\"\n")
+    wrapper.write_text(f"#!/bin/sh\nexec {specforge_python()} {ROOT / 'benchmarks/gpu/specforge_cpu_shim.py'} \"$@\"\n")
     wrapper.chmod(0o755)
     (wd / "sf.yaml").write_text(yaml.safe_dump({"train": {"finetune_modes": ["keep"], "scratch": False, "specforge": {
         "arms": ["keep"], "capture": "draftlab", "overrides": CPU}}}))

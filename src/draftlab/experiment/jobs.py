@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shlex
 import sys
 from typing import Any
@@ -240,9 +241,6 @@ def specforge_capture_note(settings: Settings, layout: Layout, arm: str) -> str:
     The aux ids are the ones the arm's run config will carry, computed now when the patched drafter and
     the target's config are already there (else named as what the first command computes).
     """
-    import os
-
-
     if settings.train.arm_backend(arm) != "specforge" or settings.train.specforge.mode == "one-host":
         return ""
     deployment = dict(settings.config["train"].get("specforge", {}).get("deployment") or {})
@@ -356,8 +354,6 @@ def capture_shell(settings: Settings, layout: Layout, log: str) -> str:
 def capture_note(settings: Settings, layout: Layout) -> str:
     """The disk estimate and the aux ids as comment lines after the capture's command (``-n -p`` prints them,
     bash skips them): numbers when the tokens and configs are already there, else how they are computed."""
-    import os
-
     plan = capture_plan(settings, layout)
     target_cfg_file, drafter_cfg_file = os.path.join(plan.target, "config.json"), os.path.join(plan.drafter, "config.json")
     lines = []

@@ -27,6 +27,7 @@ What the script does, read at SpecForge's v0.2.0 release (``version.txt`` 0.2.0,
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import hashlib
 import json
 import os
@@ -262,8 +263,6 @@ def count_feature_tokens(files: list[Path]) -> int:
     total = 0
     for p in files:
         if p.name.endswith(".gz"):
-            import gzip
-
             with gzip.open(p, "rb") as fh:
                 total += int(torch.load(fh, map_location="cpu", weights_only=True)["input_ids"].numel())
             continue
