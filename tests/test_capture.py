@@ -175,6 +175,7 @@ def test_a_real_run_refuses_a_missing_checkout_before_any_job(tmp_path):
     snakemake(d, "--profile", "gpu1", "results/demo-gpu/config.json", configfiles=files)
 
 
+@pytest.mark.slow  # two captures under torchrun, one killed halfway (about a minute on 2 cores)
 def test_a_killed_capture_keeps_its_finished_files_and_the_rerun_captures_only_the_rest(here):
     s, layout = _experiment(here, n=12)
     _checkout(here / "SpecForge")

@@ -21,7 +21,7 @@ from smoke_run import EXP, copy_workflow, snakemake
 
 from test_contract_specforge import specforge_python
 
-pytestmark = pytest.mark.contract
+pytestmark = [pytest.mark.contract, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = {"training": {"fsdp_sharding": "NO_SHARD", "attention_backend": "sdpa", "log_interval": 1}}

@@ -160,6 +160,9 @@ def test_kimi_dag_on_gpu8_prints_real_sglang_and_training_commands(tmp_path):
                          "--draft-config results/kimi-k25/drafter/patched/config.json ", l.strip()), l
         assert f"--output-dir {out}" in l and "--tokens results/kimi-k25/data/tokens.jsonl" in l
         assert "--capture results/kimi-k25/capture/capture.json" in l
+        assert (f"# train {arm} with SpecForge 0.2.0 on this host: data.hidden_states_path "
+                "results/kimi-k25/capture-state/features (rule capture), deployment.mode local_colocated, "
+                "trainer.nproc_per_node 8") in text
         assert f"&& specforge train --config {out}/draftlab_run.yaml &&" in l
         assert (f"&& draftlab import-specforge {out} --out results/kimi-k25/train/{arm}/drafter "
                 "--expect-mapping ") in l and "--expect-steps 20000" in l

@@ -235,14 +235,19 @@ def train_commands(settings: Settings, layout: Layout, arm: str) -> list[list[st
 
 
 def specforge_capture_note(settings: Settings, layout: Layout, arm: str) -> str:
-    """What a SpecForge arm needs on its capture host, as shell comment lines after the arm's command:
-    ``snakemake -n -p`` prints them, bash skips them. Empty for the builtin trainer.
+    """What a SpecForge arm trains from, as shell comment lines after the arm's command (``snakemake -n -p``
+    prints them, bash skips them): one host, the capture's features and local_colocated; two hosts, what its
+    capture host must run. Empty for the builtin trainer.
 
     The aux ids are the ones the arm's run config will carry, computed now when the patched drafter and
     the target's config are already there (else named as what the first command computes).
     """
-    if settings.train.arm_backend(arm) != "specforge" or settings.train.specforge.mode == "one-host":
+    if settings.train.arm_backend(arm) != "specforge":
         return ""
+    if settings.train.specforge.mode == "one-host":
+        return (f"\n# train {arm} with SpecForge {specforge.SPECFORGE_VERSION} on this host: data.hidden_states_path "
+                f"{layout.features} (rule capture), deployment.mode local_colocated, trainer.nproc_per_node "
+                f"{settings.train.nproc}")
     deployment = dict(settings.config["train"].get("specforge", {}).get("deployment") or {})
     if deployment.get("managed_local"):
         return (f"\n# train {arm} (SpecForge {specforge.SPECFORGE_VERSION}, managed_local): SpecForge starts Mooncake "
