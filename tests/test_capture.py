@@ -289,3 +289,25 @@ def test_new_data_moves_the_old_features_aside_and_captures_fresh(here):
     assert "data_sha256 changed" in log and json.loads(Path(layout.capture_record).read_text())["samples"] == 4
     # the data went to the script under a new path: its caches key on the path
     assert len(list(Path(layout.capture_state).glob("conversations-*.jsonl"))) == 2
+
+
+@pytest.mark.parametrize("train, key", [
+    ({"backend": "specforge", "specforge": {"arms": ["keep"]}}, "every arm is SpecForge's already"),
+    ({"specforge": {"arms": ["keep"], "mode": "two-host"}}, "train from the one capture"),
+])
+def test_specforge_arms_beside_builtin_ones_need_the_builtin_backend_and_one_host(tmp_path, train, key):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(json.dumps({"experiment": "x", "target": {"source": "t"}, "drafter": {"source": "d"}, "train": train}))
+    one_error_line(cli("check-config", cfg), "train.specforge.arms", key)
+
+
+def test_the_arms_of_a_specforge_arm_config_and_their_backends():
+    s = Settings.load({"experiment": "x", "target": {"source": "t"}, "drafter": {"source": "d"},
+                       "train": {"finetune_modes": ["keep"], "specforge": {"arms": ["keep", "scratch"]}}}, "c")
+    assert s.arms == ["finetune-keep", "scratch", "specforge-keep", "specforge-scratch"]
+    assert [s.train.arm_backend(a) for a in s.arms] == ["builtin", "builtin", "specforge", "specforge"]
+    layout = Layout("x")
+    keep, scratch = (jobs.train_commands(s, layout, a)[0] for a in ("specforge-keep", "specforge-scratch"))
+    assert keep[keep.index("--mapping") + 1] == layout.patched and "--ckpt-dir" in keep
+    assert scratch[scratch.index("--mapping") + 1] == layout.capture_mapping and "--ckpt-dir" not in scratch
+    assert jobs.train_commands(s, layout, "finetune-keep")[0][:2] == ["draftlab", "train"]
