@@ -83,6 +83,15 @@ def get_target_source():
     return get_source_args("target")
 
 
+def get_local_source_files(section):
+    """The files of `section`'s local model folder (none for hf:): an edit in place reruns the job that links
+    or records it, and what depends on it."""
+    s = getattr(S, section)
+    return jobs.local_source_files(
+        s.model_path or s.source if section == "target" else s.source
+    )
+
+
 def model_dir(input_file):
     """The model folder next to a resolve-model record (`.../models/target/model.json` -> `.../model`)."""
     return os.path.join(os.path.dirname(input_file), "model")
@@ -119,8 +128,15 @@ def get_server_command(wildcards):
 
 
 def get_serve_bench_inputs(wildcards):
+    """The plan, the models, the doctor's report and every client's prompt file (an edit in place of one
+    measures again)."""
     v = wildcards.variant
-    inputs = {"plan": L.bench_plan(v, wildcards.spec), "target": L.target_record}
+    inputs = {
+        "plan": L.bench_plan(v, wildcards.spec),
+        "target": L.target_record,
+        "prompts": jobs.bench_prompt_files(S),
+        "extra": jobs.extra_arg_files(S.serve.extra_args),
+    }
     if Variant(v).has_drafter:
         inputs["drafter"] = L.drafter_marker(v)
         inputs["doctor"] = L.doctor(v)
@@ -209,7 +225,7 @@ def get_report_args(wildcards, input):
         if files is None or (key == "data_stats" and not files):
             continue
         files = [files] if isinstance(files, str) else list(files)
-        parts.append(" ".join([flag] + files))
+        parts.append(shlex.join([flag] + files))
     return " ".join(parts)
 
 
@@ -243,6 +259,7 @@ def get_generate_inputs(wildcards):
         inputs["prompts"] = prompts
     if S.data.engine == "server":
         inputs["server"] = L.generate_server
+        inputs["extra"] = jobs.extra_arg_files(S.serve.extra_args)
     return inputs
 
 

@@ -44,7 +44,7 @@ if S.data.generated:
         params:
             args=get_generate_args,
         shell:
-            "draftlab generate-data {params.args} > {log.main} 2>&1"
+            "draftlab generate-data {params.args} > {log.main:q} 2>&1"
 
 
 rule tokenize:
@@ -65,8 +65,8 @@ rule tokenize:
         max_length=S.train.max_length,
         trust=get_trust_remote_code(),
     shell:
-        "draftlab tokenize --target {params.target} --data {params.data} --out {output.tokens}"
-        " --max-length {params.max_length} {params.trust} > {log} 2>&1"
+        "draftlab tokenize --target {params.target:q} --data {params.data:q} --out {output.tokens:q}"
+        " --max-length {params.max_length:q} {params.trust:q} > {log:q} 2>&1"
 
 
 rule vocab_mapping:

@@ -38,6 +38,7 @@ rule train:
         data=get_train_data_input(),
         merged=L.config_json,
         capture=get_train_capture_input,
+        extra=jobs.extra_arg_files(S.train.extra_args),
     output:
         run=directory(L.train_dir("{arm}")),
     log:
@@ -55,7 +56,7 @@ rule train:
         settings=get_train_settings,
     shell:
         (
-            "( {params.command} ) > {log} 2>&1{params.capture}"
+            "( {params.command} ) > {log:q} 2>&1{params.capture}"
             if S.train.uses_specforge
-            else "{params.command} > {log} 2>&1"
+            else "{params.command} > {log:q} 2>&1"
         )
