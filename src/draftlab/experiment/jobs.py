@@ -18,7 +18,7 @@ from typing import Any
 
 from draftlab.benchmark.bench_plan import build_plan
 from draftlab.benchmark.bench_prompts import default_prompts_path
-from draftlab.experiment.layout import Layout
+from draftlab.experiment.layout import Layout, demo_bench_prompts, demo_finetune_prompts
 from draftlab.settings.model import Settings, Spec
 from draftlab.experiment.variants import BASELINE, Variant
 from draftlab.formats.target_config import load_json_config
@@ -75,9 +75,12 @@ def server(settings: Settings, layout: Layout, variant: str, spec: str) -> Serve
 def plan(settings: Settings, layout: Layout, variant: str, spec: str) -> dict[str, Any]:
     """The serve-bench plan of one server job. A trained arm's job exists only when the probe gate opened
     (the checkpoint decides), so no plan carries the gate."""
-    return build_plan(settings.config, variant=variant, spec_id=spec, server=server(settings, layout, variant, spec),
-                      result_path=lambda client, ext: layout.bench_result(variant, spec, client, ext),
-                      summary=layout.serve_summary(variant, spec), server_log=layout.server_log(variant, spec))
+    out = build_plan(settings.config, variant=variant, spec_id=spec, server=server(settings, layout, variant, spec),
+                     result_path=lambda client, ext: layout.bench_result(variant, spec, client, ext),
+                     summary=layout.serve_summary(variant, spec), server_log=layout.server_log(variant, spec))
+    for c, client in zip(out["clients"], settings.bench.clients):
+        c["in_domain"] = in_domain_prompts(settings, client)
+    return out
 
 
 # --- which variants exist -------------------------------------------------------------------------
@@ -105,8 +108,16 @@ def generate_server(settings: Settings, layout: Layout) -> ServerSpec:
 
 
 def generate_prompts(settings: Settings) -> str:
-    """The prompts the target answers: ``data.prompts``, else the demo's v2 training slice."""
-    return settings.data.prompts or f"{settings.demo_dir}/work/data/v2.jsonl"
+    """The prompts the target answers: ``data.prompts``, else the demo's v2 training slice less the prompts it
+    holds out for the bench."""
+    return settings.data.prompts or demo_finetune_prompts(settings.demo_dir)
+
+
+def in_domain_prompts(settings: Settings, client) -> str | None:
+    """A client's ``in_domain`` prompt file: ``demo`` is the demo build's held-out set; None when it has none."""
+    if client.in_domain == "demo":
+        return demo_bench_prompts(settings.demo_dir)
+    return client.in_domain
 
 
 def generate_command(settings: Settings, layout: Layout, server_log: str,
@@ -132,6 +143,18 @@ def generate_command(settings: Settings, layout: Layout, server_log: str,
     cmd += ["--server", layout.generate_server, "--server-log", server_log, "--concurrency", str(d.concurrency),
             "--retries", str(d.retries)]
     return cmd + ["--"] + (server or generate_server(settings, layout)).command()
+
+
+def leak_check_files(settings: Settings, layout: Layout) -> dict[str, list[str]]:
+    """What rule leak_check compares: every prompt file a bench client sends (``default`` = the shipped set),
+    against the fine-tune data and, when generated, the prompts it was generated from."""
+    bench: list[str] = []
+    for c in settings.bench.clients:
+        for f in (c.prompts or "default", in_domain_prompts(settings, c)):
+            if f is not None and f not in bench:
+                bench.append(f)
+    data = [train_data(settings, layout)] + ([generate_prompts(settings)] if settings.data.generated else [])
+    return {"bench": bench, "data": data}
 
 
 # --- training -----------------------------------------------------------------------------------

@@ -128,6 +128,10 @@ class Client:
         "use N prompts, a seeded sample stratified by category (proportional, at least one per category "
         "when N >= the number of categories); null = all", minimum=1)
     ignore_eos: bool = setting(False, "always generate max_new_tokens tokens")
+    in_domain: str | None = setting(None,
+        "a second prompt file benched in the same client, beside `prompts`: the traffic the target serves, "
+        "its categories reported next to the others (ids must differ from prompts'); demo = the demo build's "
+        "held-out in-domain prompts (demo.enabled); null = none", minLength=1)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -416,6 +420,11 @@ class Settings:
         if sf.arms and sf.mode != "one-host":
             raise DraftlabError(f"{self.source}: key 'train.specforge.arms': SpecForge arms beside builtin ones train "
                                 "from the one capture (train.specforge.mode one-host), not two-host")
+        for i, c in enumerate(self.bench.clients):
+            if c.in_domain == "demo" and not self.demo.enabled:
+                raise DraftlabError(f"{self.source}: key 'bench.clients[{i}].in_domain': value 'demo' needs "
+                                    "demo.enabled: true (the demo build writes those prompts); expected a prompt file "
+                                    "or null")
         ids = [s.id for s in self.speculative]
         if len(set(ids)) != len(ids):
             raise DraftlabError(f"{self.source}: key 'speculative': settings repeat ({', '.join(ids)})")
