@@ -459,14 +459,14 @@ def _add_capture(sub) -> None:
         p.add_argument("--data", required=True, help="the fine-tune conversations JSONL ({\"messages\": [...]})")
         p.add_argument("--state", required=True, help="capture-state folder (features/ inside)")
         p.add_argument("--chat-template", default=schema_default("train.chat_template"))
-        p.add_argument("--max-length", type=int, default=schema_default("train.max_length"))
+        p.add_argument("--max-length", type=number(int, minimum=1), default=schema_default("train.max_length"))
         p.add_argument("--checkout", default=None, help="SpecForge checkout at the v0.2.0 release")
         if name == "capture-record":
             p.add_argument("--out", required=True, help="the record JSON to write")
             p.add_argument("--mapping-out", required=True, help="the corpus-derived vocab mapping to write")
             p.add_argument("--mapping", default=None, help="draftlab engine: draftlab's vocab mapping of the data")
         else:
-            p.add_argument("--free-bytes", type=int, default=None, help=argparse.SUPPRESS)  # tests: a full disk
+            p.add_argument("--free-bytes", type=number(int, minimum=0), default=None, help=argparse.SUPPRESS)  # tests: a full disk
         add_json_flag(p)
         p.set_defaults(func=_capture_preflight if name == "capture-preflight" else _capture_record)
 
