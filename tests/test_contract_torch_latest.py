@@ -22,7 +22,7 @@ import pytest
 
 from toolenv import tool_python
 
-pytestmark = pytest.mark.contract
+pytestmark = [pytest.mark.contract, pytest.mark.slow]  # gigabytes on a cold machine: CI (the whole suite), not the inner loop
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCH = "2.15.0"
