@@ -99,7 +99,7 @@ def test_generate_stream_equals_the_whole_answer(started, name, concurrency):
         assert all("spec_verify_ct" not in e["meta_info"] for e in events[:-1])  # SGLang: on the last only
         assert len({e["meta_info"]["id"] for e in events}) == 1
         # tokens leave as steps accept them: at most one event per step (a reader that falls behind gets
-        # several steps. tokens at once)
+        # several steps' tokens at once; the scheduler publishes after whole steps only)
         steps = w["meta_info"].get("spec_verify_ct", w["meta_info"]["completion_tokens"] - 1)
         assert len(events) <= steps + 1
     if concurrency == 8:

@@ -89,13 +89,8 @@ def _is_unverified(row: dict) -> bool:
     return (row["completion_tokens"] or 0) > 1 and not (row.get("verify_ct") or 0) > 0
 
 
-def summarize(
-    rows: list[dict[str, Any]],
-    repeat_walls: list[float],
-    *,
-    api: str,
-    vllm_delta: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+def summarize(rows: list[dict[str, Any]], repeat_walls: list[float], *, api: str,
+              vllm_delta: dict[str, Any] | None = None) -> dict[str, Any]:
     """Turn measured rows (phase "measure"), per-repeat wall times and TTFT rows into the summary."""
     measured = [r for r in rows if r["phase"] == "measure"]
     ttft_rows = [r for r in rows if r["phase"] == "ttft" and r.get("ttft_s") is not None]
