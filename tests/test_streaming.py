@@ -10,29 +10,17 @@ import time
 import tracemalloc
 
 import pytest
-import torch
+from httpcall import call
+from test_server import folders  # noqa: F401 - the same tiny target and drafter (a fixture)
 
 from draftlab import http_client
 from draftlab.engine.core import Engine
-from draftlab.models.target import read_config
 from draftlab.serving import streaming
 from draftlab.serving.server import load_state, make_server
-from factories import tiny_drafter_config, write_drafter
-from httpcall import call
-from tiny_models import tiny_target
 
 # the final meta_info fields a stream must agree on with the whole answer (all but ids and times)
 SAME = ("prompt_tokens", "completion_tokens", "finish_reason", "spec_verify_ct", "spec_accept_length",
         "spec_accept_rate", "spec_num_correct_drafts", "spec_num_proposed_drafts", "spec_correct_drafts_histogram")
-
-
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("stream")
-    target = tiny_target(root / "target", seed=0)
-    drafter = write_drafter(root / "drafter", tiny_drafter_config(read_config(target)), seed=1)
-    return target, drafter
 
 
 @pytest.fixture(scope="module")
