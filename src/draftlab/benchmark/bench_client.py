@@ -79,6 +79,15 @@ def at_least_counts(histogram: Any) -> list[int] | None:
     return [sum(counts[i:]) for i in range(1, len(counts))]
 
 
+def accept_by_position(meta: dict) -> tuple[str | None, list | None]:
+    """(the field it came from, accepts per draft position) of a ``meta_info``, or (None, None)."""
+    by_pos = meta.get("spec_accept_by_position")  # draftlab's builtin server before issue 40 (now the histogram)
+    if isinstance(by_pos, list):
+        return "spec_accept_by_position", by_pos
+    counts = at_least_counts(meta.get("spec_correct_drafts_histogram"))  # SGLang 0.5.23 and the builtin server
+    return ("spec_correct_drafts_histogram", counts) if counts is not None else (None, None)
+
+
 def parse_sglang_meta(meta: dict) -> dict[str, Any]:
     """Raw counts from an SGLang/builtin ``meta_info`` (one code path for both), tolerating older SGLang names."""
     accepted = proposed = None
@@ -96,7 +105,7 @@ def parse_sglang_meta(meta: dict) -> dict[str, Any]:
         decode, source = e2e, "e2e_latency"
     else:
         decode, source = None, None
-    by_pos = at_least_counts(meta.get("spec_correct_drafts_histogram"))  # SGLang 0.5.23 and the builtin server
+    by_pos = accept_by_position(meta)[1]
     return {
         "prompt_tokens": _int_or_none(meta.get("prompt_tokens")),
         "completion_tokens": _int_or_none(meta.get("completion_tokens")),
@@ -172,6 +181,7 @@ class _Client:
         start = time.perf_counter()
         ttft = None
         itl = Gaps(start)
+        returned = False  # whether any output (ids or text) came back
         with http_client.request(url, payload, self.timeout) as resp:
             streamed = stream and "text/event-stream" in resp.content_type
             if streamed:
@@ -181,6 +191,7 @@ class _Client:
                     tokens = _int_or_none(meta.get("completion_tokens")) or 0
                     if tokens >= 1 or event.get("text"):
                         itl.tokens_at(time.perf_counter(), tokens)
+                    returned = returned or bool(event.get("output_ids")) or bool(event.get("text"))
                     final = event
                 ttft = itl.ttft
             else:
@@ -198,6 +209,12 @@ class _Client:
         row = parse_sglang_meta(meta)
         if row["completion_tokens"] is None:
             raise DraftlabError(f"{url}: key 'meta_info.completion_tokens' missing from the response")
+        if self.checks is not None:  # on the parsed counts: the same for every field naming
+            self.checks.check_parsed(row, url, accept_by_position(meta)[0])
+            ids = final.get("output_ids")
+            ids = ids if isinstance(ids, list) and not streamed else None  # a stream may end on an increment
+            self.checks.check_output(row["completion_tokens"], url, ids=ids,
+                                     returned=returned or bool(final.get("output_ids")) or bool(final.get("text")))
         row.update(latency_s=latency, ttft_s=ttft, itl_s=itl.gaps if streamed else None, streamed=streamed)
         return row
 
@@ -218,6 +235,7 @@ class _Client:
         ttft = None
         itl = Gaps(start)
         usage: dict = {}
+        choices: list = []
         with http_client.request(url, payload, self.timeout) as resp:
             streamed = stream and "text/event-stream" in resp.content_type
             if streamed:
@@ -229,10 +247,15 @@ class _Client:
                     usage = ev.get("usage", "object") or usage
                 ttft = itl.ttft
             else:
-                usage = http_client.JsonReader(resp.json(dict), url).get("usage", "object", default={})
+                answer = http_client.JsonReader(resp.json(dict), url)
+                usage = answer.get("usage", "object", default={})
+                choices = answer.get("choices", "list", default=[])
         latency = time.perf_counter() - start
         if self.checks is not None:
             self.checks.check_usage(usage, url)
+            if not streamed and not choices and (_int_or_none(usage.get("completion_tokens")) or 0) > 0:
+                raise DraftlabError(f"{url}: usage.completion_tokens is {usage.get('completion_tokens')} but the "
+                                    "answer holds no choices; refusing to record tokens the server did not return")
         completion = _int_or_none(usage.get("completion_tokens"))
         if completion is None:
             raise DraftlabError(f"{url}: key 'usage.completion_tokens' missing from the response")
