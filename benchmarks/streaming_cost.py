@@ -5,7 +5,8 @@ Starts ``draftlab serve`` on the demo pair (target v1 with drafter v1, speculati
 the drafter), then sends the same prompts to ``/generate`` whole and with ``"stream": true``, rounds
 interleaved (whole, streamed, whole, ...) so a busy host slows both alike, at each concurrency.
 Throughput is output tokens over the pass's wall time; the figure is the median over rounds of the
-per-round ratio streamed / whole. Also checks that every streamed answer has the same output ids and
+per-round ratio streamed / whole. The server process's CPU seconds per pass are compared too (streamed over
+whole, same tokens): the cost in work, which a busy shared host disturbs far less than wall time. Also checks that every streamed answer has the same output ids and
 verify count as the whole one, and reports the streamed passes' TTFT and inter-token latency
 (p50/p90/p99, as ``bench_serving`` counts them). Prints and writes one JSON document.
 
@@ -58,19 +59,32 @@ def one_pass(send, url: str, texts: list[str], concurrency: int, max_new: int) -
     return time.perf_counter() - t0, outs
 
 
-def measure(url: str, texts: list[str], concurrency: int, args) -> dict:
+def cpu_seconds(pid: int) -> float:
+    """The server process's CPU time so far (user + system, all its threads): on a shared host it moves
+    far less with other load than wall time does."""
+    import psutil
+
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
+def measure(url: str, pid: int, texts: list[str], concurrency: int, args) -> dict:
     from draftlab.benchmark.bench_summary import percentile
 
-    ratios, tps = [], {"whole": [], "streamed": []}
+    ratios, cpu_ratios, tps = [], [], {"whole": [], "streamed": []}
     ttfts, gaps, mismatches = [], [], 0
     one_pass(whole, url, texts[:2], 1, args.max_new_tokens)  # warm-up
     for _ in range(args.rounds):
+        c0 = cpu_seconds(pid)
         wall_w, outs_w = one_pass(whole, url, texts, concurrency, args.max_new_tokens)
+        c1 = cpu_seconds(pid)
         wall_s, outs_s = one_pass(streamed, url, texts, concurrency, args.max_new_tokens)
+        c2 = cpu_seconds(pid)
         tokens = sum(len(o["ids"]) for o in outs_w)
         tps["whole"].append(tokens / wall_w)
         tps["streamed"].append(sum(len(o["ids"]) for o in outs_s) / wall_s)
         ratios.append(tps["streamed"][-1] / tps["whole"][-1])
+        cpu_ratios.append((c2 - c1) / (c1 - c0))  # the same tokens both passes (checked below)
         mismatches += sum(a["ids"] != b["ids"] or a["meta"].get("spec_verify_ct") != b["meta"].get("spec_verify_ct")
                           for a, b in zip(outs_w, outs_s))
         ttfts += [o["ttft"] for o in outs_s]
@@ -81,6 +95,8 @@ def measure(url: str, texts: list[str], concurrency: int, args) -> dict:
             "tok_per_s_streamed_median": round(statistics.median(tps["streamed"]), 2),
             "streamed_over_whole_median": round(statistics.median(ratios), 4),
             "streamed_over_whole_per_round": [round(r, 4) for r in ratios],
+            "server_cpu_streamed_over_whole_median": round(statistics.median(cpu_ratios), 4),
+            "server_cpu_streamed_over_whole_per_round": [round(r, 4) for r in cpu_ratios],
             "ttft_ms_p50_p90_p99": [ms(percentile(ttfts, q)) for q in (50, 90, 99)],
             "itl_ms_p50_p90_p99": [ms(percentile(gaps, q)) for q in (50, 90, 99)],
             "answers_that_differ": mismatches}
@@ -108,10 +124,11 @@ def main() -> int:
     server = Server(pair["target_v1"], None if args.plain else pair["drafter_v1"], args, log)
     try:
         texts = prompts(args.prompts)
-        runs = [measure(server.url, texts, c, args) for c in args.concurrency]
+        runs = [measure(server.url, server.proc.pid, texts, c, args) for c in args.concurrency]
     finally:
         server.stop()
-    doc = {"what": "output tok/s of /generate streamed over whole (median of per-round ratios)",
+    doc = {"what": "output tok/s of /generate streamed over whole, and the server's CPU seconds streamed over "
+                   "whole (medians of per-round ratios)",
            "device": args.device, "size": args.size, "speculative": not args.plain, "num_steps": args.num_steps,
            "max_new_tokens": args.max_new_tokens, "host": platform.node(), "python": platform.python_version(),
            "runs": runs}

@@ -586,7 +586,8 @@ def test_builtin_server_speculative_run(builtin_servers, tmp_path):
     # issue 40: the builtin server streams, so the TTFT pass measures TTFT and inter-token latency
     ttft = [r for r in data["rows"] if r["phase"] == "ttft"]
     assert len(ttft) == 3 and all(0 < r["ttft_s"] < r["latency_s"] for r in ttft)
-    assert sum(len(r["itl_s"]) for r in ttft) == s["itl_count"] == sum(r["completion_tokens"] - 1 for r in ttft)
+    # one latency per token after the first event (bench_serving's count: an event may bring several)
+    assert 0 < sum(len(r["itl_s"]) for r in ttft) == s["itl_count"] <= sum(r["completion_tokens"] - 1 for r in ttft)
     assert 0 < s["ttft_s_p50"] <= s["ttft_s_p90"] <= s["ttft_s_p99"]
     assert 0 < s["itl_s_p50"] <= s["itl_s_p90"] <= s["itl_s_p99"]
 

@@ -49,6 +49,7 @@ def openai_python():
     return tool_python("openai", packages=[OPENAI])
 
 
+@pytest.mark.slow  # the session's smoke demo pair (conftest smoke_demo)
 def test_the_openai_client_streams_chat_and_completions(openai_python, smoke_demo):
     demo = smoke_demo["result"]
     state = load_state(demo["target_v1"], demo["drafter_v1"], num_steps=3)

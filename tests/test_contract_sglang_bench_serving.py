@@ -87,6 +87,7 @@ def _bench_serving(python, url: str, backend: str, target: str, dataset, out) ->
     return json.loads(lines[-1])
 
 
+@pytest.mark.slow  # the session's smoke demo pair (conftest smoke_demo)
 @pytest.mark.parametrize("backend", ["sglang", "sglang-oai", "sglang-oai-chat"])
 def test_sglang_bench_serving_measures_the_builtin_server(bench_python, smoke_demo, prompts_file, tmp_path,
                                                           backend):

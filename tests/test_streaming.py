@@ -122,6 +122,7 @@ def test_openai_streams_completions_and_chat(started):
     assert all(c["choices"] for c in plain_chunks)  # no usage chunk unless asked
 
 
+@pytest.mark.slow  # the session's smoke demo pair (conftest smoke_demo)
 def test_chat_stream_on_a_real_chat_template(smoke_demo):
     demo = smoke_demo["result"]
     state = load_state(demo["target_v1"], demo["drafter_v1"], num_steps=3)
