@@ -188,7 +188,10 @@ class _Client:
                 final: Any = {}
                 for n, event in enumerate(resp.events()):
                     meta = http_client.JsonReader(event, url, f"event {n}").get("meta_info", "object", default={})
-                    tokens = _int_or_none(meta.get("completion_tokens")) or 0
+                    tokens = max(0, _int_or_none(meta.get("completion_tokens")) or 0)
+                    if tokens > self.max_new_tokens:  # before it sizes anything (a lying count is refused)
+                        raise DraftlabError(f"{url}: event {n}: meta_info.completion_tokens {tokens} is above "
+                                            f"max_new_tokens {self.max_new_tokens}, which this benchmark asked for")
                     if tokens >= 1 or event.get("text"):
                         itl.tokens_at(time.perf_counter(), tokens)
                     returned = returned or bool(event.get("output_ids")) or bool(event.get("text"))
