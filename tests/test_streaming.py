@@ -237,3 +237,24 @@ def test_model_routes_answer_as_sglang(started, folders):
     assert call(url + "/ready")[0] == 200
     info = call(url + "/server_info")[1]
     assert info["max_running_requests"] == 8 and info["served_model_name"] == target
+
+
+def test_a_shutdown_mid_stream_ends_it_with_an_error_event(folders):
+    """After the first event the status line is gone: a failure is SGLang's error event, then [DONE]."""
+    state = load_state(folders[0], None)
+    httpd = make_server(state, "127.0.0.1", 0)
+    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{httpd.server_address[1]}/generate"
+        events = []
+        with http_client.request(url, {"input_ids": [3, 4, 5], "stream": True,
+                                       "sampling_params": {"max_new_tokens": 240, "ignore_eos": True}}, 60) as resp:
+            assert resp.status == 200
+            for event in resp.events():
+                events.append(event)
+                state.stopping.set()  # SIGTERM's flag: every generation ends at its next step
+        assert events[-1]["error"]["code"] == 503 and "shutting down" in events[-1]["error"]["message"]
+        assert len(events[-2]["output_ids"]) < 240
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 
 from draftlab.engine.core import GenerationResult
 from draftlab.errors import DraftlabError
-from draftlab.serving.server_state import BadRequest, HTTPFailure, ServerState
+from draftlab.serving.server_state import BadRequest, ClientGone, HTTPFailure, ServerState
 from draftlab.serving.sglang_meta import meta_info
 
 POLL_S = 0.25  # how often a stream waiting for tokens checks for a gone client or a shutdown
@@ -141,6 +141,13 @@ def chat_events(state: ServerState, snapshots: Iterator[Snapshot], rid: str, mod
     yield DONE
 
 
+def _fail(handler, message: str, status: int) -> None:
+    """SGLang's error event, then ``[DONE]``: how a stream already under way says it failed."""
+    handler.write_chunk(_event({"error": {"message": message, "type": "invalid_request_error" if status < 500
+                                          else "server_error", "code": status}}))
+    handler.write_chunk(DONE)
+
+
 def send_sse(handler, stream: Stream) -> None:
     """Write ``stream`` on ``handler``'s connection (chunked transfer encoding).
 
@@ -159,9 +166,14 @@ def send_sse(handler, stream: Stream) -> None:
         for event in events:
             handler.write_chunk(event)
     except HTTPFailure as exc:  # the server is stopping, or the engine failed, mid-stream
-        handler.write_chunk(_event({"error": {"message": str(exc), "type": "invalid_request_error"
-                                              if exc.status < 500 else "server_error", "code": exc.status}}))
-        handler.write_chunk(DONE)
+        _fail(handler, str(exc), exc.status)
+    except (ClientGone, OSError):
+        raise  # nobody to tell (the handler closes the connection)
+    except Exception as exc:  # a bug: the stream ends with an error event, not a second status line inside it
+        import traceback
+
+        traceback.print_exc()
+        _fail(handler, f"internal error: {type(exc).__name__}: {exc}", 500)
     finally:
         events.close()
     handler.write_chunk(b"")
