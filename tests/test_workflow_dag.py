@@ -202,7 +202,8 @@ def test_report_is_handed_exactly_the_configured_arms(workdir, tmp_path):
     bench = report.split("--bench ", 1)[1].split(" --", 1)[0].split()
     plans = report.split("--plans ", 1)[1].split(" >", 1)[0].split()
     assert f"{exp}/bench/baseline/plain/default.json" in bench and all("scratch" not in b for b in bench)
-    assert f"{exp}/bench/finetune-keep/s2-k1-d3/plan.json" in plans and all("baseline" not in p for p in plans)
+    # issue 38: the baseline's plan too, the plain server a plain or cannot-tell verdict's deploy block names
+    assert f"{exp}/bench/finetune-keep/s2-k1-d3/plan.json" in plans and f"{exp}/bench/baseline/plain/plan.json" in plans
     job = next(b for b in job_blocks(out) if "rule report:" in b)
     assert f"{exp}/report/recommendation.json" in job
 

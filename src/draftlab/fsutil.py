@@ -113,7 +113,8 @@ def check_replaceable(path: str | os.PathLike, stage: str, inputs: Iterable[str 
     """Refuse to let ``stage`` replace ``path`` unless it is draftlab's own earlier output of that stage.
 
     Why: an ``--out`` that names a user's folder (or one holding the input) must never be wiped.
-    ``path`` may be absent or an empty folder; otherwise it must hold :data:`MARKER` naming ``stage``.
+    ``path`` may be absent or an empty folder (folders in it, but no file: Snakemake makes the folders of a
+    job's declared outputs before the job runs); otherwise it must hold :data:`MARKER` naming ``stage``.
     It may never equal or contain one of ``inputs``, whether or not it exists yet.
     """
     path = Path(path)
@@ -127,7 +128,7 @@ def check_replaceable(path: str | os.PathLike, stage: str, inputs: Iterable[str 
         return
     if path.is_symlink() or not path.is_dir():
         raise DraftlabError(f"{path}: exists and is not a folder draftlab wrote; refusing to replace it")
-    if not any(path.iterdir()):
+    if not any(not p.is_dir() or p.is_symlink() for p in path.rglob("*")):
         return
     owner = output_stage(path)
     if owner is None and stage in LEGACY_RECORDS and (path / LEGACY_RECORDS[stage]).is_file():

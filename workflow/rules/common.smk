@@ -6,9 +6,16 @@ import json
 import os
 import shlex
 
+from draftlab.benchmark.bench_prompts import default_prompts_path
 from draftlab.benchmark.probe_gate import gate_open
 from draftlab.experiment import jobs, variants
-from draftlab.experiment.layout import Layout, demo_hub_cache, demo_record
+from draftlab.experiment.layout import (
+    Layout,
+    demo_bench_prompts,
+    demo_finetune_prompts,
+    demo_hub_cache,
+    demo_record,
+)
 from draftlab.settings.model import Settings
 from draftlab.experiment.variants import Variant
 
@@ -79,6 +86,15 @@ def get_target_source():
     return get_source_args("target")
 
 
+def get_local_source_files(section):
+    """The files of `section`'s local model folder (none for hf:): an edit in place reruns the job that links
+    or records it, and what depends on it."""
+    s = getattr(S, section)
+    return jobs.local_source_files(
+        s.model_path or s.source if section == "target" else s.source
+    )
+
+
 def model_dir(input_file):
     """The model folder next to a resolve-model record (`.../models/target/model.json` -> `.../model`)."""
     return os.path.join(os.path.dirname(input_file), "model")
@@ -114,9 +130,34 @@ def get_server_command(wildcards):
     return shlex.join(_plan(wildcards.variant, wildcards.spec)["argv"])
 
 
+def get_in_domain_prompts():
+    """Every client's in_domain prompt file (the demo's is rule demo_models' output; a user file not here yet
+    is left out with a warning, and the bench fails naming it)."""
+    files = []
+    for c in S.bench.clients:
+        path = jobs.in_domain_prompts(S, c)
+        if path is None or path in files:
+            continue
+        if c.in_domain != "demo" and not os.path.exists(path):
+            logger.warning(
+                f"bench.clients in_domain {path} does not exist here; serve_bench will fail until it does"
+            )
+            continue
+        files.append(path)
+    return files
+
+
 def get_serve_bench_inputs(wildcards):
+    """The plan, the models, the doctor's report and every client's prompt file (an edit in place of one
+    measures again)."""
     v = wildcards.variant
-    inputs = {"plan": L.bench_plan(v, wildcards.spec), "target": L.target_record}
+    inputs = {
+        "plan": L.bench_plan(v, wildcards.spec),
+        "target": L.target_record,
+        "prompts": jobs.bench_prompt_files(S),
+        "in_domain": get_in_domain_prompts(),
+        "extra": jobs.extra_arg_files(S.serve.extra_args),
+    }
     if Variant(v).has_drafter:
         inputs["drafter"] = L.drafter_marker(v)
         inputs["doctor"] = L.doctor(v)
@@ -175,7 +216,8 @@ def get_report_inputs(wildcards):
         # per-request rows: paired speedups, per-category results, chain predictions
         "bench": L.bench_results(servers, CLIENTS),
         # the servers' plans: the recommendation's launch command comes from the same builder
-        "plans": [L.bench_plan(v, s) for v, s in servers if Variant(v).has_drafter],
+        # the baseline's too: a plain verdict's deploy block names its launch command
+        "plans": [L.bench_plan(v, s) for v, s in servers],
     }
 
 
@@ -190,6 +232,7 @@ REPORT_FLAGS = (
     ("coverage", "--d2t-coverage"),
     ("static_md", "--static-md"),
     ("data_stats", "--data-stats"),
+    ("leak_check", "--leak-check"),
     ("bench", "--bench"),
     ("plans", "--plans"),
 )
@@ -205,7 +248,7 @@ def get_report_args(wildcards, input):
         if files is None or (key == "data_stats" and not files):
             continue
         files = [files] if isinstance(files, str) else list(files)
-        parts.append(" ".join([flag] + files))
+        parts.append(shlex.join([flag] + files))
     return " ".join(parts)
 
 
@@ -226,6 +269,22 @@ def get_train_data_input():
     return [path]
 
 
+def get_leak_check_inputs(wildcards):
+    """The files rule leak_check compares, as tracked inputs (the shipped set by its path in the package);
+    a user file not here yet is left out, and the check fails naming it."""
+    files = jobs.leak_check_files(S, L)
+    bench = [
+        str(default_prompts_path()) if f == "default" else f
+        for f in files["bench"]
+        if f == "default" or f in get_in_domain_prompts() or os.path.exists(f)
+    ]
+    made = [L.generated_data] + (
+        [jobs.generate_prompts(S)] if DEMO and not S.data.prompts else []
+    )
+    data = [f for f in files["data"] if f in made or os.path.exists(f)]
+    return {"bench": bench, "data": data}
+
+
 def get_generate_inputs(wildcards):
     """The target, the prompt file (a user file not here yet is left out with a warning, as data.path
     is), the demo build and, with the server engine, the server spec."""
@@ -235,10 +294,11 @@ def get_generate_inputs(wildcards):
         logger.warning(
             f"data.prompts {prompts} does not exist here; generate_data will fail until it does"
         )
-    elif S.data.prompts:
+    elif S.data.prompts or DEMO:  # the demo's: rule demo_models writes them
         inputs["prompts"] = prompts
     if S.data.engine == "server":
         inputs["server"] = L.generate_server
+        inputs["extra"] = jobs.extra_arg_files(S.serve.extra_args)
     return inputs
 
 

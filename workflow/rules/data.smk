@@ -44,7 +44,7 @@ if S.data.generated:
         params:
             args=get_generate_args,
         shell:
-            "draftlab generate-data {params.args} > {log.main} 2>&1"
+            "draftlab generate-data {params.args} > {log.main:q} 2>&1"
 
 
 rule tokenize:
@@ -65,8 +65,8 @@ rule tokenize:
         max_length=S.train.max_length,
         trust=get_trust_remote_code(),
     shell:
-        "draftlab tokenize --target {params.target} --data {params.data} --out {output.tokens}"
-        " --max-length {params.max_length} {params.trust} > {log} 2>&1"
+        "draftlab tokenize --target {params.target:q} --data {params.data:q} --out {output.tokens:q}"
+        " --max-length {params.max_length:q} {params.trust:q} > {log:q} 2>&1"
 
 
 rule vocab_mapping:
@@ -88,3 +88,20 @@ rule vocab_mapping:
         draft_vocab_size=S.data.draft_vocab_size,
     script:
         "../scripts/vocab_mapping.py"
+
+
+rule leak_check:
+    """No bench prompt in the fine-tune data: a leak is refused in one line; the report needs the record."""
+    input:
+        unpack(get_leak_check_inputs),
+    output:
+        record=L.leak_check,
+    log:
+        L.log("leak_check.log"),
+    conda:
+        "../../envs/analysis.yaml"
+    params:
+        bench=lambda wildcards: jobs.leak_check_files(S, L)["bench"],
+        data=lambda wildcards: jobs.leak_check_files(S, L)["data"],
+    shell:
+        "draftlab leak-check --bench {params.bench:q} --data {params.data:q} --out {output.record:q} > {log:q} 2>&1"

@@ -40,7 +40,7 @@ rule serve_bench:
     params:
         command=get_server_command,
     shell:
-        "draftlab serve-bench --plan {input.plan} -- {params.command} > {log.bench} 2>&1"
+        "draftlab serve-bench --plan {input.plan:q} -- {params.command} > {log.bench:q} 2>&1"
 
 
 checkpoint probe_gate:
@@ -58,4 +58,4 @@ checkpoint probe_gate:
     params:
         min_accept_length=S.gate.min_accept_length,
     shell:
-        "draftlab probe-gate {input} --min-accept-length {params.min_accept_length} --out {output.gate} > {log} 2>&1"
+        "draftlab probe-gate {input:q} --min-accept-length {params.min_accept_length:q} --out {output.gate:q} > {log:q} 2>&1"

@@ -30,7 +30,8 @@ from typing import Any, Callable, Sequence
 from draftlab.benchmark.bench_checks import Plausibility, check_same_server
 from draftlab.benchmark.bench_client import _Client, _metrics_delta, _vllm_metrics
 from draftlab.benchmark.bench_prompts import (Prompt, default_prompts_path, file_sha256,  # noqa: F401 - the bench API
-                                              load_prompts, resolve_prompts_path, stratified_sample)
+                                              load_prompt_files, load_prompts, resolve_prompts_path,
+                                              stratified_sample)
 from draftlab.benchmark.bench_summary import (PERCENTILES, VERIFY_CYCLE_SOURCES, _is_unverified,  # noqa: F401 - the bench API
                                               is_verify_cycle, summarize)
 from draftlab.errors import DraftlabError
@@ -119,7 +120,7 @@ def _guard_vllm(delta: dict | None, n: int) -> None:
 
 def run_benchmark(
     url: str,
-    prompts: str | Path | Sequence[Prompt],
+    prompts: str | Path | Sequence[Prompt] | Sequence[str | Path],
     *,
     api: str = "sglang",
     max_new_tokens: int = 64,  # the model's bench.clients default (a test keeps them equal)
@@ -227,13 +228,15 @@ def _checked_args(url: str, api: str, *, max_new_tokens: int, repeats: int, warm
     return url
 
 
-def _prompt_set(prompts: str | Path | Sequence[Prompt], category: str | None, limit: int | None,
+def _prompt_set(prompts: str | Path | Sequence[Prompt] | Sequence[str | Path], category: str | None, limit: int | None,
                 sample_seed: int) -> tuple[list[Prompt], dict[str, Any]]:
     """The prompts to send (a stratified sample when ``limit``) and the record of where they came from."""
     if isinstance(prompts, (str, Path)):
         prompt_path = resolve_prompts_path(prompts)
         prompt_list = load_prompts(prompt_path, category)
         prompt_set = {"path": str(prompt_path), "sha256": file_sha256(prompt_path)}
+    elif prompts and all(isinstance(p, (str, Path)) for p in prompts):
+        prompt_list, prompt_set = load_prompt_files(prompts, category)
     else:
         prompt_list = list(prompts)
         blob = "\n".join(json.dumps([p.id, p.category, p.text]) for p in prompt_list).encode()

@@ -89,7 +89,7 @@ def _measure(plan: Mapping[str, Any], spec: ServerSpec, summary: dict[str, Any],
         for c in plan["clients"]:
             t0 = time.time()
             result = run_benchmark(
-                srv.url, c["prompts"] or "default", api=plan["api"], max_new_tokens=c["max_new_tokens"],
+                srv.url, client_prompts(c), api=plan["api"], max_new_tokens=c["max_new_tokens"],
                 repeats=c["repeats"], warmup=c["warmup"], concurrency=c["concurrency"], limit=c.get("limit"),
                 ignore_eos=bool(c.get("ignore_eos")), require_speculation=plan["require_speculation"], progress=progress,
                 **_launched_numbers(spec), expect_server=planned_server_info(spec),
@@ -102,6 +102,12 @@ def _measure(plan: Mapping[str, Any], spec: ServerSpec, summary: dict[str, Any],
                                        "accept_length": result.summary.get("accept_length"),
                                        "output_tps_median": result.summary.get("output_tps_median")})
     return measured
+
+
+def client_prompts(client: Mapping[str, Any]) -> str | list[str]:
+    """What a client benches: its prompt file (null: the shipped set), and its ``in_domain`` file beside it."""
+    prompts = client.get("prompts") or "default"
+    return [prompts, client["in_domain"]] if client.get("in_domain") else prompts
 
 
 def _launched_numbers(spec) -> dict[str, int | None]:

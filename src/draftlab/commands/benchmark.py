@@ -1,4 +1,4 @@
-"""CLI for the benchmark layer: ``bench``, ``serve-bench``, ``probe-gate`` (alias ``gate``), ``gated``,
+"""CLI for the benchmark layer: ``bench``, ``serve-bench``, ``probe-gate`` (alias ``gate``), ``leak-check``, ``gated``,
 ``breakeven`` and its old name for the measured form, ``standing``: measure, then decide."""
 
 from __future__ import annotations
@@ -83,6 +83,16 @@ def _register_serve_bench_and_gate(sub) -> None:
     p.add_argument("--out", required=True)
     add_json_flag(p)
     p.set_defaults(func=_probe_gate)
+
+    p = sub.add_parser("leak-check", help="refuse fine-tune data that holds a bench prompt (rule leak_check)",
+                       description="Look for every prompt of the --bench files in every --data file (a whole "
+                                   "message, or inside one for longer prompts); a leak is refused in one line, "
+                                   "a clean check writes --out.")
+    p.add_argument("--bench", nargs="+", required=True, help="the bench's prompt files ('default' = the shipped set)")
+    p.add_argument("--data", nargs="+", required=True, help="the fine-tune data and the prompts it was generated from")
+    p.add_argument("--out", required=True, help="the check's record (JSON)")
+    add_json_flag(p)
+    p.set_defaults(func=_leak_check)
 
     p = sub.add_parser("gated", help="run a command unless the gate is closed (then write explicit skipped outputs)")
     p.add_argument("--gate", help="gate decision JSON")
@@ -285,6 +295,14 @@ def _probe_gate(args: argparse.Namespace) -> int:
     write_json(args.out, decision)
     print(f"probe gate: {decision['decision'].upper()}: {decision['reason']}", file=sys.stderr)
     emit(args, decision, lambda d: f"{d['decision']}: {d['reason']}")
+    return 0
+
+
+def _leak_check(args: argparse.Namespace) -> int:
+    from draftlab.benchmark.leak_check import leak_check
+
+    record = leak_check(args.bench, args.data, args.out)
+    emit(args, record, lambda r: f"leak-check: no bench prompt of {r['bench_prompts']} in the fine-tune data")
     return 0
 
 

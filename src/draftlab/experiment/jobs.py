@@ -13,10 +13,12 @@ import json
 import os
 import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
 from draftlab.benchmark.bench_plan import build_plan
-from draftlab.experiment.layout import Layout
+from draftlab.benchmark.bench_prompts import default_prompts_path
+from draftlab.experiment.layout import Layout, demo_bench_prompts, demo_finetune_prompts
 from draftlab.settings.model import Settings, Spec
 from draftlab.experiment.variants import BASELINE, Variant
 from draftlab.formats.target_config import load_json_config
@@ -73,9 +75,12 @@ def server(settings: Settings, layout: Layout, variant: str, spec: str) -> Serve
 def plan(settings: Settings, layout: Layout, variant: str, spec: str) -> dict[str, Any]:
     """The serve-bench plan of one server job. A trained arm's job exists only when the probe gate opened
     (the checkpoint decides), so no plan carries the gate."""
-    return build_plan(settings.config, variant=variant, spec_id=spec, server=server(settings, layout, variant, spec),
-                      result_path=lambda client, ext: layout.bench_result(variant, spec, client, ext),
-                      summary=layout.serve_summary(variant, spec), server_log=layout.server_log(variant, spec))
+    out = build_plan(settings.config, variant=variant, spec_id=spec, server=server(settings, layout, variant, spec),
+                     result_path=lambda client, ext: layout.bench_result(variant, spec, client, ext),
+                     summary=layout.serve_summary(variant, spec), server_log=layout.server_log(variant, spec))
+    for c, client in zip(out["clients"], settings.bench.clients):
+        c["in_domain"] = in_domain_prompts(settings, client)
+    return out
 
 
 # --- which variants exist -------------------------------------------------------------------------
@@ -103,8 +108,16 @@ def generate_server(settings: Settings, layout: Layout) -> ServerSpec:
 
 
 def generate_prompts(settings: Settings) -> str:
-    """The prompts the target answers: ``data.prompts``, else the demo's v2 training slice."""
-    return settings.data.prompts or f"{settings.demo_dir}/work/data/v2.jsonl"
+    """The prompts the target answers: ``data.prompts``, else the demo's v2 training slice less the prompts it
+    holds out for the bench."""
+    return settings.data.prompts or demo_finetune_prompts(settings.demo_dir)
+
+
+def in_domain_prompts(settings: Settings, client) -> str | None:
+    """A client's ``in_domain`` prompt file: ``demo`` is the demo build's held-out set; None when it has none."""
+    if client.in_domain == "demo":
+        return demo_bench_prompts(settings.demo_dir)
+    return client.in_domain
 
 
 def generate_command(settings: Settings, layout: Layout, server_log: str,
@@ -130,6 +143,18 @@ def generate_command(settings: Settings, layout: Layout, server_log: str,
     cmd += ["--server", layout.generate_server, "--server-log", server_log, "--concurrency", str(d.concurrency),
             "--retries", str(d.retries)]
     return cmd + ["--"] + (server or generate_server(settings, layout)).command()
+
+
+def leak_check_files(settings: Settings, layout: Layout) -> dict[str, list[str]]:
+    """What rule leak_check compares: every prompt file a bench client sends (``default`` = the shipped set),
+    against the fine-tune data and, when generated, the prompts it was generated from."""
+    bench: list[str] = []
+    for c in settings.bench.clients:
+        for f in (c.prompts or "default", in_domain_prompts(settings, c)):
+            if f is not None and f not in bench:
+                bench.append(f)
+    data = [train_data(settings, layout)] + ([generate_prompts(settings)] if settings.data.generated else [])
+    return {"bench": bench, "data": data}
 
 
 # --- training -----------------------------------------------------------------------------------
@@ -239,9 +264,10 @@ def specforge_capture_note(settings: Settings, layout: Layout, arm: str) -> str:
         return ""
     deployment = dict(settings.config["train"].get("specforge", {}).get("deployment") or {})
     if deployment.get("managed_local"):
-        return (f"\n# train {arm} (SpecForge {specforge.SPECFORGE_VERSION}, managed_local): SpecForge starts Mooncake "
-                f"and sglang {specforge.SGLANG_CAPTURE_VERSION} capture servers patched by "
-                f"{specforge.PATCH_SCRIPT} itself; that patch must be applied in this env")
+        return _comment_lines(
+            f"\n# train {arm} (SpecForge {specforge.SPECFORGE_VERSION}, managed_local): SpecForge starts Mooncake "
+            f"and sglang {specforge.SGLANG_CAPTURE_VERSION} capture servers patched by "
+            f"{specforge.PATCH_SCRIPT} itself; that patch must be applied in this env")
     model: dict = {"target_model_path": layout.target_model,
                    "trust_remote_code": bool(settings.target.trust_remote_code)}
     drafter_cfg = os.path.join(layout.patched, "config.json")
@@ -259,8 +285,16 @@ def specforge_capture_note(settings: Settings, layout: Layout, arm: str) -> str:
     if ids:
         setup[-1] += f" {ids}"
     urls = ", ".join(deployment.get("server_urls") or []) or "none set"
-    return (f"\n# train {arm} with SpecForge {specforge.SPECFORGE_VERSION}; its capture host ({urls}) runs, before "
-            "this job (the job's specforge-preflight asks it):\n#   " + "\n#   ".join(setup))
+    return _comment_lines(f"\n# train {arm} with SpecForge {specforge.SPECFORGE_VERSION}; its capture host ({urls}) "
+                          "runs, before this job (the job's specforge-preflight asks it):\n#   " + "\n#   ".join(setup))
+
+
+def _comment_lines(note: str) -> str:
+    """``note`` with every line a bash comment: a config value holding a line break (a server URL, a
+    path) would otherwise end the comment and run the rest of the value as a command."""
+    lines = note.replace("\r\n", "\n").split("\n")
+    return "\n".join(line if not line or line.startswith("#") else "#   " + " ".join(line.splitlines())
+                     for line in lines)
 
 
 def train_shell(settings: Settings, layout: Layout, arm: str) -> str:
@@ -280,3 +314,30 @@ def static_summaries(settings: Settings, layout: Layout, drafted_now: list[str])
             + [layout.compare(a, b, "md") for a, b in pairs]
             + [layout.d2t_diff("md"), layout.d2t_coverage("md")]
             + [layout.doctor(v, "md") for v in drafted_now])
+
+
+# --- files a job reads that no rule writes ---------------------------------------------------------
+
+
+def bench_prompt_files(settings: Settings) -> list[str]:
+    """Every prompt file the clients read (a client without ``prompts``: the shipped set): inputs of each
+    serve_bench job, so a file edited in place is measured again. A user file not here yet (a dry run on
+    a laptop) is left out; the bench job then fails naming it."""
+    files = [c.prompts or str(default_prompts_path()) for c in settings.bench.clients]
+    return sorted({f for f in files if os.path.isfile(f)})
+
+
+def local_source_files(source: str | None) -> list[str]:
+    """The files at the top of a local model folder (config, tokenizer, weights), inputs of the job that
+    links or records it, so an edit in place reruns it and what depends on it; none for an hf: source,
+    a repo id or a folder not here."""
+    if not source or source.startswith("hf:") or not os.path.isdir(source):
+        return []
+    return sorted(str(p) for p in Path(source).iterdir() if p.is_file() and not p.name.startswith("."))
+
+
+def extra_arg_files(args) -> list[str]:
+    """The files that ``extra_args`` name (``--chat-template tmpl.jinja``, ``--flag=path/file``): inputs of
+    the jobs that pass them on, so a template edited in place is served again."""
+    values = [a.split("=", 1)[1] if a.startswith("-") and "=" in a else a for a in map(str, args)]
+    return sorted({v for v in values if ("/" in v or "." in v) and os.path.isfile(v)})

@@ -39,6 +39,16 @@ def demo_record(demo_dir: str) -> str:
     return f"{demo_dir}/demo.json"
 
 
+def demo_finetune_prompts(demo_dir: str) -> str:
+    """The demo's fine-tune prompts (its v2 slice less the bench's), written by rule demo_models."""
+    return f"{demo_dir}/work/data/finetune-prompts.jsonl"
+
+
+def demo_bench_prompts(demo_dir: str) -> str:
+    """The demo's held-out in-domain bench prompts (``bench.clients[].in_domain: demo``), by rule demo_models."""
+    return f"{demo_dir}/work/data/bench-prompts.jsonl"
+
+
 def demo_hub_cache(demo_dir: str) -> str:
     """The Hugging Face cache the demo pair is published into (shared by the experiments of one size)."""
     return f"{demo_dir}/hf_cache"
@@ -114,6 +124,11 @@ class Layout:
     def generate_stats(self) -> str:
         """What generate_data did: counts, throughput, failures, the server it used."""
         return self._p("data", "generate-stats.json")
+
+    @property
+    def leak_check(self) -> str:
+        """Rule leak_check's record: no bench prompt in the fine-tune data (the report needs it)."""
+        return self._p("data", "leak-check.json")
 
     @property
     def generate_server(self) -> str:

@@ -128,6 +128,10 @@ class Client:
         "use N prompts, a seeded sample stratified by category (proportional, at least one per category "
         "when N >= the number of categories); null = all", minimum=1)
     ignore_eos: bool = setting(False, "always generate max_new_tokens tokens")
+    in_domain: str | None = setting(None,
+        "a second prompt file benched in the same client, beside `prompts`: the traffic the target serves, "
+        "its categories reported next to the others (ids must differ from prompts'); demo = the demo build's "
+        "held-out in-domain prompts (demo.enabled); null = none", minLength=1)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -370,9 +374,29 @@ class Settings:
         if self.bench.gate_client is not None and self.bench.gate_client not in names:
             raise DraftlabError(f"{self.source}: key 'bench.gate_client': value {self.bench.gate_client!r} names no "
                                 f"client; allowed: {', '.join(names)}")
+        for i, c in enumerate(self.bench.clients):
+            if c.in_domain == "demo" and not self.demo.enabled:
+                raise DraftlabError(f"{self.source}: key 'bench.clients[{i}].in_domain': value 'demo' needs "
+                                    "demo.enabled: true (the demo build writes those prompts); expected a prompt file "
+                                    "or null")
         ids = [s.id for s in self.speculative]
         if len(set(ids)) != len(ids):
             raise DraftlabError(f"{self.source}: key 'speculative': settings repeat ({', '.join(ids)})")
+        self._check_paths()
+
+    def _check_paths(self) -> None:
+        """A path, source or revision never holds a control character (a line break, a tab, NUL): no file
+        name or revision needs one, and a line break would end a shell line or a log record."""
+        named = {"demo.out": self.demo.out, "data.path": self.data.path, "data.prompts": self.data.prompts,
+                 "hub.cache_dir": self.hub.cache_dir, "target.model_path": self.target.model_path}
+        for section in ("target", "drafter", "reference"):
+            named[f"{section}.source"] = getattr(self, section).source
+            named[f"{section}.revision"] = getattr(self, section).revision
+        named.update({f"bench.clients[{i}].prompts": c.prompts for i, c in enumerate(self.bench.clients)})
+        for key, value in named.items():
+            if value is not None and any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+                raise DraftlabError(f"{self.source}: key {key!r}: value {value!r} holds a control character (a line "
+                                    "break, tab or NUL); expected a path or name without one")
 
     # --- names derived from the settings ------------------------------------------------------
 
