@@ -116,7 +116,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--plain", action="store_true", help="serve the target alone (no drafter)")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "streaming_cost.json"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "streaming" / "streaming_cost.json"))
     args = ap.parse_args()
     pair = demo_pair(args)
     log = Path(args.out).with_suffix(".server.log")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+import traceback
 from typing import Any, Callable, Iterator
 
 from draftlab.engine.core import GenerationResult
@@ -170,8 +171,6 @@ def send_sse(handler, stream: Stream) -> None:
     except (ClientGone, OSError):
         raise  # nobody to tell (the handler closes the connection)
     except Exception as exc:  # a bug: the stream ends with an error event, not a second status line inside it
-        import traceback
-
         traceback.print_exc()
         _fail(handler, f"internal error: {type(exc).__name__}: {exc}", 500)
     finally:
