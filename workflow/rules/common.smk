@@ -5,7 +5,9 @@ import functools
 import json
 import os
 import shlex
+import sys
 
+from draftlab.errors import DraftlabError
 from draftlab.benchmark.bench_prompts import default_prompts_path
 from draftlab.benchmark.probe_gate import gate_open
 from draftlab.experiment import jobs, variants
@@ -31,12 +33,14 @@ DEMO = S.demo.enabled
 DEMO_DIR = S.demo_dir
 SERVER_GPUS = S.serve.job_gpus
 TRAIN_GPUS = S.train_gpus
-# The train rule's conda env (relative to workflow/rules): SpecForge's exact pins, or the builtin trainer's.
-TRAIN_ENV = (
+# The capture rule's env: SpecForge's (its script, torchrun, SGLang 0.5.14), or the builtin trainer's for a
+# draftlab dump; and the GPUs it holds alone.
+CAPTURE_ENV = (
     "../../envs/specforge.yaml"
-    if S.train.backend == "specforge"
+    if S.train.specforge.capture == "specforge"
     else "../../envs/training.yaml"
 )
+CAPTURE_GPUS = jobs.capture_gpus(S)
 DEMO_GPUS = 1 if S.demo.device.startswith("cuda") else 0
 
 
@@ -337,12 +341,62 @@ def get_training_settings(wildcards=None):
 def get_train_settings(wildcards):
     """SpecForge reads its settings from the merged config file, not the command line: this params
     value makes a change of them rerun the arm."""
-    return get_training_settings() if S.train.backend == "specforge" else ""
+    return (
+        get_training_settings()
+        if S.train.arm_backend(wildcards.arm) == "specforge"
+        else ""
+    )
 
 
 def get_train_shell(wildcards):
     """The training commands of one arm (the job exists only when the probe gate opened)."""
     return jobs.train_shell(S, L, wildcards.arm)
+
+
+def get_train_env(wildcards):
+    """An arm's conda env: SpecForge's for a SpecForge arm, the builtin trainer's otherwise."""
+    if S.train.arm_backend(wildcards.arm) == "specforge":
+        return "../../envs/specforge.yaml"
+    return "../../envs/training.yaml"
+
+
+def get_train_capture_input(wildcards):
+    """A SpecForge arm of the one-host path reads the one capture (its record names the features)."""
+    if S.train.captures and S.train.arm_backend(wildcards.arm) == "specforge":
+        return [L.capture_record, L.capture_mapping]
+    return []
+
+
+def _plans_gpu_work():
+    """Whether the jobs this run will run include the capture or any job that holds a GPU."""
+    for job in workflow.dag.needrun_jobs():
+        res = job.resources
+        if job.rule.name == "capture" or any(
+            int(res.get(k) or 0) > 0 for k in ("gpu", "gpu_share")
+        ):
+            return True
+    return False
+
+
+def check_capture_ready():
+    """The Snakefile's onstart (a real run, before any job): a one-host SpecForge capture's checkout must hold
+    SpecForge's script at its v0.2.0 release; else one error line and exit 2, before any GPU work (a run of
+    CPU jobs only, e.g. the merged config, is let through)."""
+    if not S.train.captures or not _plans_gpu_work():
+        return
+    try:
+        jobs.check_capture_ready(S)
+    except DraftlabError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def get_capture_shell(wildcards):
+    return jobs.capture_shell(S, L, L.log("capture.log"))
+
+
+def get_capture_note(wildcards):
+    return jobs.capture_note(S, L)
 
 
 def get_train_capture_note(wildcards):

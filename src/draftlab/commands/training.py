@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import json
 import shlex
+import sys
 from pathlib import Path
 
 from draftlab.commands._common import add_json_flag, emit
@@ -22,7 +23,7 @@ from draftlab.training.config import default as train_default
 
 def register(sub) -> None:
     """Add this area's subcommands to the draftlab parser."""
-    for add in (_add_tokenize, _add_dump, _add_train, _add_eval, _add_generate_data, _add_specforge):
+    for add in (_add_tokenize, _add_dump, _add_train, _add_eval, _add_generate_data, _add_specforge, _add_capture):
         add(sub)
 
 
@@ -217,6 +218,10 @@ def _add_specforge(sub) -> None:
     s.add_argument("--hidden-states", default=None,
                    help="SpecForge's offline mode: a folder of its .ckpt features (draftlab specforge-features); "
                         "data.hidden_states_path, deployment local_colocated, no capture server")
+    s.add_argument("--capture", default=None,
+                   help="the one-host capture's record (rule capture: results/<exp>/capture/capture.json): its features "
+                        "become data.hidden_states_path (local_colocated), after checking they are of this target "
+                        "and this drafter's aux ids")
     s.add_argument("--output-dir", help="SpecForge output_dir: checkpoints, run config, job file (experiment config only)")
     s.add_argument("--ckpt-dir", help="warm-start drafter folder: model.draft_checkpoint_path (experiment config only)")
     s.add_argument("--specforge-dir", default=None,
@@ -371,6 +376,11 @@ def _specforge_command(args: argparse.Namespace) -> int:
         )
         if args.hidden_states:
             job.hidden_states_path = args.hidden_states
+        if args.capture:
+            from draftlab.training.specforge import check_capture_for
+
+            rec = check_capture_for(args.capture, args.target, args.draft_config)
+            job.hidden_states_path, job.num_samples = rec["features"], int(rec["samples"])
     else:
         job = specforge.job_from_mapping(data, str(args.config))
     result = specforge.prepare(job, write=not args.dry_run)
@@ -431,4 +441,71 @@ def _import_specforge(args: argparse.Namespace) -> int:
                                draft_config=args.draft_config, expect_steps=args.expect_steps)
     emit(args, result, lambda r: f"imported {r['source']} -> {r['out']} (embeddings stripped: "
                                  f"{r['embeddings_stripped']}, mapping check: {r['mapping_check']})")
+    return 0
+
+
+def _add_capture(sub) -> None:
+    """capture-preflight, capture-record: the one-host SpecForge capture stage (rule capture)."""
+    for name, text in (("capture-preflight", "before the capture: the SpecForge checkout, the features folder, the "
+                                             "disk estimate against the free space; prints the data path handed over"),
+                       ("capture-record", "after the capture: samples, tokens, bytes, the listing's digest and the "
+                                          "corpus-derived vocab mapping, written to --out")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--engine", choices=["specforge", "draftlab"], default="specforge",
+                       help="who captured: SpecForge's prepare_hidden_states.py, or draftlab dump-hidden-states")
+        p.add_argument("--target", required=True, help="target model folder")
+        p.add_argument("--drafter", required=True, help="patched drafter folder (its config gives the aux layers)")
+        p.add_argument("--tokens", required=True, help="draftlab tokens.jsonl of the data (the disk estimate)")
+        p.add_argument("--data", required=True, help="the fine-tune conversations JSONL ({\"messages\": [...]})")
+        p.add_argument("--state", required=True, help="capture-state folder (features/ inside)")
+        p.add_argument("--chat-template", default=schema_default("train.chat_template"))
+        p.add_argument("--max-length", type=int, default=schema_default("train.max_length"))
+        p.add_argument("--checkout", default=None, help="SpecForge checkout at the v0.2.0 release")
+        if name == "capture-record":
+            p.add_argument("--out", required=True, help="the record JSON to write")
+            p.add_argument("--mapping-out", required=True, help="the corpus-derived vocab mapping to write")
+            p.add_argument("--mapping", default=None, help="draftlab engine: draftlab's vocab mapping of the data")
+        else:
+            p.add_argument("--free-bytes", type=int, default=None, help=argparse.SUPPRESS)  # tests: a full disk
+        add_json_flag(p)
+        p.set_defaults(func=_capture_preflight if name == "capture-preflight" else _capture_record)
+
+
+def _capture_plan(args: argparse.Namespace):
+    from draftlab.training.specforge import CapturePlan
+
+    return CapturePlan(engine=args.engine, target=args.target, drafter=args.drafter, tokens=args.tokens,
+                       data=args.data, state=args.state, chat_template=args.chat_template,
+                       max_length=args.max_length, checkout=args.checkout)
+
+
+def _capture_preflight(args: argparse.Namespace) -> int:
+    from draftlab.training.specforge import capture_preflight, human
+
+    r = capture_preflight(_capture_plan(args), free=args.free_bytes)
+    est = r["estimate"]
+    sf = r["specforge"]
+    lines = [f"SpecForge {sf['release']} at {sf['path']} (commit {sf['commit'] or 'unknown: not a git checkout'})"
+             if sf else "draftlab capture (dump-hidden-states), filed in SpecForge's offline format"]
+    lines += r["notes"]
+    lines.append(f"aux layer ids {r['aux_layer_ids']} (outputs of layers {r['aux_output_layers']})")
+    lines.append(f"disk estimate: {est['samples']} samples, {est['tokens']} tokens x {est['bytes_per_token']} B = "
+                 f"{human(est['bytes'])}; already captured {r['have']['samples']} files, {human(r['have']['bytes'])}; "
+                 f"needs {human(r['need_bytes'])} more, {human(r['free_bytes'])} free at {r['features']}")
+    if args.json:
+        emit(args, r, str)
+    else:
+        print("\n".join(lines), file=sys.stderr)
+        if r["data_path"]:
+            print(r["data_path"])  # the capture's --data-path ($DATA in the rule's shell)
+    return 0
+
+
+def _capture_record(args: argparse.Namespace) -> int:
+    from draftlab.training.specforge import capture_record, human
+
+    r = capture_record(_capture_plan(args), args.out, args.mapping_out, args.mapping)
+    emit(args, r, lambda r: (f"captured {r['samples']} samples, {r['tokens']} tokens, {human(r['bytes'])} in "
+                             f"{r['features']} (listing sha256 {r['listing_sha256'][:16]}); "
+                             f"{r['seconds_per_million_tokens']} s per million tokens in the last attempt"))
     return 0

@@ -191,6 +191,28 @@ class Layout:
         """Checkpoints of one arm: outside the rule's output, which Snakemake deletes after a failure."""
         return self._p("train-state", arm)
 
+    # --- the one-host SpecForge capture ------------------------------------------------------------
+    @property
+    def capture_state(self) -> str:
+        """The captured features and what the capture keeps between attempts: outside the rule's output, which
+        Snakemake deletes after a failure (a killed capture keeps its finished files)."""
+        return self._p("capture-state")
+
+    @property
+    def features(self) -> str:
+        """The feature files every SpecForge arm reads (``data.hidden_states_path``)."""
+        return self._p("capture-state", "features")
+
+    @property
+    def capture_record(self) -> str:
+        """What was captured (samples, tokens, bytes, listing digest, SpecForge's release and commit)."""
+        return self._p("capture", "capture.json")
+
+    @property
+    def capture_mapping(self) -> str:
+        """The mapping derived from the captured corpus (the regenerate and scratch SpecForge arms pin it)."""
+        return self._p("capture", "vocab.safetensors")
+
     # --- drafters by variant --------------------------------------------------------------------
     def drafter_dir(self, variant: str) -> str:
         """The folder a variant's server loads as its drafter."""

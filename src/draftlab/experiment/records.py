@@ -28,7 +28,7 @@ from draftlab.settings.config import config_hash
 from draftlab.errors import DraftlabError
 from draftlab.experiment.layout import Layout
 from draftlab.experiment.records_schema import INT_COLUMNS, arrow_schema, typed
-from draftlab.experiment.variants import BASELINE, ORDER, REFERENCE, SCRATCH, Variant, is_trained
+from draftlab.experiment.variants import BASELINE, ORDER, REFERENCE, Variant, is_trained
 from draftlab.settings.model import spec_id
 from draftlab.fsutil import atomic_path, locked, named_digest, read_json, sha256_file, write_json
 from draftlab.fsutil import read_text_file
@@ -154,12 +154,13 @@ def _drafter_info(inputs: RecordInputs, cfg: Mapping[str, Any], variant: str) ->
     info = {"drafter_source": cfg[role]["source"], "drafter_revision": cfg[role].get("revision"),
             "drafter_commit": acq.get("resolved_commit"),
             "drafter_weights_sha256": _weights_sha(inputs.model_dir(role)) if role in inputs.acquire else None}
-    if variant == SCRATCH:  # the control arm starts from random weights: no source drafter
+    scratch = Variant(variant).is_trained and Variant(variant).source_role is None
+    if scratch:  # a control arm (scratch, specforge-scratch) starts from random weights: no source drafter
         info.update(drafter_source="none (scratch: trained from random init, no source drafter)",
                     drafter_revision=None, drafter_commit=None)
     if Variant(variant).is_trained:
         folder = inputs.train_file(variant, "drafter")
-        if variant != SCRATCH:
+        if not scratch:
             info["drafter_source"] = f"{cfg['drafter']['source']} ({variant})"
         info["drafter_weights_sha256"] = _weights_sha(folder) if folder is not None and folder.is_dir() else None
     return info

@@ -261,9 +261,32 @@ class Data:
 class SpecForgeParts:
     """specforge backend: SpecForge 0.2.0 run-config parts draftlab cannot derive"""
 
+    mode: Literal["one-host", "two-host"] = setting("one-host",
+        "one-host: the target's features are captured once on this host (rule capture: SpecForge's "
+        "scripts/prepare_hidden_states.py under torchrun), then every arm trains from disk with "
+        "deployment.mode local_colocated; two-host: SpecForge's disaggregated online run, fed by a patched "
+        "SGLang capture server and a Mooncake master on a second host (train.specforge.deployment)")
+    checkout: str | None = setting(None,
+        "one-host mode, capture specforge: a checkout of SpecForge's repository at the v0.2.0 release (its "
+        "scripts/prepare_hidden_states.py is not in the wheel); checked, and its release and commit recorded, "
+        "before any GPU work")
+    capture: Literal["specforge", "draftlab"] = setting("specforge",
+        "one-host mode: who captures the features. specforge = SpecForge's prepare_hidden_states.py through "
+        "SGLang (any target SGLang serves); draftlab = draftlab dump-hidden-states through transformers, filed "
+        "in SpecForge's offline format (the demo: no SGLang)")
+    capture_tp: int | None = setting(None,
+        "capture specforge: --tp-size and torchrun --nproc_per_node of the capture; null = serve.tp", minimum=1)
+    capture_batch_size: int = setting(32,
+        "capture specforge: --batch-size (sequences the local SGLang target runs together)", minimum=1)
+    capture_args: tuple[str, ...] = setting([],
+        "capture specforge: appended verbatim to prepare_hidden_states.py's arguments (e.g. "
+        "--sglang-mem-fraction-static 0.8)")
+    arms: tuple[Literal["keep", "regenerate", "scratch"], ...] = setting([],
+        "with train.backend builtin: arms trained by SpecForge beside the builtin ones, named specforge-<mode> "
+        "(one-host mode), served, benched and recorded like every arm", uniqueItems=True)
     deployment: Mapping[str, Any] = setting({},
-        "merged into SpecForge's deployment.disaggregated (server_urls + mooncake_* of external capture "
-        "services, or managed_local); backend mooncake and a fresh control_dir are draftlab's")
+        "two-host mode: merged into SpecForge's deployment.disaggregated (server_urls + mooncake_* of external "
+        "capture services, or managed_local); backend mooncake and a fresh control_dir are draftlab's")
     overrides: Mapping[str, Any] = setting({},
         "deep-merged over the whole SpecForge run config (SpecForge's Config judges it)")
 
@@ -308,7 +331,23 @@ class Train:
     @property
     def arms(self) -> tuple[str, ...]:
         """``finetune-<mode>`` for every configured vocab mode, plus ``scratch`` (the control arm)."""
-        return tuple(f"finetune-{m}" for m in self.finetune_modes) + (("scratch",) if self.scratch else ())
+        return (tuple(f"finetune-{m}" for m in self.finetune_modes) + (("scratch",) if self.scratch else ())
+                + tuple(f"specforge-{m}" for m in self.specforge.arms))
+
+    def arm_backend(self, arm: str) -> str:
+        """Who trains ``arm``: ``specforge`` for a ``specforge-<mode>`` arm and for every arm of
+        ``train.backend: specforge``, else the builtin trainer."""
+        return "specforge" if self.backend == "specforge" or arm.startswith("specforge-") else "builtin"
+
+    @property
+    def uses_specforge(self) -> bool:
+        """Whether any arm of this config trains with SpecForge."""
+        return self.backend == "specforge" or bool(self.specforge.arms)
+
+    @property
+    def captures(self) -> bool:
+        """Whether the run captures the target's features once for its SpecForge arms (rule capture)."""
+        return self.uses_specforge and self.specforge.mode == "one-host"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -374,6 +413,13 @@ class Settings:
         if self.bench.gate_client is not None and self.bench.gate_client not in names:
             raise DraftlabError(f"{self.source}: key 'bench.gate_client': value {self.bench.gate_client!r} names no "
                                 f"client; allowed: {', '.join(names)}")
+        sf = self.train.specforge
+        if sf.arms and self.train.backend == "specforge":
+            raise DraftlabError(f"{self.source}: key 'train.specforge.arms': with train.backend specforge every arm is "
+                                "SpecForge's already (train.finetune_modes, train.scratch); leave it empty")
+        if sf.arms and sf.mode != "one-host":
+            raise DraftlabError(f"{self.source}: key 'train.specforge.arms': SpecForge arms beside builtin ones train "
+                                "from the one capture (train.specforge.mode one-host), not two-host")
         for i, c in enumerate(self.bench.clients):
             if c.in_domain == "demo" and not self.demo.enabled:
                 raise DraftlabError(f"{self.source}: key 'bench.clients[{i}].in_domain': value 'demo' needs "
