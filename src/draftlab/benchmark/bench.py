@@ -32,7 +32,7 @@ from draftlab.benchmark.bench_client import _Client, _metrics_delta, _vllm_metri
 from draftlab.benchmark.bench_prompts import (Prompt, default_prompts_path, file_sha256,  # noqa: F401 - the bench API
                                               load_prompt_files, load_prompts, resolve_prompts_path,
                                               stratified_sample)
-from draftlab.benchmark.bench_summary import (VERIFY_CYCLE_SOURCES, _is_unverified,  # noqa: F401 - the bench API
+from draftlab.benchmark.bench_summary import (PERCENTILES, VERIFY_CYCLE_SOURCES, _is_unverified,  # noqa: F401 - the bench API
                                               is_verify_cycle, summarize)
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import atomic_path, write_json
@@ -290,8 +290,9 @@ class _Run:
             "category": prompt.category,
             **{k: raw.get(k) for k in CSV_COLUMNS if k in raw},
         }
-        if raw.get("accept_by_position") is not None:  # JSON only; the CSV keeps scalar columns
-            row["accept_by_position"] = raw["accept_by_position"]
+        for key in ("accept_by_position", "itl_s"):  # JSON only; the CSV keeps scalar columns
+            if raw.get(key) is not None:
+                row[key] = raw[key]
         row["cycle_ms"] = (
             1000.0 * raw["decode_time_s"] / verify if verify and raw.get("decode_time_s") is not None else None
         )
@@ -359,6 +360,10 @@ def _cycle_label(summary: dict[str, Any]) -> str:
     return f"end-to-end time per verify step (from {summary.get('cycle_time_source')}: prefill and queueing included)"
 
 
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1000.0 * seconds
+
+
 def human_summary(result: BenchResult) -> str:
     """A few lines for a person at a terminal."""
     s = result.summary
@@ -371,8 +376,9 @@ def human_summary(result: BenchResult) -> str:
         f"requests: {s['requests']} ({s['repeats']} repeats), completion tokens: {s['total_completion_tokens']}",
         f"output tok/s: median {f(s['output_tps_median'])}"
         + (f" (95% CI {ci[0]:.2f}..{ci[1]:.2f})" if ci else ""),
-        f"accept length: {f(s['accept_length'])}  {_cycle_label(s)}: {f(s['cycle_ms'])} ms  "
-        f"TTFT median: {f(s['ttft_s_median'], '{:.3f}')} s",
+        f"accept length: {f(s['accept_length'])}  {_cycle_label(s)}: {f(s['cycle_ms'])} ms",
+        "streamed: TTFT p50/p90/p99 " + "/".join(f(s.get(f"ttft_s_p{q}"), "{:.3f}") for q in PERCENTILES)
+        + " s, ITL p50/p90/p99 " + "/".join(f(_ms(s.get(f"itl_s_p{q}")), "{:.1f}") for q in PERCENTILES) + " ms",
         f"speculation active: {s['speculation_active']}",
     ]
     lines += [f"warning: {w}" for w in s.get("warnings", [])]

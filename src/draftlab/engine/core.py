@@ -77,6 +77,10 @@ def _never() -> bool:
     return False
 
 
+def _ignore(res: "GenerationResult") -> None:
+    pass
+
+
 def context_length_of(config) -> int | None:
     """The target's context window in tokens (None when its config does not say)."""
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
@@ -236,18 +240,21 @@ class Engine:
     @torch.inference_mode()
     def generate(self, input_ids: Sequence[int], max_new_tokens: int, *, ignore_eos: bool = False,
                  stop_token_ids: Iterable[int] = (),
-                 should_stop: Callable[[], bool] | None = None) -> GenerationResult:
+                 should_stop: Callable[[], bool] | None = None,
+                 on_tokens: Callable[[GenerationResult], None] | None = None) -> GenerationResult:
         """Greedy-decode up to ``max_new_tokens`` after ``input_ids`` (capped by the context window).
 
         Stops at EOS unless ``ignore_eos``. ``should_stop`` is polled before every decode step or
-        speculative cycle; when it returns True, :class:`GenerationStopped` is raised.
+        speculative cycle; when it returns True, :class:`GenerationStopped` is raised. ``on_tokens``
+        (streaming) is called with the result so far each time tokens are accepted: once after the
+        prefill's token, then after every decode step or verify; it must not modify the result.
         """
         if self.tree:
             raise DraftlabError(f"Engine.generate drafts chains; a tree (topk {self.topk}) decodes through the "
                                 "static-slot decoder: draftlab.engine.static_decode.solo_generate(engine, ...)")
         budget, stops = self.limits(input_ids, max_new_tokens, ignore_eos, stop_token_ids)
         run = self._plain if self.drafter is None else self._speculative
-        return run(list(map(int, input_ids)), budget, stops, should_stop or _never)
+        return run(list(map(int, input_ids)), budget, stops, should_stop or _never, on_tokens or _ignore)
 
     def _new_cache(self):
         from transformers import DynamicCache  # deferred: transformers (seconds), only for the dynamic-cache path
@@ -270,7 +277,7 @@ class Engine:
         d_logits, d_hidden = self.drafter(d_in, self._aux(out), pos, dcache)
         return dcache, d_logits[:, -1], d_hidden[:, -1:]
 
-    def _plain(self, prompt: list[int], max_new: int, stops: set[int], should_stop) -> GenerationResult:
+    def _plain(self, prompt: list[int], max_new: int, stops: set[int], should_stop, on_tokens) -> GenerationResult:
         t_start = self._tick()
         cache, _, nxt = self.prefill_target(prompt, hidden=False)  # nxt: [1, 1]
         tok = int(nxt.item())
@@ -278,6 +285,7 @@ class Engine:
         t = self._tick()
         res.prefill_time = t - t_start
         finished = tok in stops
+        on_tokens(res)
         while not finished and len(res.output_ids) < max_new:
             if should_stop():
                 raise GenerationStopped(len(res.output_ids))
@@ -287,13 +295,15 @@ class Engine:
             res.output_ids.append(tok)
             res.verify_calls += 1
             finished = tok in stops
+            on_tokens(res)
         t_end = self._tick()
         res.verify_time = t_end - t
         res.e2e_time = t_end - t_start
         res.finish_reason = "stop" if finished else "length"
         return res
 
-    def _speculative(self, prompt: list[int], max_new: int, stops: set[int], should_stop) -> GenerationResult:
+    def _speculative(self, prompt: list[int], max_new: int, stops: set[int], should_stop,
+                     on_tokens) -> GenerationResult:
         drafter, k, dev = self.drafter, self.num_steps, self.device
         t_start = self._tick()
         n = len(prompt)
@@ -310,6 +320,7 @@ class Engine:
         L = n  # positions in both caches
         t = self._tick()
         res.prefill_time = t - t_start
+        on_tokens(res)
         while not finished and len(res.output_ids) < max_new:
             if should_stop():
                 raise GenerationStopped(len(res.output_ids))
@@ -338,6 +349,7 @@ class Engine:
             t2 = self._tick()
             res.verify_time += t2 - t1
             res.draft_time += t1 - t0
+            on_tokens(res)
             if finished or len(res.output_ids) >= max_new:
                 break
             # 4. roll the drafter back to L and extend it over the accepted positions L..L+m
@@ -378,30 +390,6 @@ def accept_cycle(res: GenerationResult, drafts: list[int], greedy: list[int], k_
         if len(res.output_ids) >= max_new:
             break
     return m, False
-
-
-def meta_info(res: GenerationResult, e2e_latency: float | None = None) -> dict[str, Any]:
-    """SGLang-shaped ``meta_info`` for one request (speculative counters only when speculation ran)."""
-    meta: dict[str, Any] = {
-        "prompt_tokens": res.prompt_tokens,
-        "completion_tokens": res.completion_tokens,
-        "cached_tokens": 0,
-        "finish_reason": {"type": res.finish_reason},
-        "e2e_latency": res.e2e_time if e2e_latency is None else e2e_latency,
-    }
-    if res.num_steps:
-        meta.update({
-            "spec_verify_ct": res.spec_verify_ct,
-            "spec_accept_length": res.spec_accept_length,
-            "spec_accept_token_num": sum(res.accept_by_position),
-            "spec_draft_token_num": res.draft_tokens,
-            "spec_accept_histogram": list(res.accept_histogram),
-            "spec_accept_by_position": list(res.accept_by_position),
-            "draft_time": res.draft_time,
-            "verify_time": res.verify_time,
-            "prefill_time": res.prefill_time,
-        })
-    return meta
 
 
 def _check_speculative(num_steps: int, topk: int, num_draft_tokens: int) -> None:

@@ -35,8 +35,10 @@ from draftlab.fsutil import read_text_file
 from draftlab.training.config import TrainConfig
 
 # Columns that legitimately differ between two identical runs (clock, machine load, run identity).
+# TTFT and inter-token latency percentiles over the streamed requests (seconds), as SGLang's bench_serving prints them
+LATENCY_COLUMNS = ("ttft_s_p50", "ttft_s_p90", "ttft_s_p99", "itl_s_p50", "itl_s_p90", "itl_s_p99")
 TIMING_COLUMNS = ("tps_median", "tps_mean", "tps_ci_low", "tps_ci_high", "cycle_ms", "speedup",
-                  "ttft_s", "latency_s_median", "bench_seconds", "server_ready_s", "created_at")
+                  "ttft_s", *LATENCY_COLUMNS, "latency_s_median", "bench_seconds", "server_ready_s", "created_at")
 RUN_COLUMNS = ("row_id", "draftlab_commit", "measurement_sha256")
 VARIANT_ORDER = ORDER
 
@@ -318,6 +320,7 @@ def _record_row(cfg: Mapping[str, Any], variant: str, sid: str, client: str, res
         "cycle_ms_source": summary.get("cycle_time_source"),
         "ttft_s": summary.get("ttft_s_median"),
         "ttft_note": _ttft_note(res, summary),
+        **{col: summary.get(col) for col in LATENCY_COLUMNS},
         "latency_s_median": summary.get("latency_s_median"),
         "speedup": None,
         "val_acc_per_step": validation[0],

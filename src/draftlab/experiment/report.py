@@ -36,7 +36,8 @@ from draftlab.benchmark.leak_check import markdown as leak_markdown
 from draftlab.experiment import report_html as html_view
 from draftlab.experiment.report_categories import category_section
 from draftlab.experiment.layout import REPORT_FILES, Layout, is_trained
-from draftlab.experiment.records import read_table
+from draftlab.experiment.latency_table import latency_table
+from draftlab.experiment.records import LATENCY_COLUMNS, read_table
 from draftlab.experiment.report_plots import ok as _ok
 from draftlab.experiment.report_plots import plot_accept, plot_tps, plot_ttt
 from draftlab.fsutil import read_json, to_json, write_text
@@ -504,6 +505,7 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
     md = [f"# draftlab report: {esc(experiment)}", ""]
     md += ["## Decision", ""] + [p for line in deploy + decision_lines for p in (line, "")]
     md += ["## Comparison", ""] + comparison_table(rows) + [""]
+    md += ["## Latency as users measure it (streamed)", ""] + latency_table(rows) + [""]
     if client is not None:
         md += client_sections(rows, results, decision, client)
     md += plot_sections(standing_rows, curves)
@@ -577,6 +579,7 @@ def _write(path: Path, text: str) -> str:
 
 
 RECORD_VIEW_COLUMNS = ("variant", "spec_id", "client", "status", "accept_length", "tps_median", "tps_ci_low",
-                       "tps_ci_high", "speedup", "cycle_ms", "val_acc_mean", "ttft_s", "ttft_note", "repeats",
+                       "tps_ci_high", "speedup", "cycle_ms", "val_acc_mean", "ttft_s", *LATENCY_COLUMNS, "ttft_note",
+                       "repeats",
                        "max_new_tokens", "drafter_source", "drafter_commit", "config_hash", "train_data_sha256",
                        "train_settings_sha256", "created_at")
