@@ -472,7 +472,7 @@ def test_cli_writes_json_and_csv(tmp_path, capsys):
     }
     path = default_prompts_path()
     assert data["prompt_set"] == {
-        "path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "count": 5, "available": 42,
+        "path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "count": 5, "available": 49,
         "sample": "stratified, seed 0", "categories": {"chat": 1, "code": 1, "math": 1, "short": 1, "long": 1},
     }
     assert data["config"]["limit"] == 5 and data["config"]["sample_seed"] == 0
