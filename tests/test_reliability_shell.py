@@ -33,7 +33,7 @@ RULES = REPO_ROOT / "workflow" / "rules"
 # params that are shell text already (built with shlex.quote / shlex.join in common.smk, jobs.py and the
 # rule files), spliced as they are; every other field of a shell line must carry `:q`
 SHELL_TEXT_PARAMS = {"params.source", "params.args", "params.command", "params.capture", "params.drafters",
-                     "params.target_tps", "params.inputs"}
+                     "params.target_tps", "params.inputs", "params.note"}  # note: comment lines (jobs._comment_lines)
 
 
 def _sentinel(tmp_path: Path) -> Path:

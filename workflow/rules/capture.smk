@@ -33,4 +33,4 @@ if S.train.captures:
             command=get_capture_shell,
             note=get_capture_note,
         shell:
-            ": > {log}; {params.command}{params.note}"
+            ": > {log:q}; {params.command}{params.note}"

@@ -423,7 +423,7 @@ def capture_note(settings: Settings, layout: Layout) -> str:
                  "config.json); the preflight compares it with the free space before the capture starts"]
     lines.append(f"a rerun continues: finished feature files are kept in {plan.features} (outside the rule's "
                  "output) and SpecForge's script skips them; torn ones are moved aside first")
-    return "\n# capture: " + "\n# capture: ".join(lines)
+    return _comment_lines("\n# capture: " + "\n# capture: ".join(lines))
 
 
 def train_shell(settings: Settings, layout: Layout, arm: str) -> str:

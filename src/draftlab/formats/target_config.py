@@ -7,6 +7,7 @@ model under ``text_config``) are read through by :func:`text_config`.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,22 @@ def load_json_config(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(cfg, dict):
         raise DraftlabError(f"{path}: expected a JSON object, got {type(cfg).__name__}")
     check_config_types(cfg, path)
+    _check_finite(cfg, path)
     return cfg
+
+
+def _check_finite(value: Any, path: str | os.PathLike, key: str = "") -> None:
+    """JSON has no NaN or infinity, yet Python's parser reads ``NaN``/``Infinity``: such a value would travel
+    into reports and records (where writing it is refused far from the cause), so the file is refused here,
+    naming the key."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise DraftlabError(f"{path}: key '{key}' is {value}: expected a finite number (JSON has no NaN or infinity)")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            _check_finite(v, path, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_finite(v, path, f"{key}[{i}]")
 
 
 # Keys that every transformers / EAGLE-3 config holds as integers. A string ("131072") parses as
