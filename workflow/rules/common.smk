@@ -7,7 +7,7 @@ import os
 import shlex
 
 from draftlab.benchmark.probe_gate import gate_open
-from draftlab.experiment import jobs, variants
+from draftlab.experiment import jobs, launches, variants
 from draftlab.experiment.layout import Layout, demo_hub_cache, demo_record
 from draftlab.settings.model import Settings
 from draftlab.experiment.variants import Variant
@@ -109,17 +109,48 @@ def get_plan(wildcards):
     return _plan(wildcards.variant, wildcards.spec)
 
 
-def get_server_command(wildcards):
-    """The plan's own launch command (`argv`), printed in the serve_bench shell line."""
-    return shlex.join(_plan(wildcards.variant, wildcards.spec)["argv"])
+# --- launches: one job per start of the target (experiment.launches) -------------------------------
+LAUNCHES = launches.launches(S)
 
 
-def get_serve_bench_inputs(wildcards):
-    v = wildcards.variant
-    inputs = {"plan": L.bench_plan(v, wildcards.spec), "target": L.target_record}
-    if Variant(v).has_drafter:
-        inputs["drafter"] = L.drafter_marker(v)
-        inputs["doctor"] = L.doctor(v)
+@functools.cache
+def _launch_plan(launch_id):
+    return jobs.launch_plan(S, L, launch_id)
+
+
+def get_launch_plan(wildcards):
+    """The plan of one launch job: every variant's bench plan in order, the swaps' rule and checks."""
+    return _launch_plan(wildcards.launch)
+
+
+def get_launch_command(launch_id, wildcards):
+    """The launch's own command (its first variant's server), printed in the job's shell line."""
+    return shlex.join(_launch_plan(launch_id)["argv"])
+
+
+def launch_outputs(launch):
+    """A launch job's outputs: every (variant, spec, client) result and server summary it measures; the
+    plain launch also writes the fine-tune data when it answers the prompts."""
+    outs = launches.launch_outputs(L, launch, CLIENTS)
+    if launch.generate:
+        outs.update(data=[L.generated_data], stats=[L.generate_stats])
+    return outs
+
+
+def get_launch_inputs(launch, wildcards):
+    """The launch's plan, the target, each variant's drafter and doctor report; the plain launch's prompts
+    and the gate (it runs after it) when it generates data; an arms launch's plain-decoding results (the outputs every swapped
+    bench must equal)."""
+    inputs = {"plan": L.launch_plan(launch.id), "target": L.target_record}
+    drafted = [v for v in launch.variants if Variant(v).has_drafter]
+    inputs["drafters"] = [L.drafter_marker(v) for v in drafted]
+    inputs["doctor"] = [L.doctor(v) for v in drafted]
+    if launch.generate:
+        gen = get_generate_inputs(wildcards)
+        # after the probe gate (the design's order: probe, gate, then the plain launch)
+        inputs.update(gate=L.gate, demo=gen["demo"], prompts=gen.get("prompts", []))
+    if launch.stage == "arms":
+        inputs["plain"] = [L.bench_result("baseline", "plain", c) for c in CLIENTS]
     return inputs
 
 
@@ -231,14 +262,14 @@ def get_generate_inputs(wildcards):
     is), the demo build and, with the server engine, the server spec."""
     inputs = {"target": L.target_record, "demo": get_demo()}
     prompts = jobs.generate_prompts(S)
+    if S.data.generated and S.data.engine == "server" and not launches.generates_through_plain_launch(S):
+        inputs["server"] = L.generate_server
     if S.data.prompts and not os.path.exists(prompts):
         logger.warning(
             f"data.prompts {prompts} does not exist here; generate_data will fail until it does"
         )
     elif S.data.prompts:
         inputs["prompts"] = prompts
-    if S.data.engine == "server":
-        inputs["server"] = L.generate_server
     return inputs
 
 

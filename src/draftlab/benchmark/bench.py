@@ -277,6 +277,8 @@ class _Run:
         }
         if raw.get("accept_by_position") is not None:  # JSON only; the CSV keeps scalar columns
             row["accept_by_position"] = raw["accept_by_position"]
+        if raw.get("output_sha256"):  # JSON only: what serve-launch compares with plain decoding's answers
+            row["output_sha256"] = raw["output_sha256"]
         row["cycle_ms"] = (
             1000.0 * raw["decode_time_s"] / verify if verify and raw.get("decode_time_s") is not None else None
         )

@@ -3,6 +3,7 @@ through :mod:`draftlab.http_client`, each answer's counts parsed, and vLLM's ``/
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -109,6 +110,16 @@ def parse_sglang_meta(meta: dict) -> dict[str, Any]:
     }
 
 
+def output_digest(answer: Any) -> str | None:
+    """SHA-256 of an answer's output (its token ids when the server returns them, else its text): a swapped
+    drafter's answers must equal plain decoding's at temperature 0 (benchmark.serve_launch checks it)."""
+    ids = answer.get("output_ids")
+    if isinstance(ids, list):
+        return hashlib.sha256(json.dumps(ids).encode()).hexdigest()
+    text = answer.get("text")
+    return hashlib.sha256(text.encode()).hexdigest() if isinstance(text, str) else None
+
+
 @dataclass
 class _Client:
     """Sends one prompt to one server API and returns a row of raw measurements."""
@@ -163,7 +174,7 @@ class _Client:
         row = parse_sglang_meta(meta)
         if row["completion_tokens"] is None:
             raise DraftlabError(f"{url}: key 'meta_info.completion_tokens' missing from the response")
-        row.update(latency_s=latency, ttft_s=ttft, streamed=streamed)
+        row.update(latency_s=latency, ttft_s=ttft, streamed=streamed, output_sha256=output_digest(final))
         return row
 
     def _vllm(self, prompt: Prompt, stream: bool) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from draftlab import __version__
 from draftlab.deadline_io import DeadlineReader, peer_closed
 from draftlab.errors import DraftlabError
 from draftlab.serving.endpoints import handle_chat_completions, handle_completions, handle_generate
+from draftlab.serving import weight_swap
 from draftlab.serving.engine import Engine
 from draftlab.serving.server_state import BadRequest, ClientGone, HTTPFailure, ServerState
 
@@ -160,6 +161,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(200, handle_completions(self.state, self._body(), self.client_gone))
             elif path == "/v1/chat/completions" and method == "POST":
                 self._send(200, handle_chat_completions(self.state, self._body(), self.client_gone))
+            elif path in weight_swap.ROUTES:  # SGLang's draft-weight update (serving.weight_swap)
+                self._send(*weight_swap.handle(self.state, path, self._body() if method == "POST" else {}))
             elif path in ("/generate", "/v1/completions", "/v1/chat/completions"):
                 self._error(405, f"{path}: use POST")
             else:
