@@ -128,6 +128,12 @@ def get_launch_command(launch_id, wildcards):
     return shlex.join(_launch_plan(launch_id)["argv"])
 
 
+def get_launch_note(launch):
+    """Comment lines after a launch's command (`-n -p` prints them): what it benches, swaps and generates."""
+    gen = jobs.generate_url_command(S, L) if launch.generate else None
+    return launches.describe(launch, S, gen)
+
+
 def launch_outputs(launch):
     """A launch job's outputs: every (variant, spec, client) result and server summary it measures; the
     plain launch also writes the fine-tune data when it answers the prompts."""

@@ -63,7 +63,7 @@ for _launch in LAUNCHES:
             bench_slot=1,
         params:
             command=functools.partial(get_launch_command, _launch.id),
-            note=launches.describe(_launch, S),
+            note=get_launch_note(_launch),
         shell:
             "draftlab serve-launch --plan {input.plan} -- {params.command} > {log.bench} 2>&1{params.note}"
 

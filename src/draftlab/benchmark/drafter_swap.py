@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from draftlab.errors import DraftlabError
-from draftlab.http_client import json_call
+from draftlab.http_client import HTTPStatusError, json_call
 from draftlab.serving import weight_payload
 
 SWAP_TIMEOUT_S = 1800.0  # a 1T MoE's drafter is a few GB; the server copies it between decode steps
@@ -63,8 +63,6 @@ def update_body(named: list[tuple[str, Any]], tp_size: int = 1) -> dict[str, Any
 
 
 def _post(url: str, route: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
-    from draftlab.http_client import HTTPStatusError
-
     try:
         reply = json_call(f"{url}{route}", body, timeout, dict)
     except HTTPStatusError as exc:

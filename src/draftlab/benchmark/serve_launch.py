@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from draftlab.benchmark import drafter_swap
+from draftlab.benchmark import drafter_swap, launch_cache
 from draftlab.benchmark.bench import write_results
 from draftlab.benchmark.serve_bench import run_clients
 from draftlab.errors import DraftlabError
@@ -84,11 +84,12 @@ def run_launch(plan: Mapping[str, Any], argv: Sequence[str] | None = None, progr
                               "started_at": time.time(), "benches": [], "swaps": [], "fresh_check": None}
     Path(plan["server_log"]).parent.mkdir(parents=True, exist_ok=True)
     _say(f"launching {' '.join(plan['argv'])}")
+    keys, reused = _reusable(plan)
     with running_server(spec, plan["server_log"]) as srv:
         launch.update(url=srv.url, ready_s=time.time() - launch["started_at"])
         _say(f"server ready at {srv.url} after {launch['ready_s']:.1f}s")
-        measured = _bench_all(plan, srv.url, launch, progress)
-        if plan.get("fresh_check"):
+        measured = _bench_all(plan, srv.url, launch, progress, reused)
+        if plan.get("fresh_check") and launch["swaps"]:
             launch["fresh_check"] = _fresh_check(plan, srv.url, launch, measured, progress)
         if plan.get("generate"):
             launch["generate"] = _generate(plan["generate"], srv.url)
@@ -103,17 +104,39 @@ def run_launch(plan: Mapping[str, Any], argv: Sequence[str] | None = None, progr
         write_results(result, c["out_json"], c["out_csv"])
     for bench_summary in launch["benches"]:
         write_json(bench_summary.pop("path"), bench_summary)
+    for bench in plan["benches"]:
+        if bench["variant"] in reused:
+            launch_cache.restore(plan["cache"], bench, keys[bench["variant"]])
+        elif plan.get("cache"):
+            launch_cache.keep(plan["cache"], bench, keys[bench["variant"]])
+    launch["reused"] = sorted(reused)
     launch["finished_at"] = time.time()
     write_json(plan["summary"], launch)
     return launch
 
 
-def _bench_all(plan: Mapping[str, Any], url: str, launch: dict[str, Any], progress: bool) -> list:
+def _reusable(plan: Mapping[str, Any]) -> tuple[dict[str, str], set[str]]:
+    """Each variant's cache key, and the swapped-in variants whose kept results were measured under it."""
+    if not plan.get("cache"):
+        return {}, set()
+    compared = list(plan.get("plain_outputs") or [])
+    keys = {b["variant"]: launch_cache.variant_key(b, plan["argv"], compared) for b in plan["benches"]}
+    reused = {b["variant"] for b in plan["benches"][1:]
+              if launch_cache.restore_ready(plan["cache"], b, keys[b["variant"]])}
+    for v in sorted(reused):
+        _say(f"{v}: unchanged since its last measurement in this launch (same drafter files, plan and command): "
+             "its results are reused, not measured again")
+    return keys, reused
+
+
+def _bench_all(plan: Mapping[str, Any], url: str, launch: dict[str, Any], progress: bool, reused=()) -> list:
     measured: list = []
     first = plan["benches"][0]
     reference = _launch_reference(plan, url, first)
     launch["launch_drafter"] = reference
     for i, bench in enumerate(plan["benches"]):
+        if bench["variant"] in reused:
+            continue
         spec = ServerSpec.from_dict(bench["server"], source=f"bench plan {bench['variant']}")
         summary = {"variant": bench["variant"], "spec_id": bench["spec_id"], "fingerprint": bench["fingerprint"],
                    "argv": list(plan["argv"]), "launch": plan["launch"], "launches": 1 if i == 0 else 0,

@@ -64,9 +64,12 @@ def load_settings(cfg: Any, source: str | None = None) -> Settings:
 
 
 def server(settings: Settings, layout: Layout, variant: str, spec: str) -> ServerSpec:
-    """The server of ``variant`` at speculative setting ``spec`` (``baseline``/``plain``: no drafter)."""
+    """The server of ``variant`` at speculative setting ``spec`` (``baseline``/``plain``: no drafter; the plain
+    launch's batches as many rows as data generation keeps in flight, as the generate server did)."""
     drafter = layout.drafter_dir(variant) if Variant(variant).has_drafter else None
     setting = None if spec == "plain" else settings.specs[spec]
+    if drafter is None and launches.generates_through_plain_launch(settings):
+        return generate_server(settings, layout)  # the plain launch also answers the fine-tune prompts
     return server_spec(settings, layout.target_model, drafter, setting)
 
 

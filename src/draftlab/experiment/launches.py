@@ -136,13 +136,14 @@ def swap_rule(settings: Settings) -> dict[str, str]:
     return {"backend": settings.serve.backend, "decided_by": decided_by, "rule": rule}
 
 
-def describe(launch: Launch, settings: Settings) -> str:
+def describe(launch: Launch, settings: Settings, generate_argv: list[str] | None = None) -> str:
     """Comment lines after a launch's command: what it benches and swaps (``snakemake -n -p`` prints them)."""
     first, rest = launch.variants[0], launch.variants[1:]
     lines = [f"launch {launch.id} ({launch.stage}, {launch.spec}): benches {first} (launched with)"
              + (f", then swaps in {', '.join(rest)}" if rest else "")]
     if launch.generate:
-        lines.append("then answers the fine-tune prompts through the same server (generate-data --url <this launch>)")
+        lines.append("then answers the fine-tune prompts through the same server: "
+                     + " ".join(generate_argv or ["draftlab", "generate-data", "--url", "{url}"]))
     if rest:
         rule = swap_rule(settings)
         lines.append(f"swap rule ({rule['backend']}): {rule['rule']}; decided by {rule['decided_by']}")
@@ -184,5 +185,6 @@ def launch_plan(settings: Settings, layout: Layout, launch: Launch, bench_plans:
         if launch.stage == "arms" else [],
         "generate": {"argv": generate_argv} if launch.generate else None,
         "server_log": layout.launch_log(launch.id),
+        "cache": layout.launch_cache(launch.id),
         "summary": layout.launch_summary(launch.id),
     }

@@ -225,6 +225,11 @@ class Layout:
         """What one launch did: ready time, each bench, each swap's checksums, the fresh-launch comparison."""
         return f"{self.launch_dir(launch)}/launch.json"
 
+    def launch_cache(self, launch: str) -> str:
+        """Each swapped-in variant's results and the key they were measured under (outside the rule's
+        outputs, which Snakemake removes before a rerun): retraining one arm re-benches only it."""
+        return self._p("launch-cache", launch)
+
     def launch_log(self, launch: str) -> str:
         """The server log of one launch (its "listening on" line counts the target's starts)."""
         return self.log("server", f"launch-{launch}.log")

@@ -22,6 +22,8 @@ waits and runs on the new drafter).
 
 from __future__ import annotations
 
+import hashlib
+import threading
 from typing import Any
 
 import torch
@@ -81,8 +83,6 @@ def handle(state: ServerState, path: str, body: dict[str, Any]) -> tuple[int, di
 
 
 def _session(state: ServerState) -> dict[str, Any]:
-    import threading
-
     with state._stats:  # created once per server, under a lock every handler thread shares
         if not hasattr(state, "weight_swap"):
             state.weight_swap = {"lock": threading.Lock(), "open": False, "version": None, "swaps": 0}
@@ -209,7 +209,5 @@ def _check(state: ServerState, body: dict[str, Any]) -> tuple[int, dict[str, Any
     info = {"checksums": sums, "per_gpu_checksum": per_gpu,
             "parallelism_info": [{"role": "draft", "tp_rank": 0, "tp_size": 1, "dp_rank": 0, "dp_size": 1,
                                   "pp_rank": 0, "pp_size": 1, "rank": 0, "size": 1}]}
-    import hashlib
-
     return 200, {"success": True, "message": "Success", "ranks": [info],
                  "per_engine_checksum": hashlib.sha256(per_gpu.encode()).hexdigest()}
