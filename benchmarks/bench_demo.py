@@ -31,7 +31,7 @@ from draftlab.training import demo_models as demo
 from draftlab.training.tokenize import tokenize_file
 from draftlab.fsutil import write_json
 from draftlab.datagen.generate_data import generate
-from draftlab.training.model import Eagle3Drafter
+from draftlab.models.eagle3 import Eagle3Drafter
 from draftlab.models.target import aux_layer_ids_for, input_embeddings, load_target, read_config
 from draftlab.training.attention import ttt_mask
 from draftlab.training.eval_drafter import evaluate_drafter

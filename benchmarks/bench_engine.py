@@ -44,8 +44,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from draftlab.serving.engine import Engine, resolve_dtype
-from draftlab.training.model import Eagle3Drafter, init_weights
+from draftlab.engine.core import Engine, resolve_dtype
+from draftlab.models.eagle3 import Eagle3Drafter, init_weights
 from draftlab.formats.eagle3_format import default_aux_layer_ids, drafter_config
 
 SIZES = {
@@ -95,7 +95,7 @@ def greedy_batch(model, prompts: torch.Tensor, n: int) -> torch.Tensor:
     """Batched greedy continuation (equal-length prompts, no padding): [B, P + n]."""
     from transformers import DynamicCache
 
-    from draftlab.serving.engine import _cache_kwarg
+    from draftlab.engine.core import _cache_kwarg
 
     kw = _cache_kwarg(model)
     cache = DynamicCache(config=model.config)
@@ -177,8 +177,8 @@ def forward_costs(target, drafter, k: int, ctx: int, extend: int, reps: int = 60
     mean in a cycle, ((k-1) chain steps + 1 extend) / k."""
     from transformers import DynamicCache
 
-    from draftlab.serving.engine import _cache_kwarg, crop_cache
-    from draftlab.training.model import DrafterCache
+    from draftlab.engine.core import _cache_kwarg, crop_cache
+    from draftlab.models.eagle3 import DrafterCache
 
     clock = Engine.clock
     dev = next(target.parameters()).device

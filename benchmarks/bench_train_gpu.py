@@ -33,7 +33,7 @@ import time
 import torch
 
 from draftlab.formats.eagle3_format import drafter_config
-from draftlab.training.model import Eagle3Drafter, init_weights
+from draftlab.models.eagle3 import Eagle3Drafter, init_weights
 from draftlab.training.loss import TTTModule
 
 PEAK_TFLOPS = 989.0

@@ -115,7 +115,7 @@ def decode(engine, prompts: list[list[int]], max_new: int) -> tuple[list[list[in
     the first, verify cycles)."""
     from static_decode_gpu import static_run
 
-    from draftlab.serving.static_decode import enable_static, make_decoder
+    from draftlab.engine.static_decode import enable_static, make_decoder
 
     if getattr(engine, "static_decoder", None) is None:
         enable_static(engine, 1, log=lambda m: None)
@@ -142,7 +142,7 @@ class Bench:
     def __init__(self, settings, layout, device: str, prompt_file: str | None = None, chat: bool = False):
         from transformers import AutoTokenizer
 
-        from draftlab.serving.engine import Engine
+        from draftlab.engine.core import Engine
 
         tok = AutoTokenizer.from_pretrained(layout.target_model)
         self.prompts = bench_prompts(settings, tok, prompt_file, chat)
@@ -156,8 +156,8 @@ class Bench:
                         "plain_tok_s": round(self.n / self.wall, 1)}
 
     def serve(self, name: str, drafter_dir: str, ks: list[str]) -> dict:
-        from draftlab.serving.engine import Engine
-        from draftlab.training.model import Eagle3Drafter
+        from draftlab.engine.core import Engine
+        from draftlab.models.eagle3 import Eagle3Drafter
 
         rows = {}
         for k in ks:

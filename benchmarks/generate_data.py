@@ -3,7 +3,7 @@
 when killed.
 
 1. The engine's own batched loop: the demo target in this process, the prompts tokenized with its chat
-   template and submitted to its continuous batcher (``serving.scheduler``, ``--concurrency`` rows).
+   template and submitted to its continuous batcher (``engine.scheduler``, ``--concurrency`` rows).
 2. ``draftlab generate-data`` through the builtin server it launches (same batch size, the same number of
    requests in flight), on the same prompts: its answering tokens/s (the server's load time excluded, as
    the model load is in 1) against 1; goal >= 0.9. The answers must be the loop's, token for token.
@@ -48,8 +48,8 @@ def engine_loop(target: str, prompts: Path, args) -> dict:
 
     from draftlab.formats.data import chat_prompt_ids
     from draftlab.models.target import load_tokenizer
-    from draftlab.serving.engine import Engine
-    from draftlab.serving.scheduler import Scheduler
+    from draftlab.engine.core import Engine
+    from draftlab.engine.scheduler import Scheduler
     from draftlab.formats.prompt_file import iter_prompts
 
     if args.threads:

@@ -130,10 +130,10 @@ def single_stream(pair: dict, args) -> dict:
 
     from draftlab.training.demo_models import render_chat  # noqa: F401 (prompts() needs the demo's format)
     from draftlab.models.target import load_tokenizer
-    from draftlab.serving.batch_decode import BatchDecoder
-    from draftlab.serving.engine import Engine
-    from draftlab.serving.scheduler import Scheduler
-    from draftlab.serving.static_decode import StaticDecoder
+    from draftlab.engine.batch_decode import BatchDecoder
+    from draftlab.engine.core import Engine
+    from draftlab.engine.scheduler import Scheduler
+    from draftlab.engine.static_decode import StaticDecoder
 
     if args.threads:
         torch.set_num_threads(args.threads)

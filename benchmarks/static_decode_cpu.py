@@ -43,10 +43,10 @@ def main() -> int:
     import drafter_levers as levers
     from transformers import AutoTokenizer
 
-    from draftlab.serving.batch_decode import BatchDecoder
-    from draftlab.serving.engine import Engine
-    from draftlab.serving.static_decode import StaticDecoder
-    from draftlab.training.model import Eagle3Drafter
+    from draftlab.engine.batch_decode import BatchDecoder
+    from draftlab.engine.core import Engine
+    from draftlab.engine.static_decode import StaticDecoder
+    from draftlab.models.eagle3 import Eagle3Drafter
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--configfile", default=None)

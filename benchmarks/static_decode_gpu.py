@@ -6,7 +6,7 @@ A Llama of the demo-gpu target's shape (16 x 768, GQA 12/4, MLP 2048, vocab 8192
 EAGLE-3 drafter of the demo drafter's shape (draft vocab 4096). Measures decode tokens/s (prefill
 excluded) of plain decoding at concurrency 1 through ``Engine.generate`` (dynamic cache, eager: the
 path before issue 17's scheduler) and through ``StaticDecoder`` with graphs at 1 and 8 rows, its fused
-layers (``serving/fused_llama.py``, ``fused_drafter.py``) against transformers' own (kernels per step by
+layers (``engine/fused_llama.py``, ``fused_drafter.py``) against transformers' own (kernels per step by
 the profiler; each piece of a speculative cycle timed alone, ``phase_ms``); the
 speculative cycle time (k=3) at 1 and 8 rows; token identity of every static output with the engine's;
 and the memory floor of a plain step (weight bytes read per token + KV bytes) / 4.3 TB/s.
@@ -31,7 +31,7 @@ def build(args):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from draftlab.formats.eagle3_format import default_aux_layer_ids, drafter_config
-    from draftlab.training.model import Eagle3Drafter, init_weights
+    from draftlab.models.eagle3 import Eagle3Drafter, init_weights
 
     dtype = getattr(torch, args.dtype)
     cfg = LlamaConfig(hidden_size=args.hidden, intermediate_size=args.inter, num_hidden_layers=args.layers,
@@ -85,7 +85,7 @@ def phase_times(spec, prompt: list[int], fused: bool, reps: int = 50) -> dict:
     k+1 tokens, one drafter step, the drafter's extend over k+1 tokens, and the whole cycle. On CUDA
     each piece is captured as its own graph and replayed (CUDA events); elsewhere it runs eagerly.
     Where the cycle's time goes beyond a plain step, and what a chain of k costs (issue 22's fit)."""
-    from draftlab.serving.static_decode import StaticDecoder
+    from draftlab.engine.static_decode import StaticDecoder
 
     dec = StaticDecoder(spec, max_rows=1, graph_max_bs=0, fused=fused)
     dec.add(prompt, 64, set())
@@ -168,7 +168,7 @@ def kernel_table(fn, top: int = 12) -> dict:
 
 
 def _plain_decoder(plain):
-    from draftlab.serving.static_decode import StaticDecoder
+    from draftlab.engine.static_decode import StaticDecoder
 
     dec = StaticDecoder(plain, max_rows=1, graph_max_bs=1)
     dec.capture()
@@ -177,7 +177,7 @@ def _plain_decoder(plain):
 
 def static_arms(args, plain, spec, prompts, ref, fused: bool) -> dict:
     """Plain decode at 1 and 8 rows and the speculative cycle (k = num_steps) through ``StaticDecoder``."""
-    from draftlab.serving.static_decode import StaticDecoder
+    from draftlab.engine.static_decode import StaticDecoder
 
     out = {}
 
@@ -220,8 +220,8 @@ def tree_cycles(args, target, drafter, prompts, plain_c1: list[int], t_plain_ms:
     trained drafter by ``drafter_levers.py``), what it costs is this."""
     from drafter_levers import parse_setting
 
-    from draftlab.serving.engine import Engine
-    from draftlab.serving.static_decode import StaticDecoder
+    from draftlab.engine.core import Engine
+    from draftlab.engine.static_decode import StaticDecoder
 
     out = {}
     for label in args.trees:
@@ -261,7 +261,7 @@ def main() -> int:
     ap.add_argument("--skip-unfused", action="store_true", help="fused layers only (the served path)")
     args = ap.parse_args()
 
-    from draftlab.serving.engine import Engine
+    from draftlab.engine.core import Engine
 
     target, drafter = build(args)
     g = torch.Generator().manual_seed(0)

@@ -75,7 +75,7 @@ def test_ids_sglang_cannot_feed_are_refused(cfg, ids, phrase):
 def test_num_aux_hidden_states_sizes_fc_as_sglang_does():
     """llama_eagle3.py: an explicit num_aux_hidden_states, else the number of listed ids, else 3."""
     from draftlab.formats import eagle3_format as fmt
-    from draftlab.training.model import Eagle3Drafter
+    from draftlab.models.eagle3 import Eagle3Drafter
 
     base = tiny_drafter_config()
     ht = fmt.target_hidden_size(base)
@@ -156,9 +156,9 @@ def test_deepseek_target_dump_and_engine_read_ids_as_sglang_does(tmp_path):
     """A real tiny DeepseekV3ForCausalLM: ids [2, 3, 4] are the inputs of layers 2, 3, 4 = hidden_states[2..4]."""
     import json
 
-    from draftlab.serving.engine import Engine
+    from draftlab.engine.core import Engine
     from draftlab.training.hidden_states import HiddenStateShards, dump_hidden_states
-    from draftlab.training.model import Eagle3Drafter
+    from draftlab.models.eagle3 import Eagle3Drafter
     from draftlab.models.target import load_target, read_config
     from tiny_models import tiny_deepseek_v3_target
 

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from draftlab.errors import DraftlabError
-from draftlab.serving.batch_decode import BatchDecoder
-from draftlab.serving.engine import Engine
-from draftlab.serving.static_decode import StaticDecoder, graph_buckets, solo_generate, width_buckets
+from draftlab.engine.batch_decode import BatchDecoder
+from draftlab.engine.core import Engine
+from draftlab.engine.static_decode import StaticDecoder, graph_buckets, solo_generate, width_buckets
 from test_engine import VOCAB, world  # noqa: F401 (the module fixture)
 
 FIELDS = ("output_ids", "finish_reason", "spec_verify_ct", "accept_histogram", "accept_by_position",
@@ -173,8 +173,8 @@ def test_static_decoder_moves_rows_down_and_refuses_other_models(world):  # noqa
 
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
 def test_scheduler_queues_beyond_max_batch_size_and_drops_cancelled(world, static):  # noqa: F811
-    from draftlab.serving.engine import GenerationStopped
-    from draftlab.serving.scheduler import Scheduler
+    from draftlab.engine.core import GenerationStopped
+    from draftlab.engine.scheduler import Scheduler
 
     eng = Engine(world["v1"], world["trained"], num_steps=3, eos_token_ids=())
     if static:  # what enable_static gives the engine on CUDA (here eager): the scheduler takes it
@@ -297,7 +297,7 @@ def _reference_tree(eng: Engine, prompt: list[int], steps: int, topk: int, token
     steps rerun from the prefix's cache (the engine's own drafter, a cache per path), children scored by
     their path's summed log-probability, the best ``topk`` kept as beams, the best ``tokens - 1`` of every
     child drafted returned as token paths from the root."""
-    from draftlab.training.model import DrafterCache
+    from draftlab.models.eagle3 import DrafterCache
 
     _, out, pending = eng.prefill_target(prompt, hidden=True)
     dcache, d_logits, d_hidden = eng.prefill_drafter(prompt, out, pending)

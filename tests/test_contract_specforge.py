@@ -281,7 +281,7 @@ print(json.dumps({"step": torch.load(resume + "/training_state.pt", weights_only
 
 
 def test_import_reads_what_specforges_checkpoint_manager_writes(tmp_path):
-    from draftlab.training.specforge_import import import_checkpoint
+    from draftlab.training.specforge import import_checkpoint
     from draftlab.errors import DraftlabError
 
     cfg = tiny_drafter_config()
@@ -348,7 +348,7 @@ print(json.dumps({"plosses": [float(p) for p in plosses],
 
 
 def test_builtin_ttt_loss_is_specforges_on_one_batch():
-    from draftlab.training.model import Eagle3Drafter, init_weights
+    from draftlab.models.eagle3 import Eagle3Drafter, init_weights
     from draftlab.training.loss import STEP_WEIGHT, ttt_forward
 
     torch.manual_seed(0)
@@ -544,7 +544,7 @@ def test_specforges_trainer_runs_the_offline_keep_arm_on_cpu_and_import_reads_it
     from draftlab.cli import main as cli
     from draftlab.settings.config import load_config
     from draftlab.training.eval_drafter import evaluate_drafter
-    from draftlab.training.specforge_import import import_checkpoint
+    from draftlab.training.specforge import import_checkpoint
 
     exp = smoke_run / "results" / SMOKE_EXP
     target, tokens, patched = exp / "models/target/model", exp / "data/tokens.jsonl", exp / "drafter/patched"

@@ -91,7 +91,7 @@ def test_chat_template_matches_the_fast_renderer_and_masks_the_answer(smoke):
 @pytest.mark.slow  # the session's smoke build: ~40 s on an idle 2-core machine, once
 def test_drafter_follows_v1_and_drops_on_v2(smoke):
     from draftlab.static.doctor import run_doctor
-    from draftlab.training.model import Eagle3Drafter
+    from draftlab.models.eagle3 import Eagle3Drafter
     from draftlab.static.d2t import load_mapping
 
     r = smoke["result"]

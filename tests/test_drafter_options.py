@@ -13,7 +13,7 @@ from draftlab.static import doctor
 
 from draftlab.formats import eagle3_format as fmt
 from draftlab.errors import DraftlabError
-from draftlab.training.model import Eagle3Drafter, apply_rope, init_weights
+from draftlab.models.eagle3 import Eagle3Drafter, apply_rope, init_weights
 from factories import drafter_tensors, tiny_drafter_config, with_sglang_options, write_drafter, write_target_config
 
 CFG = with_sglang_options(tiny_drafter_config())
@@ -114,7 +114,7 @@ def test_drafter_with_its_own_hidden_size_keeps_its_embeddings(tmp_path):
 
 
 def test_engine_serves_a_drafter_with_its_own_embeddings(tmp_path):
-    from draftlab.serving.engine import Engine
+    from draftlab.engine.core import Engine
     from draftlab.models.target import load_target
     from tiny_models import tiny_target
 
@@ -148,13 +148,13 @@ def test_options_draftlab_cannot_run_are_refused_naming_the_key(tmp_path, key, v
 
 def test_import_keeps_every_tensor_sglang_loads(tmp_path):
     """A SpecForge checkpoint with fc_norm and its own embeddings keeps both through import."""
-    from draftlab.training import specforge_import
+    from draftlab.training import specforge
 
     cfg = with_sglang_options(tiny_drafter_config(hidden_size=48, intermediate_size=96))
     tensors = drafter_tensors(cfg, seed=4)
     tensors = {("model." + k if k.startswith("midlayer") else k): v for k, v in tensors.items()}
     export = write_drafter(tmp_path / "export", cfg, tensors)  # a `specforge export --to sglang` folder
-    result = specforge_import.import_checkpoint(export, tmp_path / "out")
+    result = specforge.import_checkpoint(export, tmp_path / "out")
     got = load_file(str(tmp_path / "out" / "model.safetensors"))
     assert set(got) == set(fmt.expected_tensor_shapes(cfg)) and result["ignored_tensors"] == []
     assert result["embeddings_stripped"] is False and got["embed_tokens.weight"].shape == (256, 48)

@@ -90,7 +90,7 @@ def test_drafter_config_wrong_type_names_the_file_and_key(key, value, expected):
 
 def test_drafter_config_bad_aux_ids_name_the_nested_key(tmp_path):
     from draftlab.formats.eagle3_format import DrafterConfig
-    from draftlab.training.model import Eagle3Drafter
+    from draftlab.models.eagle3 import Eagle3Drafter
 
     raw = tiny_drafter_config()
     raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = "1,3,4"

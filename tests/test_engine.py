@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from draftlab.serving.engine import Engine, _cache_kwarg, crop_cache, meta_info
+from draftlab.engine.core import Engine, _cache_kwarg, crop_cache, meta_info
 from draftlab.errors import DraftlabError
-from draftlab.training.model import DrafterCache, Eagle3Drafter, init_weights
+from draftlab.models.eagle3 import DrafterCache, Eagle3Drafter, init_weights
 from draftlab.models.target import aux_layer_ids_for, load_target, read_config, target_features
 from factories import tiny_drafter_config
 from tiny_models import tiny_target

@@ -13,8 +13,8 @@ import pytest
 import torch
 import transformers
 
-from draftlab.serving.fused_llama import FusedLlama, fused_refusal
-from draftlab.serving.static_decode import SlotCache
+from draftlab.engine.fused_llama import FusedLlama, fused_refusal
+from draftlab.engine.static_decode import SlotCache
 
 COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
               max_position_embeddings=128, attn_implementation="sdpa")
@@ -112,8 +112,8 @@ def test_fused_drafter_step_equals_the_drafters_own(options):
     """``FusedDrafter`` against ``Eagle3Drafter.forward`` over the same kind of slots: the extend over
     aux states (two rows at different positions), then draft steps feeding their own hidden back;
     with SGLang's options (input/fc norms, fc and o_proj biases, normed output) and without."""
-    from draftlab.serving.fused_drafter import FusedDrafter
-    from draftlab.serving.static_decode import DrafterSlots
+    from draftlab.engine.fused_drafter import FusedDrafter
+    from draftlab.engine.static_decode import DrafterSlots
     from factories import tiny_drafter_config, with_sglang_options
     from test_drafter_options import randomised
 

@@ -130,8 +130,8 @@ def test_dump_hidden_states_and_train_and_eval_on_cuda(world, tmp_path):
 
 
 def test_engine_greedy_identity_on_cuda(world):
-    from draftlab.serving.engine import Engine
-    from draftlab.training.model import Eagle3Drafter
+    from draftlab.engine.core import Engine
+    from draftlab.models.eagle3 import Eagle3Drafter
     from draftlab.models.target import load_target
 
     target = load_target(world["target"], device="cuda")
@@ -185,8 +185,8 @@ def test_static_cache_cuda_graphs_replay_exactly(engine_pair, dtype):
     import copy
 
     from draftlab.models.target import load_target
-    from draftlab.serving.engine import Engine
-    from draftlab.serving.static_decode import StaticDecoder, width_buckets
+    from draftlab.engine.core import Engine
+    from draftlab.engine.static_decode import StaticDecoder, width_buckets
 
     target = load_target(engine_pair["dir"], dtype=dtype, device="cuda")
     drafter = copy.deepcopy(engine_pair["drafter"]).to(device="cuda", dtype=dtype)
@@ -224,7 +224,7 @@ def fused_agreement(engine, reqs, outputs) -> float:
     near tie of a random tiny model's logits flips a token now and then; over whole generated sequences that
     compounds (7 of 10 requests came out identical on an H200), position by position it stays rare, while a
     wrong norm, RoPE or mask would miss most positions."""
-    from draftlab.serving.static_decode import StaticDecoder
+    from draftlab.engine.static_decode import StaticDecoder
 
     dec = StaticDecoder(engine, max_rows=1)  # eager: its fused forward over a whole sequence
     agree = total = 0
@@ -244,7 +244,7 @@ def test_static_server_state_reports_graphs_and_serves_identically(engine_pair):
     import copy
 
     from draftlab.models.target import load_target
-    from draftlab.serving.engine import Engine
+    from draftlab.engine.core import Engine
     from draftlab.serving.server import ServerState
 
     target = load_target(engine_pair["dir"], dtype=torch.float32, device="cuda")

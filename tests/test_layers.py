@@ -12,7 +12,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "src" / "draftlab"
 
 # The layer order of docs/layout.md: a layer imports only the layers before it here (and helpers).
-LAYERS = ["settings", "formats", "models", "static", "training", "serving", "datagen", "benchmark", "experiment"]
+LAYERS = ["settings", "formats", "models", "static", "engine", "training", "serving", "datagen", "benchmark",
+          "experiment"]
 # Top-level helpers: any layer may import them; they import only each other.
 HELPERS = {"errors", "fsutil", "textsafe", "deadline_io", "http_client", "hf_cache", "draftlab"}
 # The entry points: they may import everything, nothing imports them but themselves.
@@ -140,13 +141,42 @@ def test_no_module_cycles_but_the_listed_ones():
 
 def test_the_contract_sees_a_break_and_a_cycle():
     """The checks above would fail on the shapes they forbid (so their passing means something)."""
-    edges = {"draftlab.formats.x": [("draftlab.training.model", 3)], "draftlab.errors": [("draftlab.fsutil", 1)],
+    edges = {"draftlab.formats.x": [("draftlab.training.loss", 3)], "draftlab.errors": [("draftlab.fsutil", 1)],
              "draftlab.fsutil": [("draftlab.models.acquire", 2)], "draftlab.commands.x": [("draftlab.cli", 1)]}
-    assert layer_breaks(edges) == ["draftlab.formats.x:3 -> draftlab.training.model",
+    assert layer_breaks(edges) == ["draftlab.formats.x:3 -> draftlab.training.loss",
                                    "draftlab.fsutil:2 -> draftlab.models.acquire"]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
     here = imports(ROOT / "models" / "acquire.py", set(_modules()))
     assert any(m == "draftlab.fsutil" for m, _ in here)
+
+
+def test_the_engine_knows_nothing_of_servers_or_training():
+    """The decode engine is its own room (docs/layout.md): ``serving/`` may import it, it imports neither
+    ``serving/`` nor ``training/`` (the draft module it decodes with lives in ``models/``)."""
+    edges = graph()
+    reaches = {f"{src}:{line} -> {dst}" for src, targets in edges.items() if layer(src) == "engine"
+               for dst, line in targets if layer(dst) in ("serving", "training")}
+    assert reaches == set()
+    assert any(layer(src) == "serving" and layer(dst) == "engine" for src, targets in edges.items() for dst, _ in targets)
+
+
+SPECFORGE = "draftlab.training.specforge"
+
+
+def specforge_side_doors(edges: dict[str, list[tuple[str, int]]]) -> list[str]:
+    """Each import of a module inside the SpecForge subpackage from outside it: the face is the only door."""
+    return sorted(f"{src}:{line} -> {dst}" for src, targets in edges.items()
+                  if src != SPECFORGE and not src.startswith(SPECFORGE + ".")
+                  for dst, line in targets if dst.startswith(SPECFORGE + "."))
+
+
+def test_specforge_is_reached_only_through_its_face():
+    assert (ROOT / "training" / "specforge" / "__init__.py").is_file()  # a subpackage, with its face
+    assert specforge_side_doors(graph()) == []
+    assert any(dst == SPECFORGE for targets in graph().values() for dst, _ in targets)
+    assert specforge_side_doors({"draftlab.commands.x": [(SPECFORGE + ".capture", 4)],
+                                 SPECFORGE + ".capture": [(SPECFORGE + ".run_config", 2)]}) == [
+        f"draftlab.commands.x:4 -> {SPECFORGE}.capture"]
 
 
 def test_a_library_import_inside_a_function_says_why():

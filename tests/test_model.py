@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from draftlab.formats.eagle3_format import expected_tensor_shapes
 from draftlab.errors import DraftlabError
-from draftlab.training.model import DrafterCache, Eagle3Drafter, init_weights
+from draftlab.models.eagle3 import DrafterCache, Eagle3Drafter, init_weights
 
 
 def _drafter(**overrides) -> Eagle3Drafter:

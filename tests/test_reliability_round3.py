@@ -314,7 +314,7 @@ def test_batch_size_zero_is_one_line(tiny, tmp_path):
 def test_a_drafter_whose_d2t_leaves_the_target_vocabulary_is_refused_at_load(tmp_path):
     from tiny_models import tiny_target
 
-    from draftlab.serving.engine import Engine
+    from draftlab.engine.core import Engine
 
     target = tiny_target(tmp_path / "target", vocab_size=256, tokenizer=False)
     cfg = tiny_drafter_config(vocab_size=256)

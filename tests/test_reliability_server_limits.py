@@ -22,7 +22,7 @@ import pytest
 from helpers import DRAFTLAB
 import torch
 
-from draftlab.serving.engine import Engine, GenerationStopped
+from draftlab.engine.core import Engine, GenerationStopped
 from factories import tiny_drafter_config, write_drafter
 from tiny_models import tiny_target
 import httpcall
@@ -246,7 +246,7 @@ def test_sigterm_during_a_long_generation_stops_the_server_within_seconds(folder
 
 @pytest.mark.parametrize("with_drafter", [False, True])
 def test_engine_checks_should_stop_between_decode_steps(folders, with_drafter):
-    from draftlab.training.model import Eagle3Drafter
+    from draftlab.models.eagle3 import Eagle3Drafter
     from draftlab.models.target import load_target
 
     torch.set_num_threads(1)

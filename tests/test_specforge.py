@@ -17,8 +17,8 @@ from safetensors.torch import load_file, save_file
 from draftlab.training import specforge
 from draftlab.cli import main
 from draftlab.errors import DraftlabError
-from draftlab.training.model import Eagle3Drafter
-from draftlab.training.specforge_import import import_checkpoint
+from draftlab.models.eagle3 import Eagle3Drafter
+from draftlab.training.specforge import import_checkpoint
 from draftlab.static.d2t import VocabMapping, load_mapping, save_mapping
 from factories import drafter_tensors, tiny_drafter_config
 
@@ -311,7 +311,7 @@ def _fake_dump(folder: Path, n: int = 3, hidden: int = 8) -> Path:
 
 def test_offline_features_and_run_config_need_no_capture_server(tmp_path):
     """SpecForge 0.2.0's offline mode: .ckpt features, data.hidden_states_path, local_colocated, an indexed target."""
-    from draftlab.training.specforge_offline import write_features
+    from draftlab.training.specforge import write_features
 
     dump = _fake_dump(tmp_path / "dump")
     assert main(["specforge-features", "--dump", str(dump), "--out", str(tmp_path / "feat")]) == 0

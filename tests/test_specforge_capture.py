@@ -21,7 +21,7 @@ import pytest
 from draftlab.cli import main
 from httpcall import send_json
 from draftlab.errors import DraftlabError
-from draftlab.training.specforge_capture import capture_host_setup, preflight
+from draftlab.training.specforge import capture_host_setup, preflight
 
 AUX = [1, 29, 57]
 

@@ -18,7 +18,7 @@ from draftlab.cli import main
 from draftlab.training.tokenize import tokenize_file
 from draftlab.errors import DraftlabError
 from draftlab.training.hidden_states import HiddenStateShards, check_disk, dump_hidden_states, storage_estimate
-from draftlab.training.model import DrafterCache, Eagle3Drafter, init_weights
+from draftlab.models.eagle3 import DrafterCache, Eagle3Drafter, init_weights
 from draftlab.models.target import load_target, read_config, target_features
 from draftlab.training.attention import cross_step_attend, ttt_attention_backend, ttt_mask
 from draftlab.training.config import TrainConfig

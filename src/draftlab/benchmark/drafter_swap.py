@@ -37,7 +37,7 @@ class SwapRefused(DraftlabError):
 
 def drafter_tensors(folder: str | Path, backend: str, dtype=None) -> list[tuple[str, Any]]:
     """The ``(name, tensor)`` pairs a swap sends for ``folder``, in name order (floats cast to ``dtype``)."""
-    from draftlab.training.model import read_drafter_tensors  # deferred: torch + safetensors
+    from draftlab.models.eagle3 import read_drafter_tensors  # deferred: torch + safetensors
 
     skip = NEVER_SENT + (SGLANG_KEEPS if backend == "sglang" else ())
     out = []
@@ -50,7 +50,7 @@ def drafter_tensors(folder: str | Path, backend: str, dtype=None) -> list[tuple[
 
 def d2t_digest_of(folder: str | Path) -> str | None:
     """The digest of a drafter folder's ``d2t`` (None when it has none)."""
-    from draftlab.training.model import read_drafter_tensors  # deferred: torch + safetensors
+    from draftlab.models.eagle3 import read_drafter_tensors  # deferred: torch + safetensors
 
     return weight_payload.d2t_digest(read_drafter_tensors(folder).get("d2t"))
 

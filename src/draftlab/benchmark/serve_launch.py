@@ -171,7 +171,7 @@ def _dtype(plan: Mapping[str, Any]):
     name = plan["server"].get("dtype")
     if not name:
         return None
-    from draftlab.serving.engine import resolve_dtype  # deferred: torch
+    from draftlab.engine.core import resolve_dtype  # deferred: torch
 
     return resolve_dtype(name)
 

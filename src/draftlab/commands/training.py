@@ -385,7 +385,7 @@ def _specforge_command(args: argparse.Namespace) -> int:
 
 
 def _specforge_features(args: argparse.Namespace) -> int:
-    from draftlab.training.specforge_offline import write_features
+    from draftlab.training.specforge import write_features
 
     r = write_features(args.dump, args.out)
     emit(args, r, lambda r: f"{r['samples']} samples, {r['tokens']} tokens, aux layers {r['aux_layer_ids']} -> {r['out']}")
@@ -394,14 +394,14 @@ def _specforge_features(args: argparse.Namespace) -> int:
 
 def _specforge_preflight(args: argparse.Namespace) -> int:
     from draftlab.fsutil import read_json
-    from draftlab.training import specforge_capture
+    from draftlab.training import specforge
 
     job = read_json(args.job)
     cfg = job.get("run_config") if isinstance(job, dict) else None
     if not isinstance(cfg, dict):
         raise DraftlabError(f"{args.job}: key 'run_config' missing (expected the job file of draftlab specforge-command)")
     expected = [str(cfg.get("model", {}).get("target_model_path", ""))] + list(args.expect_model)
-    r = specforge_capture.preflight(cfg, expected_models=expected, timeout=args.timeout)
+    r = specforge.preflight(cfg, expected_models=expected, timeout=args.timeout)
 
     def text(r):
         if r.get("note"):
@@ -434,7 +434,7 @@ def _count_samples(tokens: str) -> int:
 
 
 def _import_specforge(args: argparse.Namespace) -> int:
-    from draftlab.training.specforge_import import import_checkpoint
+    from draftlab.training.specforge import import_checkpoint
 
     result = import_checkpoint(args.src, args.out, expect_mapping=args.expect_mapping,
                                draft_config=args.draft_config, expect_steps=args.expect_steps)

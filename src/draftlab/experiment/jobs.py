@@ -22,7 +22,7 @@ from draftlab.experiment.variants import BASELINE, Variant
 from draftlab.formats.target_config import load_json_config
 from draftlab.fsutil import read_json
 from draftlab.serving.server_spec import ServerSpec
-from draftlab.training import specforge, specforge_capture
+from draftlab.training import specforge
 from draftlab.training.specforge import specforge_commands
 
 # --- servers ------------------------------------------------------------------------------------
@@ -268,8 +268,8 @@ def specforge_capture_note(settings: Settings, layout: Layout, arm: str) -> str:
     deployment = dict(settings.config["train"].get("specforge", {}).get("deployment") or {})
     if deployment.get("managed_local"):
         return (f"\n# train {arm} (SpecForge {specforge.SPECFORGE_VERSION}, managed_local): SpecForge starts Mooncake "
-                f"and sglang {specforge_capture.SGLANG_CAPTURE_VERSION} capture servers patched by "
-                f"{specforge_capture.PATCH_SCRIPT} itself; that patch must be applied in this env")
+                f"and sglang {specforge.SGLANG_CAPTURE_VERSION} capture servers patched by "
+                f"{specforge.PATCH_SCRIPT} itself; that patch must be applied in this env")
     model: dict = {"target_model_path": layout.target_model,
                    "trust_remote_code": bool(settings.target.trust_remote_code)}
     drafter_cfg = os.path.join(layout.patched, "config.json")
@@ -282,7 +282,7 @@ def specforge_capture_note(settings: Settings, layout: Layout, arm: str) -> str:
             ids = ""
         except Exception:  # noqa: BLE001 - the plan only describes; the prepare step refuses bad configs
             pass
-    setup = specforge_capture.capture_host_setup({"model": model, "deployment": {"disaggregated": deployment}},
+    setup = specforge.capture_host_setup({"model": model, "deployment": {"disaggregated": deployment}},
                                                  specforge_version=specforge.SPECFORGE_VERSION)
     if ids:
         setup[-1] += f" {ids}"

@@ -1,2 +1,2 @@
-"""Serving: the builtin HTTP server and engine, launching SGLang / vLLM / builtin servers, the HTTP client,
-host checks and device selection."""
+"""Serving: the builtin HTTP server (over :mod:`draftlab.engine`), launching SGLang / vLLM / builtin servers,
+the one server description, what a running server says about itself, and host checks."""

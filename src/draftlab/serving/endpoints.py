@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from draftlab.errors import DraftlabError
 from draftlab.formats.data import chat_prompt_ids
-from draftlab.serving.engine import meta_info
+from draftlab.engine.core import meta_info
 from draftlab.serving.server_state import BadRequest, ServerState
 
 # SGLang's SamplingParams keywords (an unknown one is refused, as SGLang's constructor refuses it), with

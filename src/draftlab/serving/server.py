@@ -36,8 +36,8 @@ from draftlab import __version__
 from draftlab.deadline_io import DeadlineReader, peer_closed
 from draftlab.errors import DraftlabError
 from draftlab.serving.endpoints import handle_chat_completions, handle_completions, handle_generate
+from draftlab.engine.core import Engine
 from draftlab.serving import weight_swap
-from draftlab.serving.engine import Engine
 from draftlab.serving.server_state import BadRequest, ClientGone, HTTPFailure, ServerState
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")

@@ -20,6 +20,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from draftlab.engine.draft_shape import draft_tokens_problem
 from draftlab.errors import DraftlabError
 
 BACKENDS = ("builtin", "sglang", "vllm")
@@ -270,25 +271,6 @@ def _validate_speculative(s: ServerSpec, source: str) -> None:
         problem = draft_tokens_problem(s.num_steps, topk, s.num_draft_tokens)
         if problem:
             raise DraftlabError(f"{source}: key 'num_draft_tokens': {problem}")
-
-
-def most_tree_tokens(num_steps: int, topk: int) -> int:
-    """Tokens a tree of ``num_steps`` x ``topk`` can verify: the pending token and every candidate draft (topk
-    children of the root, then topk children of each of the topk beams per further step), as SGLang builds it."""
-    return 1 + topk + (num_steps - 1) * topk * topk
-
-
-def draft_tokens_problem(num_steps: int, topk: int, num_draft_tokens: int) -> str | None:
-    """What is wrong with ``num_draft_tokens`` for ``num_steps`` x ``topk`` (None: nothing): a chain verifies
-    ``num_steps + 1`` tokens, a tree 2 up to ``most_tree_tokens``. The config check and the engine's flags share it."""
-    if topk == 1:
-        if num_draft_tokens != num_steps + 1:
-            return f"a chain (topk 1) verifies num_steps + 1 = {num_steps + 1} tokens, got {num_draft_tokens}"
-        return None
-    most = most_tree_tokens(num_steps, topk)
-    if not 2 <= num_draft_tokens <= most:
-        return f"a tree of {num_steps} steps x topk {topk} verifies 2..{most} tokens, got {num_draft_tokens}"
-    return None
 
 
 def _validate_backend(s: ServerSpec, source: str) -> None:

@@ -13,9 +13,9 @@ from typing import Any, Callable
 
 from draftlab import __version__
 from draftlab.errors import DraftlabError
-from draftlab.serving.engine import Engine, GenerationResult
-from draftlab.serving.scheduler import DEFAULT_MAX_BATCH_SIZE, Scheduler, Ticket
-from draftlab.serving.static_decode import enable_static
+from draftlab.engine.core import Engine, GenerationResult
+from draftlab.engine.scheduler import DEFAULT_MAX_BATCH_SIZE, Scheduler, Ticket
+from draftlab.engine.static_decode import enable_static
 
 MAX_PROMPTS = 256  # prompts in one /generate or /v1/completions request (--max-prompts-per-request)
 MIN_BODY = 1024 * 1024  # body limit: this, or BODY_BYTES_PER_TOKEN per context token if larger

@@ -28,13 +28,13 @@ from typing import Any
 
 import torch
 
+from draftlab.engine import static_decode, swap
 from draftlab.errors import DraftlabError
 from draftlab.serving import weight_payload
 from draftlab.serving.server_state import BadRequest, ServerState
 
 ROUTES = ("/begin_weight_update", "/update_weights_from_tensor", "/end_weight_update", "/weights_checker")
 SELECTORS = ("target", "draft", "all")
-NOT_SWAPPED = ("embed_tokens.weight", "inv_freq")  # the target's embedding; RoPE frequencies from the config
 
 
 class Conflict(BadRequest):
@@ -58,27 +58,27 @@ def _selector(body: dict[str, Any], where: str) -> str:
 
 def handle(state: ServerState, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     """Answer one weight route: ``(status, {"success", "message", ...})`` as SGLang answers it."""
-    swap = _session(state)
+    session = _session(state)
     if path == "/begin_weight_update":
         _fields(body, {"selector"}, path)
         _selector(body, path)
         _need_drafter(state, path)
-        with swap["lock"]:
-            if swap["open"]:
+        with session["lock"]:
+            if session["open"]:
                 return 400, {"success": False, "message": "a weight-update session is already open; "
                                                           "call end_weight_update() first"}
-            swap["open"] = True
+            session["open"] = True
         return 200, {"success": True, "message": "Success"}
     if path == "/end_weight_update":
         _fields(body, set(), path)
-        with swap["lock"]:
-            if not swap["open"]:
+        with session["lock"]:
+            if not session["open"]:
                 return 400, {"success": False,
                              "message": "no weight-update session is open; call begin_weight_update() first"}
-            swap["open"] = False
+            session["open"] = False
         return 200, {"success": True, "message": "Success"}
     if path == "/update_weights_from_tensor":
-        return _update(state, swap, body)
+        return _update(state, session, body)
     return _check(state, body)
 
 
@@ -94,7 +94,7 @@ def _need_drafter(state: ServerState, where: str) -> None:
         raise BadRequest(f"{where}: this server runs without a drafter; there is no draft model to update")
 
 
-def _update(state: ServerState, swap: dict[str, Any], body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+def _update(state: ServerState, session: dict[str, Any], body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     where = "/update_weights_from_tensor"
     _fields(body, {"serialized_named_tensors", "load_format", "flush_cache", "abort_all_requests", "weight_version",
                    "selector", "torch_empty_cache"}, where)
@@ -110,89 +110,40 @@ def _update(state: ServerState, swap: dict[str, Any], body: dict[str, Any]) -> t
     if not isinstance(entries, list) or len(entries) != 1:
         raise BadRequest(f"{where}: serialized_named_tensors: expected one entry (tp_size 1), got "
                          f"{len(entries) if isinstance(entries, list) else type(entries).__name__}")
-    if not swap["open"]:
+    if not session["open"]:
         return 400, {"success": False, "message": "update_weights_from_tensor must run between "
                                                   "begin_weight_update() and end_weight_update()"}
     try:
         named = weight_payload.deserialize(entries[0])
-        with swap["lock"]:
+        with session["lock"]:
             replace_drafter_tensors(state, named)
-            swap["version"] = body.get("weight_version")
-            swap["swaps"] += 1
+            session["version"] = body.get("weight_version")
+            session["swaps"] += 1
     except DraftlabError as exc:
         raise BadRequest(f"{where}: {exc}") from None
     return 200, {"success": True, "message": "Success"}
 
 
-def _drafter_state(drafter) -> dict[str, torch.Tensor]:
-    named = dict(drafter.named_parameters())
-    named.update(dict(drafter.named_buffers()))
-    return {n: t for n, t in named.items() if n not in NOT_SWAPPED}
-
-
-def _check_named(state: ServerState, named: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Every refusal before any weight is touched: names, shapes, kinds, hot ids."""
-    held = _drafter_state(state.engine.drafter)
-    incoming: dict[str, torch.Tensor] = {}
-    for name, t in named:
-        if name in NOT_SWAPPED:
-            raise DraftlabError(f"{name}: never sent in a drafter swap (the drafter's embedding is the target's)")
-        if name not in held:
-            raise DraftlabError(f"{name}: the served drafter has no such tensor (it has {len(held)}: "
-                                f"{', '.join(sorted(held)[:6])}, ...)")
-        if tuple(t.shape) != tuple(held[name].shape):
-            raise DraftlabError(f"{name}: shape {list(t.shape)}, the served drafter's is {list(held[name].shape)}: "
-                                "a drafter of another shape needs a launch of its own")
-        if t.dtype.is_floating_point != held[name].dtype.is_floating_point:
-            raise DraftlabError(f"{name}: dtype {t.dtype} where the served drafter holds {held[name].dtype}")
-        incoming[name] = t
-    if "d2t" in incoming:
-        vocab = int(state.engine.target.get_output_embeddings().weight.shape[0])
-        hot = incoming["d2t"].long() + torch.arange(incoming["d2t"].numel())
-        if int(hot.min()) < 0 or int(hot.max()) >= vocab:
-            raise DraftlabError(f"d2t: maps draft ids to target ids outside [0, {vocab}): not a map for this target")
-    return incoming
-
-
 def replace_drafter_tensors(state: ServerState, named: list[tuple[str, torch.Tensor]]) -> None:
-    """Copy ``named`` into the served drafter in place, with no request in flight, then re-derive what the
-    engine built from it: hot ids (in place, the address CUDA graphs hold) and the static decoder."""
-    incoming = _check_named(state, named)
+    """Load ``named`` into the served drafter with no request in flight or queued (``engine.swap`` re-derives
+    the hot ids and the static decoder); the scheduler then decodes with the rebuilt decoder."""
+    incoming = swap.check_drafter_tensors(state.engine, named)
     sched = state.scheduler
     with state.lock, sched._cv:  # no decode step runs, no request is admitted while the weights change
         busy = len(sched._decoder) + sum(len(q) for q in sched._queue.values())
         if busy:
             raise Conflict(f"{busy} request(s) in flight or queued: a swap waits for an idle server (it never "
                            "mixes two drafters in one answer); retry when they have finished")
-        engine = state.engine
-        held = _drafter_state(engine.drafter)
-        with torch.no_grad():
-            for name, t in incoming.items():
-                held[name].copy_(t.to(held[name].dtype))
-            d2t = engine.drafter.d2t
-            engine._hot.copy_(d2t + torch.arange(d2t.numel(), device=d2t.device))
-        _rebuild_decoder(state)
-
-
-def _rebuild_decoder(state: ServerState) -> None:
-    """The static decoder's fused weights and CUDA graphs were derived from the old tensors: build it again."""
-    from draftlab.serving import static_decode  # deferred: the engine's decoders (torch kernels)
-
-    engine = state.engine
-    static_decode._SOLO.pop(engine, None)
-    if getattr(engine, "static_decoder", None) is not None:
-        engine.static_decoder = None
-        if engine.device.type == "cuda":
-            torch.cuda.empty_cache()
-        info = static_decode.enable_static(engine, state.scheduler.max_batch_size,
-                                           state.decoding.get("cuda_graph_max_bs"))
-        state.decoding.update(info)
-    state.scheduler._decoder = static_decode.make_decoder(engine)
+        info = swap.load_drafter_tensors(state.engine, incoming, sched.max_batch_size,
+                                         state.decoding.get("cuda_graph_max_bs"))
+        if info is not None:
+            state.decoding.update(info)
+        sched._decoder = static_decode.make_decoder(state.engine)
 
 
 def drafter_checksums(state: ServerState) -> dict[str, str]:
     """SGLang's per-tensor checksums of the drafter as held (names prefixed with its role, ``draft.``)."""
-    return weight_payload.checksums_of(sorted(_drafter_state(state.engine.drafter).items()), prefix="draft.")
+    return weight_payload.checksums_of(sorted(swap.drafter_state(state.engine).items()), prefix="draft.")
 
 
 def _check(state: ServerState, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""Training: the EAGLE-3 draft model, tokenization, hidden-state dumps, the builtin
+"""Training: tokenization, hidden-state dumps, the builtin
 trainer and the SpecForge backend (run config out, checkpoint in).
 
 The builtin trainer is split by job: the CLI's ``train`` calls :func:`draftlab.training.train.train_drafter`,

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from draftlab.fsutil import atomic_dir, to_json
-from draftlab.training.model import Eagle3Drafter
+from draftlab.models.eagle3 import Eagle3Drafter
 
 
 def _optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict[str, Any]]:

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from draftlab.models.devices import resolve_device
 from draftlab.errors import DraftlabError
-from draftlab.training.model import Eagle3Drafter
+from draftlab.models.eagle3 import Eagle3Drafter
 
 
 def dist_setup(device: str | None) -> tuple[int, int, torch.device]:

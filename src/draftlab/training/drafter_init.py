@@ -20,7 +20,7 @@ from draftlab.formats import eagle3_format as fmt
 from draftlab.static import d2t as vocab
 from draftlab.formats.aux_layers import config_ids_for
 from draftlab.errors import DraftlabError
-from draftlab.training.model import Eagle3Drafter, init_weights
+from draftlab.models.eagle3 import Eagle3Drafter, init_weights
 from draftlab.models.target import aux_layer_ids_for
 from draftlab.formats.target_config import load_json_config, text_config
 from draftlab.training.config import VOCAB_MODES, TrainConfig

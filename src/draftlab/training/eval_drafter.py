@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from draftlab.models.devices import resolve_device
-from draftlab.training.model import Eagle3Drafter
+from draftlab.models.eagle3 import Eagle3Drafter
 from draftlab.models.target import aux_layer_ids_for, read_config
 from draftlab.formats.target_config import text_config
 from draftlab.training.config import TrainConfig

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from draftlab.errors import DraftlabError
-from draftlab.training.model import Eagle3Drafter
+from draftlab.models.eagle3 import Eagle3Drafter
 from draftlab.training.config import TrainConfig
 from draftlab.training.distributed import all_sum
 from draftlab.training.features import Features, epoch_order

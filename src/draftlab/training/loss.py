@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from draftlab.training.model import Eagle3Drafter
+from draftlab.models.eagle3 import Eagle3Drafter
 from draftlab.training.attention import cross_step_attend, ttt_attention_backend
 
 STEP_WEIGHT = 0.8

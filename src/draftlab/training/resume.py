@@ -27,8 +27,8 @@ INPUT_KEYS = ("target", "tokens", "data", "hidden_states", "vocab_mapping", "che
 # Modules whose code decides the numbers a run produces; a checkpoint from other code is another run.
 CODE_MODULES = tuple(f"draftlab.training.{m}" for m in (
     "train", "config", "features", "drafter_init", "loss", "attention", "loop", "checkpoints", "metrics",
-    "distributed", "model", "tokenize", "hidden_states")) + (
-    "draftlab.formats.eagle3_format", "draftlab.static.d2t", "draftlab.formats.data", "draftlab.models.target")
+    "distributed", "tokenize", "hidden_states")) + (
+    "draftlab.models.eagle3", "draftlab.formats.eagle3_format", "draftlab.static.d2t", "draftlab.formats.data", "draftlab.models.target")
 
 
 def file_fingerprint(path: Path) -> dict[str, Any]:

@@ -276,7 +276,7 @@ class Eagle3Drafter(nn.Module):
         cos, sin = self.rope(position_ids, hidden.dtype)
         attn = self.midlayer.self_attn
         q, k, v = attn.qkv(self.midlayer.inputs(embeds, hidden), cos, sin)
-        if cache is not None and hasattr(cache, "write"):  # static slots (serving.static_decode): row i at its positions
+        if cache is not None and hasattr(cache, "write"):  # static slots (engine.static_decode): row i at its positions
             k, v, mask = cache.write(k, v, position_ids)
             return self.head(self.midlayer.finish(attn.attend(q, k, v, mask), hidden))
         past = 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from draftlab.serving.fused_llama import fused_weights, grouped_attention, mlp_residual, rms, rope_table, rotate
+from draftlab.engine.fused_llama import fused_weights, grouped_attention, mlp_residual, rms, rope_table, rotate
 
 
 class FusedDrafter:

@@ -46,11 +46,11 @@ import torch
 from torch import Tensor
 
 from draftlab.errors import DraftlabError
-from draftlab.serving.batch_decode import BatchDecoder, Row, prefill_row
-from draftlab.serving.draft_tree import DraftTreeCycle
-from draftlab.serving.engine import Engine, GenerationResult, GenerationStopped, accept_cycle
-from draftlab.serving.fused_drafter import FusedDrafter
-from draftlab.serving.fused_llama import FusedLlama, attention_bias, fused_refusal
+from draftlab.engine.batch_decode import BatchDecoder, Row, prefill_row
+from draftlab.engine.draft_tree import DraftTreeCycle
+from draftlab.engine.core import Engine, GenerationResult, GenerationStopped, accept_cycle
+from draftlab.engine.fused_drafter import FusedDrafter
+from draftlab.engine.fused_llama import FusedLlama, attention_bias, fused_refusal
 
 LLAMA_SHAPED = ("llama", "mistral", "qwen2", "qwen3")
 MAX_CACHE_FRACTION = 0.5  # of free GPU memory (CPU: of MAX_CPU_CACHE_BYTES) the slots may take

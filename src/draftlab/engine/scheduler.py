@@ -23,8 +23,8 @@ from typing import Iterable, Sequence
 
 import torch
 
-from draftlab.serving.engine import Engine, GenerationResult, GenerationStopped
-from draftlab.serving.static_decode import make_decoder
+from draftlab.engine.core import Engine, GenerationResult, GenerationStopped
+from draftlab.engine.static_decode import make_decoder
 
 DEFAULT_MAX_BATCH_SIZE = 8
 

@@ -24,7 +24,7 @@ from draftlab.formats import eagle3_format as fmt
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import atomic_dir, read_json, to_json
 from draftlab.formats.eagle3_format import canonical_name
-from draftlab.training.model import read_drafter_tensors
+from draftlab.models.eagle3 import read_drafter_tensors
 
 STATE_FILE = "training_state.pt"
 STEP_RE = re.compile(r"^(.+)-step(\d+)$")

@@ -35,7 +35,7 @@ class DraftTreeCycle:
     def _tree_tables(self, dev) -> None:
         """Constant index tables of the tree cycle. Candidate nodes are numbered depth by depth (root 0;
         depth 1: the topk children of the root; depth d >= 2: topk children of each of the topk beams)."""
-        k, K = self.k, self.topk  # the shape the engine checked (server_spec.draft_tokens_problem)
+        k, K = self.k, self.topk  # the shape the engine checked (draft_shape.draft_tokens_problem)
         depth = [0] + [1] * K + [d for d in range(2, k + 1) for _ in range(K * K)]
         self.node_depth = torch.tensor(depth, device=dev)  # [1 + n_cand]
         region = max((k - 1) * K, 1)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from draftlab.serving.engine import Engine, GenerationResult, accept_cycle, crop_cache
+from draftlab.engine.core import Engine, GenerationResult, accept_cycle, crop_cache
 
 
 @dataclass(eq=False)

@@ -30,8 +30,8 @@ from torch import Tensor
 from draftlab.errors import DraftlabError
 from draftlab.formats import aux_layers
 from draftlab.models.target import aux_layer_ids_for, load_target
-from draftlab.serving.server_spec import draft_tokens_problem
-from draftlab.training.model import DrafterCache, Eagle3Drafter
+from draftlab.engine.draft_shape import draft_tokens_problem
+from draftlab.models.eagle3 import DrafterCache, Eagle3Drafter
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64, "fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -158,7 +158,7 @@ class Engine:
             if self.topk > self._hot.numel():  # a tree's first step takes the drafter's topk best tokens
                 raise DraftlabError(f"--topk {self.topk}: over the drafter's vocabulary ({self._hot.numel()} tokens)")
         self.trace: list[dict[str, Any]] | None = None  # set to [] to record every cycle (tests, debugging)
-        self.static_decoder = None  # the server's static-cache decoder on CUDA (serving.static_decode)
+        self.static_decoder = None  # the server's static-cache decoder on CUDA (engine.static_decode)
         self._sync = self.device.type == "cuda"
 
     @classmethod
@@ -241,7 +241,7 @@ class Engine:
         """
         if self.tree:
             raise DraftlabError(f"Engine.generate drafts chains; a tree (topk {self.topk}) decodes through the "
-                                "static-slot decoder: draftlab.serving.static_decode.solo_generate(engine, ...)")
+                                "static-slot decoder: draftlab.engine.static_decode.solo_generate(engine, ...)")
         budget, stops = self.limits(input_ids, max_new_tokens, ignore_eos, stop_token_ids)
         run = self._plain if self.drafter is None else self._speculative
         return run(list(map(int, input_ids)), budget, stops, should_stop or _never)
