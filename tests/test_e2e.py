@@ -86,8 +86,16 @@ def test_full_run_produces_records_and_report(smoke):
     for png in ("accept_length.png", "throughput.png", "ttt_accuracy.png"):
         assert (res / "report" / png).read_bytes()[:4] == b"\x89PNG"
     # every rule logged under results/<experiment>/logs/
-    assert (res / "logs" / "serve_bench" / "probe-s2-k1-d3.log").exists()
-    assert (res / "logs" / "server" / "probe-s2-k1-d3.log").exists()
+    assert (res / "logs" / "serve_launch" / "probe-s2-k1-d3.log").exists()
+    assert (res / "logs" / "server" / "launch-probe-s2-k1-d3.log").exists()
+    # issue 35: the target started three times (probe, plain, arms), every arm swapped into one launch
+    starts = [p for p in (res / "logs").rglob("*.log") if "listening on" in p.read_text(errors="replace")]
+    assert sorted(p.name for p in starts) == ["launch-arms-s2-k1-d3.log", "launch-plain.log",
+                                              "launch-probe-s2-k1-d3.log"]
+    arms = json.loads((res / "launch" / "arms-s2-k1-d3" / "launch.json").read_text())
+    assert len(arms["swaps"]) == 3 and arms["fresh_check"]["ok"]
+    assert all(s["matched_tensors"] == s["tensors_sent"] for s in arms["swaps"])
+    assert set(records.launch_id) == {"plain", "probe-s2-k1-d3", "arms-s2-k1-d3"}
 
 
 def test_the_loop_shows_the_embedded_defaults_headline(smoke):
@@ -149,10 +157,12 @@ def test_benchmark_only_change_reruns_only_benchmarks_records_report(smoke):
     client = dict(cfg["bench"]["clients"][0], max_new_tokens=cfg["bench"]["clients"][0]["max_new_tokens"] + 4)
     jobs = dry_run_jobs(smoke, {"sizes": {"smoke": {"bench": {"clients": [client]}}}})
     rules = {r for r, _ in jobs}
-    # the probe gate is a checkpoint being rerun: the dry run plans up to it (the probe's servers); the
-    # baseline's and the arms' benchmarks and break-even are planned once it has decided
-    assert rules == {"bench_plan", "serve_bench", "probe_gate", "records", "records_merge", "report"}
-    assert sum(r == "serve_bench" for r, _ in jobs) == len(cfg["speculative"])
+    # the probe gate is a checkpoint being rerun: the dry run plans up to it (the probe's launches) and the
+    # plain launch (the baseline's benchmark; it restores the fine-tune data from its cache, so nothing is
+    # tokenized or trained again); the arms' benchmarks and break-even are planned once the gate has decided
+    assert rules == {"bench_plan", "launch_plan", "launch_probe_s2_k1_d3", "launch_plain", "probe_gate", "records",
+                     "records_merge", "report"}
+    assert sum(r.startswith("launch_probe_") for r, _ in jobs) == len(cfg["speculative"])
 
 
 def test_drafter_revision_change_reruns_everything_downstream_of_acquire(smoke):
@@ -163,18 +173,18 @@ def test_drafter_revision_change_reruns_everything_downstream_of_acquire(smoke):
     # the probe gate (a checkpoint) reruns: the arms' training, doctor and benchmarks are planned after it
     assert "probe_gate" in rules and "train" not in rules and rules.count("doctor") == 1
     assert {"demo_models", "resolve_target", "generate_data", "tokenize"}.isdisjoint(rules)
-    benches = [w for r, w in jobs if r == "serve_bench"]
-    assert len(benches) == len(_smoke_config()["speculative"])
-    assert not any("variant=baseline" in w for w in benches)  # the baseline does not use the drafter
+    launches = [r for r in rules if r.startswith("launch_") and r != "launch_plan"]
+    assert len(launches) == len(_smoke_config()["speculative"]) and "launch_plain" not in launches
+    # (the baseline does not use the drafter: the plain launch waits for the gate but is no rerun of it)
 
 
 def test_finetune_change_does_not_rerun_the_probe(smoke):
     jobs = dry_run_jobs(smoke, {"sizes": {"smoke": {"train": {"lr": 0.0005}}}})
     rules = {r for r, _ in jobs}
     assert "train" in rules
-    assert not any(r == "serve_bench" and "variant=probe" in w for r, w in jobs)
-    assert not any(r == "serve_bench" and "variant=baseline" in w for r, w in jobs)
-    assert {"probe_gate", "acquire", "patch_config", "tokenize", "generate_data"}.isdisjoint(rules)
+    assert "launch_arms_s2_k1_d3" in rules
+    assert {"probe_gate", "acquire", "patch_config", "tokenize", "generate_data", "launch_plain",
+            "launch_probe_s2_k1_d3"}.isdisjoint(rules)
 
 
 def test_the_run_ends_naming_the_summary_and_the_report_command(smoke):
@@ -184,7 +194,7 @@ def test_the_run_ends_naming_the_summary_and_the_report_command(smoke):
 
 
 def test_benchmarks_ran_one_at_a_time(smoke):
-    """--cores 2 and no profile: serve_bench jobs still never overlapped (one bench_slot)."""
+    """--cores 2 and no profile: launch jobs (and the benches within one) never overlapped (one bench_slot)."""
     spans = sorted((s["started_at"], s["finished_at"]) for s in
                    (json.loads(p.read_text()) for p in (smoke / "results" / EXP / "bench").glob("*/*/serve.json"))
                    if not s.get("skipped"))

@@ -128,7 +128,15 @@ def get_launch_command(launch_id, wildcards):
     return shlex.join(_launch_plan(launch_id)["argv"])
 
 
-def get_launch_note(launch):
+def launch_cluster_resources():
+    """A profile's `set-resources: serve_launch:` (profiles/slurm: memory, runtime, CPUs, partition, GPU model
+    of a GPU job) for every launch job: their rule names are per launch (`launch_<id>`), so a profile names
+    them all once as `serve_launch`."""
+    given = workflow.resource_settings.overwrite_resources.get("serve_launch") or {}
+    return {k: getattr(v, "raw", v) for k, v in dict(given).items()}
+
+
+def get_launch_note(launch, wildcards=None):
     """Comment lines after a launch's command (`-n -p` prints them): what it benches, swaps and generates."""
     gen = jobs.generate_url_command(S, L) if launch.generate else None
     return launches.describe(launch, S, gen)
@@ -153,8 +161,11 @@ def get_launch_inputs(launch, wildcards):
     inputs["doctor"] = [L.doctor(v) for v in drafted]
     if launch.generate:
         gen = get_generate_inputs(wildcards)
-        # after the probe gate (the design's order: probe, gate, then the plain launch)
-        inputs.update(gate=L.gate, demo=gen["demo"], prompts=gen.get("prompts", []))
+        # after the probe gate (the design's order: probe, gate, then the plain launch); ancient: the gate
+        # orders the launch, and a new decision is no reason to bench the baseline again
+        inputs.update(
+            gate=ancient(L.gate), demo=gen["demo"], prompts=gen.get("prompts", [])
+        )
     if launch.stage == "arms":
         inputs["plain"] = [L.bench_result("baseline", "plain", c) for c in CLIENTS]
     return inputs
@@ -260,7 +271,41 @@ def get_train_data_input():
             f"data.path {path} does not exist here; tokenize will fail until it does"
         )
         return []
+    if launches.generates_through_plain_launch(S):
+        # the plain launch reruns for reasons of its own (a benchmark setting, the baseline): it then restores
+        # the same data from its cache instead of answering again, and what the data depends on reaches
+        # tokenize as its own inputs and params (get_data_settings), so a rerun of the launch alone is no
+        # reason to tokenize and retrain
+        return [ancient(path)]
     return [path]
+
+
+def get_data_settings(wildcards=None):
+    """What the plain launch's data depends on besides the target and the prompt file (inputs of tokenize):
+    the generate-data command (prompts path, answer length, seed, limit, ...) and the server answering it.
+    """
+    if not launches.generates_through_plain_launch(S):
+        return ""
+    return json.dumps(
+        {
+            "generate": jobs.generate_url_command(S, L),
+            "server": _launch_plan("plain")["argv"],
+        },
+        sort_keys=True,
+    )
+
+
+def get_prompts_input():
+    """The prompt file the plain launch answers, when it is a user file that is here (tokenize reads its
+    answers: an edited prompt file retokenizes)."""
+    prompts = jobs.generate_prompts(S)
+    if (
+        launches.generates_through_plain_launch(S)
+        and S.data.prompts
+        and os.path.exists(prompts)
+    ):
+        return [prompts]
+    return []
 
 
 def get_generate_inputs(wildcards):
@@ -268,7 +313,11 @@ def get_generate_inputs(wildcards):
     is), the demo build and, with the server engine, the server spec."""
     inputs = {"target": L.target_record, "demo": get_demo()}
     prompts = jobs.generate_prompts(S)
-    if S.data.generated and S.data.engine == "server" and not launches.generates_through_plain_launch(S):
+    if (
+        S.data.generated
+        and S.data.engine == "server"
+        and not launches.generates_through_plain_launch(S)
+    ):
         inputs["server"] = L.generate_server
     if S.data.prompts and not os.path.exists(prompts):
         logger.warning(

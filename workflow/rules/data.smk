@@ -54,6 +54,7 @@ rule tokenize:
     input:
         target=L.target_record,
         data=get_train_data_input(),
+        prompts=get_prompts_input(),
     output:
         tokens=L.tokens,
     log:
@@ -67,6 +68,7 @@ rule tokenize:
         data=lambda wildcards: get_train_data(),
         max_length=S.train.max_length,
         trust=get_trust_remote_code(),
+        data_settings=get_data_settings,  # a function: the command holds a literal `{url}`
     shell:
         "draftlab tokenize --target {params.target} --data {params.data} --out {output.tokens}"
         " --max-length {params.max_length} {params.trust} > {log} 2>&1"

@@ -58,12 +58,15 @@ for _launch in LAUNCHES:
         threads: 2 if _launch.generate else 1
         resources:
             **gpu_resources(SERVER_GPUS),
+            # a cluster profile's `set-resources: serve_launch:` (every launch job)
+            **launch_cluster_resources(),
             # tok/s of two benchmarks on one host interfere: the profiles allow one at a time
             # (bench_slot: 1); raise it there or with --resources bench_slot=N to run more at once.
             bench_slot=1,
         params:
             command=functools.partial(get_launch_command, _launch.id),
-            note=get_launch_note(_launch),
+            # a function: the note holds the literal `{url}` of the generate-data command
+            note=functools.partial(get_launch_note, _launch),
         shell:
             "draftlab serve-launch --plan {input.plan} -- {params.command} > {log.bench} 2>&1{params.note}"
 

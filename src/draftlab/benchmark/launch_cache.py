@@ -1,4 +1,5 @@
-"""Results of a launch's swapped-in variants kept across reruns, so retraining one arm re-benches only it.
+"""Results of a launch's swapped-in variants (and the plain launch's fine-tune data) kept across reruns, so
+retraining one arm re-benches only it and a benchmark change does not answer the prompts again.
 
 A launch job's inputs are every drafter of its group: Snakemake reruns the whole job when one arm is
 retrained, and removes the job's outputs before it runs. ``serve-launch`` therefore keeps a copy of each
@@ -66,3 +67,41 @@ def keep(cache_dir: str, bench: Mapping[str, Any], key: str) -> None:
     for f in _outputs(bench):
         shutil.copyfile(f, folder / Path(f).name)
     write_json(folder / KEY_FILE, {"key": key, "variant": bench["variant"]})
+
+
+# --- the plain launch's fine-tune data ------------------------------------------------------------
+
+
+def data_key(generate_argv: Sequence[str], server_argv: Sequence[str], files: Sequence[str]) -> str:
+    """What the fine-tune data was answered from: the command (``{url}`` unfilled), the server, the files."""
+    pairs = [("generate", _text_digest(json.dumps(list(generate_argv)))),
+             ("server", _text_digest(json.dumps(list(server_argv))))]
+    pairs += [(f"file/{f}", sha256_file(f)) for f in files if Path(f).is_file()]
+    return named_digest(pairs)
+
+
+def _data_files(argv: Sequence[str]) -> list[str]:
+    return [argv[argv.index("--out") + 1], argv[argv.index("--stats") + 1]]
+
+
+def restore_data(cache_dir: str, argv: Sequence[str], key: str) -> bool:
+    """Put the kept data and stats back (atomically) when they were answered under ``key``."""
+    folder = Path(cache_dir) / "generated"
+    kept = folder / KEY_FILE
+    files = _data_files(argv)
+    if not kept.is_file() or read_json(kept, "launch cache key").get("key") != key:
+        return False
+    if not all((folder / Path(f).name).is_file() for f in files):
+        return False
+    for f in files:
+        write_bytes(f, (folder / Path(f).name).read_bytes())
+    return True
+
+
+def keep_data(cache_dir: str, argv: Sequence[str], key: str) -> None:
+    folder = Path(cache_dir) / "generated"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / KEY_FILE).unlink(missing_ok=True)
+    for f in _data_files(argv):
+        shutil.copyfile(f, folder / Path(f).name)
+    write_json(folder / KEY_FILE, {"key": key})

@@ -92,7 +92,7 @@ def run_launch(plan: Mapping[str, Any], argv: Sequence[str] | None = None, progr
         if plan.get("fresh_check") and launch["swaps"]:
             launch["fresh_check"] = _fresh_check(plan, srv.url, launch, measured, progress)
         if plan.get("generate"):
-            launch["generate"] = _generate(plan["generate"], srv.url)
+            launch["generate"] = _generate(plan, srv.url)
     if launch["fresh_check"] is not None and not launch["fresh_check"]["ok"]:
         fc = launch["fresh_check"]
         raise DraftlabError(
@@ -221,9 +221,16 @@ def _check_plain(plan: Mapping[str, Any], measured: list) -> None:
             compare_outputs(result.rows, rows, f"{variant} {plan['spec_id']} {c['name']}")
 
 
-def _generate(gen: Mapping[str, Any], url: str) -> dict[str, Any]:
-    """The fine-tune data answered by this launch's server (``generate-data --url``; resumable as ever)."""
+def _generate(plan: Mapping[str, Any], url: str) -> dict[str, Any]:
+    """The fine-tune data answered by this launch's server (``generate-data --url``; resumable as ever), or,
+    when the launch reruns for the baseline's sake only, the same data restored from the launch's cache."""
+    gen = plan["generate"]
     argv = [url if a == "{url}" else a for a in gen["argv"]]
+    prompts = gen["argv"][gen["argv"].index("--prompts") + 1]
+    key = launch_cache.data_key(gen["argv"], plan["argv"], list(gen.get("depends_on") or []) + [prompts])
+    if plan.get("cache") and launch_cache.restore_data(plan["cache"], argv, key):
+        _say("fine-tune data unchanged (same command, server, target and prompts): restored, not answered again")
+        return {"restored": True, "key": key}
     _say(f"generating the fine-tune data: {' '.join(argv)}")
     t0 = time.time()
     sys.stdout.flush()
@@ -231,4 +238,6 @@ def _generate(gen: Mapping[str, Any], url: str) -> dict[str, Any]:
     rc = subprocess.run(argv).returncode
     if rc != 0:
         raise DraftlabError(f"generate-data failed (exit {rc}) against {url}; the answers so far are kept for a rerun")
-    return {"seconds": time.time() - t0, "argv": argv}
+    if plan.get("cache"):
+        launch_cache.keep_data(plan["cache"], argv, key)
+    return {"restored": False, "seconds": time.time() - t0, "argv": argv, "key": key}

@@ -183,7 +183,9 @@ def launch_plan(settings: Settings, layout: Layout, launch: Launch, bench_plans:
         # the plain decoding results every speculative bench's output text must equal (temperature 0)
         "plain_outputs": [layout.bench_result(BASELINE, "plain", c["name"]) for c in first["clients"]]
         if launch.stage == "arms" else [],
-        "generate": {"argv": generate_argv} if launch.generate else None,
+        # the data is kept under the launch's cache with what it was answered from (the command, the server, the
+        # target record, the prompt file): a rerun of the launch for the baseline's sake restores it unchanged
+        "generate": {"argv": generate_argv, "depends_on": [layout.target_record]} if launch.generate else None,
         "server_log": layout.launch_log(launch.id),
         "cache": layout.launch_cache(launch.id),
         "summary": layout.launch_summary(launch.id),
