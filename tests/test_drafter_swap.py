@@ -173,3 +173,27 @@ def test_fresh_check_refuses_beyond_the_repeat_spread():
     with pytest.raises(Exception, match="differ from plain decoding"):
         compare_outputs([{"phase": "measure", "prompt_id": "a", "output_sha256": "x"}],
                         [{"phase": "measure", "prompt_id": "a", "output_sha256": "y"}], "arm")
+
+
+def test_a_payload_naming_any_other_global_is_refused(server, tmp_path):
+    """The tensor payload is pickle (SGLang's format): the builtin server's unpickler allows a tensor list's
+    globals only, so a payload that would call anything else is refused before it runs."""
+    import base64
+    import os
+    import pickle
+
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.mkdir, (str(marker),))
+
+    ok(server, "/begin_weight_update", {"selector": "draft"})
+    try:
+        status, reply = post(server, "/update_weights_from_tensor", {
+            "serialized_named_tensors": [base64.b64encode(pickle.dumps([("fc.weight", Evil())])).decode()],
+            "selector": "draft"})
+    finally:
+        ok(server, "/end_weight_update", {})
+    assert status == 400 and "refused global posix.mkdir" in reply["message"]
+    assert not marker.exists()

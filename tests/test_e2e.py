@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -304,3 +305,31 @@ def test_analysis_env_provides_what_its_rules_import(smoke):
     assert unmatched == [], f"no recorded process for the analysis rules {unmatched}: the check saw nothing of them"
     assert missing == {}, f"envs/analysis.yaml lacks what its rules import: {missing}"
     assert conda - used == set(), f"envs/analysis.yaml lists packages none of its rules import: {conda - used}"
+
+
+def test_a_changed_arm_is_the_only_one_benched_again_in_its_launch(smoke, tmp_path):
+    """Issue 35: an arms launch keeps each swapped-in arm's results with the drafter files they were measured
+    with (launch-cache/); when one arm's drafter changes, the launch reruns, benches the drafter it is launched
+    with (the fresh-launch reference) and the changed arm, and reuses the other arms' results."""
+    from smoke_run import copy_finished_run
+
+    wd = copy_finished_run(smoke, tmp_path / "wf")
+    r = wd / "results" / EXP
+    spec = "s2-k1-d3"
+    before = {v: (r / "bench" / v / spec / "short.json").read_bytes() for v in ("finetune-remap", "finetune-regenerate")}
+    # scratch's drafter becomes another one of the same shape and map (remap's): its content changed
+    scratch = r / "train" / "scratch" / "drafter"
+    for f in (r / "train" / "finetune-remap" / "drafter").iterdir():
+        shutil.copyfile(f, scratch / f.name)
+    (r / "train" / "scratch").touch()
+    out = snakemake(wd, "all", "-p")
+    said = out.stdout + out.stderr
+    assert "rule train" not in said and "rule launch_plain" not in said and "rule launch_probe" not in said
+    launch = json.loads((r / "launch" / f"arms-{spec}" / "launch.json").read_text())
+    assert launch["reused"] == ["finetune-regenerate", "finetune-remap"]
+    assert [s["drafter"] for s in launch["swaps"]] == [f"results/{EXP}/train/scratch/drafter"]
+    assert launch["fresh_check"]["ok"]
+    assert all((r / "bench" / v / spec / "short.json").read_bytes() == b for v, b in before.items())
+    remap = json.loads((r / "bench" / "finetune-remap" / spec / "short.json").read_text())
+    now = json.loads((r / "bench" / "scratch" / spec / "short.json").read_text())
+    assert now["summary"]["accept_length"] == remap["summary"]["accept_length"]  # the same drafter, measured again

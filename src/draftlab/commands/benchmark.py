@@ -280,15 +280,21 @@ def _human_standing(s: dict) -> str:
     return "\n".join(lines)
 
 
-def _serve_bench(args: argparse.Namespace) -> int:
-    from draftlab.benchmark.serve_bench import run_plan
+def _plan_and_argv(args: argparse.Namespace, what: str):
+    """The plan file of serve-bench / serve-launch and the launch command printed after ``--`` (or None)."""
     from draftlab.fsutil import read_json
 
-    plan = read_json(args.plan, "serve-bench plan")
     argv = list(args.argv)
     if argv and argv[0] == "--":
         argv = argv[1:]
-    summary = run_plan(plan, argv or None, progress=not args.no_progress)
+    return read_json(args.plan, what), argv or None
+
+
+def _serve_bench(args: argparse.Namespace) -> int:
+    from draftlab.benchmark.serve_bench import run_plan
+
+    plan, argv = _plan_and_argv(args, "serve-bench plan")
+    summary = run_plan(plan, argv, progress=not args.no_progress)
     emit(args, summary, lambda s: f"{s['variant']} {s['spec_id']}: launches {s['launches']}"
          + (f", skipped: {s['reason']}" if s.get("skipped") else ""))
     return 0
@@ -296,13 +302,9 @@ def _serve_bench(args: argparse.Namespace) -> int:
 
 def _serve_launch(args: argparse.Namespace) -> int:
     from draftlab.benchmark.serve_launch import run_launch
-    from draftlab.fsutil import read_json
 
-    plan = read_json(args.plan, "serve-launch plan")
-    argv = list(args.argv)
-    if argv and argv[0] == "--":
-        argv = argv[1:]
-    summary = run_launch(plan, argv or None, progress=not args.no_progress)
+    plan, argv = _plan_and_argv(args, "serve-launch plan")
+    summary = run_launch(plan, argv, progress=not args.no_progress)
     emit(args, summary, lambda s: f"launch {s['launch']}: {len(s['benches'])} bench(es), {len(s['swaps'])} swap(s)"
          + (f", fresh check {s['fresh_check']['fresh']:.3f} vs {s['fresh_check']['after_swaps']:.3f}"
             if s.get("fresh_check") else ""))
