@@ -5,7 +5,7 @@ a swap during a request refused without mixing, a drafter of the wrong shape ref
 
 from __future__ import annotations
 
-import json
+import os
 import shutil
 import threading
 from pathlib import Path
@@ -19,6 +19,9 @@ from draftlab.benchmark.serve_launch import compare_fresh, compare_outputs
 from draftlab.serving.server import load_state, make_server
 from httpcall import call
 
+# DRAFTLAB_SWAP_DEVICE=cuda runs these on a GPU: the static decoder's fused weights and CUDA graphs are then
+# rebuilt by each swap (engine/swap.py), the path a CPU run cannot show
+DEVICE = os.environ.get("DRAFTLAB_SWAP_DEVICE", "cpu")
 PROMPTS = ["def add(a, b):", "The capital of France is", "for i in range(10):", "import numpy as np\n"]
 
 
@@ -94,7 +97,7 @@ def pair(smoke_demo, tmp_path_factory):
 
 @pytest.fixture()
 def server(pair):
-    httpd, url = _start(load_state(pair["target"], pair["drafter"], num_steps=2, num_draft_tokens=3))
+    httpd, url = _start(load_state(pair["target"], pair["drafter"], num_steps=2, num_draft_tokens=3, device=DEVICE))
     yield url
     _stop(httpd)
 
@@ -104,7 +107,8 @@ def test_swap_to_a_remapped_drafter_measures_as_a_fresh_launch(pair, server):
     sent = drafter_swap.swap(server, pair["remapped"], "builtin")
     assert sent["matched_tensors"] == sent["tensors_sent"] > 0  # every tensor held equals the file's
     swapped, swapped_outs = _accept(server)
-    httpd, fresh_url = _start(load_state(pair["target"], pair["remapped"], num_steps=2, num_draft_tokens=3))
+    httpd, fresh_url = _start(load_state(pair["target"], pair["remapped"], num_steps=2, num_draft_tokens=3,
+                                               device=DEVICE))
     try:
         fresh, fresh_outs = _accept(fresh_url)
     finally:

@@ -15,9 +15,9 @@ from a drafter's tensors (``d2t`` -> hot ids, fused weights, CUDA graphs), so al
 SGLang 0.5.23 keeps the ``d2t`` map and the drafter's config of its launch (``models/llama_eagle3.py``
 ``load_weights`` sets ``hot_token_id`` as a plain attribute; ``speculative/eagle_worker_v2.py``
 ``init_lm_head`` copies it once, and its draft CUDA graph holds that copy): drafters group by the map
-they carry, named statically from the arm's kind (:func:`map_group`). vLLM's runtime draft update
-takes weights over NCCL or IPC only (``vllm/entrypoints/rl/online/api_router.py``), not a file the
-bench can send: one launch per drafter there.
+they carry, named statically from the arm's kind (:func:`map_group`). vLLM's runtime draft update (read in
+0.33.0's wheel; 0.34's PR #46725 was not read here) takes weights over NCCL or IPC transfer engines only
+(``vllm/entrypoints/rl/online/api_router.py``), not a file the bench can send: one launch per drafter there.
 """
 
 from __future__ import annotations
