@@ -238,6 +238,15 @@ def _generate(plan: Mapping[str, Any], url: str) -> dict[str, Any]:
     rc = subprocess.run(argv).returncode
     if rc != 0:
         raise DraftlabError(f"generate-data failed (exit {rc}) against {url}; the answers so far are kept for a rerun")
+    _name_the_server(argv[argv.index("--stats") + 1], plan, url)
     if plan.get("cache"):
         launch_cache.keep_data(plan["cache"], argv, key)
     return {"restored": False, "seconds": time.time() - t0, "argv": argv, "key": key}
+
+
+def _name_the_server(stats_path: str, plan: Mapping[str, Any], url: str) -> None:
+    """generate-data saw a running server (``--url``: backend ``external``); the stats say which: this launch's."""
+    stats = read_json(stats_path, "generate-data stats")
+    stats["server"] = {**(stats.get("server") or {}), "backend": plan["server"]["backend"], "url": url,
+                       "launch": plan["launch"], "argv": list(plan["argv"]), "fingerprint": plan["benches"][0]["fingerprint"]}
+    write_json(stats_path, stats)
