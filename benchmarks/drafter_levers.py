@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import torch
+from decode_timing import parse_setting, static_run
 
 
 def load(configfile: str | None, overrides: dict):
@@ -113,26 +114,12 @@ def decode(engine, prompts: list[list[int]], max_new: int) -> tuple[list[list[in
     """Each prompt alone (concurrency 1), through the decoder the server would use (``enable_static``: the
     static one, on the CPU too, so plain, chains and trees share it): (outputs, decode seconds, tokens after
     the first, verify cycles)."""
-    from static_decode_gpu import static_run
-
     from draftlab.engine.static_decode import enable_static, make_decoder
 
     if getattr(engine, "static_decoder", None) is None:
         enable_static(engine, 1, log=lambda m: None)
     runs = [static_run(make_decoder(engine), [p], max_new) for p in prompts]
     return ([r[0][0] for r in runs], sum(r[1] for r in runs), sum(r[2] for r in runs), sum(r[3] for r in runs))
-
-
-def parse_setting(label: str) -> tuple[int, int, int]:
-    """``s3-k4-d8`` (the pipeline's setting label) -> (num_steps 3, topk 4, num_draft_tokens 8); ``3`` -> a chain."""
-    import re
-
-    if label.isdigit():
-        return int(label), 1, int(label) + 1
-    hit = re.fullmatch(r"s(\d+)-k(\d+)-d(\d+)", label)
-    if not hit:
-        raise SystemExit(f"--ks: expected a chain length (3) or a setting label (s3-k4-d8), got {label!r}")
-    return int(hit[1]), int(hit[2]), int(hit[3])
 
 
 class Bench:

@@ -25,6 +25,7 @@ import sys
 import time
 
 import torch
+from decode_timing import parse_setting, static_run
 
 
 def build(args):
@@ -48,20 +49,6 @@ def build(args):
     init_weights(drafter, 1)
     drafter.d2t.zero_()
     return target, drafter.to(device=args.device, dtype=dtype)
-
-
-def static_run(dec, prompts, max_new):
-    """All prompts as rows of one batch; (outputs, decode seconds, tokens after the first, verifies)."""
-    rows = [dec.add(p, max_new, set(), tag=i) for i, p in enumerate(prompts)]
-    sync = torch.cuda.synchronize if dec.engine.device.type == "cuda" else (lambda: None)
-    sync()
-    t0 = time.perf_counter()
-    while len(dec):
-        dec.step()
-    sync()
-    wall = time.perf_counter() - t0
-    return ([r.res.output_ids for r in rows], wall, sum(len(r.res.output_ids) - 1 for r in rows),
-            sum(r.res.spec_verify_ct for r in rows))
 
 
 def kernels_per_cycle(dec, b: int) -> int | None:
@@ -218,8 +205,6 @@ def tree_cycles(args, target, drafter, prompts, plain_c1: list[int], t_plain_ms:
     layers): its time, in plain steps, and token identity with plain decoding. A tree verifies more tokens
     than a chain and drafts ``topk`` beams a step; what it buys is a longer accepted path (measured on a
     trained drafter by ``drafter_levers.py``), what it costs is this."""
-    from drafter_levers import parse_setting
-
     from draftlab.engine.core import Engine
     from draftlab.engine.static_decode import StaticDecoder
 

@@ -10,8 +10,26 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 
+# The session fixtures that build the smoke demo (~40 s) and run the smoke workflow (minutes): a test that
+# uses one, directly or through another fixture, belongs to the slow set, which the default `pytest -q`
+# leaves out (pyproject.toml addopts), so the inner loop never waits for them.
+SESSION_BUILDS = ("smoke_demo", "smoke_run")
+
+
+def unmarked_session_builds(items) -> list[str]:
+    """The node ids of the tests that use a SESSION_BUILDS fixture but are not marked ``slow``."""
+    return [item.nodeid for item in items if set(SESSION_BUILDS) & set(getattr(item, "fixturenames", ()))
+            and item.get_closest_marker("slow") is None]
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects anything: an unmarked test fails even when left out
 def pytest_collection_modifyitems(config, items):
-    """``@pytest.mark.gpu`` tests need CUDA: skip them, with the reason, where torch sees no GPU."""
+    """A test on the session's smoke builds must be marked slow (refused otherwise, naming it);
+    ``@pytest.mark.gpu`` tests need CUDA: skip them, with the reason, where torch sees no GPU."""
+    unmarked = unmarked_session_builds(items)
+    if unmarked:
+        raise pytest.UsageError(f"these tests use {' or '.join(SESSION_BUILDS)} (minutes of the session) but are not "
+                                f"marked @pytest.mark.slow: {', '.join(unmarked)}")
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return

@@ -413,6 +413,7 @@ def _masked(row: dict) -> list[int]:
     return [t for t, m in zip(row["input_ids"], row["loss_mask"]) if m]
 
 
+@pytest.mark.slow  # on the session's smoke run (conftest smoke_run)
 def test_specforges_data_pipeline_reads_the_smoke_runs_data_as_the_builtin_trainer_does(smoke_run, tmp_path):
     """The data the pipeline really writes, through SpecForge's own loaders with the demo target's tokenizer.
 
@@ -494,6 +495,7 @@ print(json.dumps({"mode": cfg.mode, "deployment": cfg.deployment.mode, "rows": r
 """
 
 
+@pytest.mark.slow  # on the session's smoke run (conftest smoke_run)
 def test_specforge_reads_draftlabs_offline_features_of_the_smoke_target(smoke_run, tmp_path):
     """SpecForge 0.2.0's offline mode (item 4 of issue 23): no capture server. draftlab dumps the demo target's
     features, files them as SpecForge's .ckpt samples and writes the offline run config; SpecForge's own config,
@@ -529,10 +531,11 @@ def test_specforge_reads_draftlabs_offline_features_of_the_smoke_target(smoke_ru
         assert agree >= 0.98, agree  # bf16 features vs the fp32 forward: near-ties may flip
 
 
+@pytest.mark.slow  # on the session's smoke run (conftest smoke_run)
 def test_specforges_trainer_runs_the_offline_keep_arm_on_cpu_and_import_reads_it(smoke_run, tmp_path):
     """SpecForge's own trainer on draftlab's offline run of the keep arm (issue 23, item 4; what
-    benchmarks/gpu_specforge.sh runs on a GPU), rehearsed without CUDA: `specforge train` through
-    benchmarks/specforge_cpu_shim.py, which swaps the one CUDA-only kernel (its Triton loss) for the reference
+    the specforge-keep-arm GPU job runs on a GPU), rehearsed without CUDA: `specforge train` through
+    benchmarks/gpu/specforge_cpu_shim.py, which swaps the one CUDA-only kernel (its Triton loss) for the reference
     formula of the same file, with `training.fsdp_sharding=NO_SHARD` (DDP over gloo; FSDP refuses a CPU) and
     `training.attention_backend=sdpa` (flex attention has no CPU backward). Everything else is SpecForge's: the
     config, the warm start from the patched drafter (strict: an unexpected or missing tensor is an error), the
@@ -557,7 +560,7 @@ def test_specforges_trainer_runs_the_offline_keep_arm_on_cpu_and_import_reads_it
                 "--draft-config", str(patched / "config.json"), "--data", str(tokens), "--tokens", str(tokens),
                 "--mapping", str(patched), "--ckpt-dir", str(patched), "--hidden-states", str(tmp_path / "feat"),
                 "--output-dir", str(out)]) == 0
-    proc = subprocess.run([str(specforge_python()), str(ROOT / "benchmarks/specforge_cpu_shim.py"), "train", "--config",
+    proc = subprocess.run([str(specforge_python()), str(ROOT / "benchmarks/gpu/specforge_cpu_shim.py"), "train", "--config",
                            str(out / "draftlab_run.yaml"), "training.fsdp_sharding=NO_SHARD",
                            "training.attention_backend=sdpa", "training.log_interval=1"],
                           env=_env(), capture_output=True, text=True, timeout=600, check=False)

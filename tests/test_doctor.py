@@ -144,6 +144,12 @@ def case_ignored(tmp_path, target):
     return broken(tmp_path, edit=trained_with_fc_norm), target, "EAGLE3"
 
 
+def case_duplicate(tmp_path, target):
+    def two_names(t):  # issue 36 family 5: the loader served whichever came last
+        t["model.fc.weight"] = t["fc.weight"].clone()
+    return broken(tmp_path, edit=two_names), target, "EAGLE3"
+
+
 def case_rope(tmp_path, target):
     return broken(tmp_path, rope_theta=500000.0), target, "EAGLE3"
 
@@ -180,6 +186,7 @@ CASES = {
     "vllm-aux-layers-ignored": (case_vllm_aux, "ignores eagle_config.eagle_aux_hidden_state_layer_ids"),
     "unsupported-option": (case_unsupported, "config key 'num_hidden_layers': num_hidden_layers 2"),
     "impossible-config-value": (case_impossible_number, "drafter rms_norm_eps -1e-06"),
+    "duplicate-tensor": (case_duplicate, "tensors 'fc.weight' and 'model.fc.weight' are two names for one weight"),
     "ignored-tensors": (case_ignored, "3 tensors are not loaded by SGLang 0.5.23 for this config: fc_norm.0.weight"),
 }
 

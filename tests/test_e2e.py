@@ -3,7 +3,8 @@ launch per server configuration, records and report, and a reproducible clean re
 
 The run happens once per test session (conftest ``smoke_run``) in a temporary copy of the workflow,
 on the session's one smoke demo build (conftest ``smoke_demo``, read-only). Marked slow (a few minutes on
-2 cores) but part of the default test run.
+2 cores): left out of the default `pytest -q`, run by CI (`pytest -q -m "slow or not slow"`) and by
+`pytest -m slow tests/test_e2e.py`.
 """
 
 from __future__ import annotations

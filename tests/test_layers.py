@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ast
 import functools
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1] / "src" / "draftlab"
@@ -179,28 +181,110 @@ def test_specforge_is_reached_only_through_its_face():
         f"draftlab.commands.x:4 -> {SPECFORGE}.capture"]
 
 
+# What a deferred import may keep off a path: the heavy dependencies (a second or more, or ~100 ms for
+# tqdm and huggingface_hub, which `draftlab --help` would otherwise pay: docs/layout.md).
+HEAVY = {"torch", "transformers", "numpy", "pandas", "matplotlib", "pyarrow", "snakemake", "tqdm", "huggingface_hub",
+         "torch._dynamo", "safetensors.torch"}
+
+
+def _import_names(node: ast.Import | ast.ImportFrom, package: str, known: set[str]) -> list[str]:
+    """The modules one import statement loads (``from pkg import mod`` names pkg and pkg.mod)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = node.module or ""
+    if node.level:
+        up = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join(up + ([base] if base else []))
+    return [base] + [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known]
+
+
+@functools.cache
+def _split_imports(name: str) -> tuple[tuple[str, ...], tuple[tuple[int, tuple[str, ...]], ...]]:
+    """(the modules ``name`` imports at module level, (line, modules) of each import inside a function);
+    ``if TYPE_CHECKING:`` blocks import nothing."""
+    mods = _modules()
+    path = mods[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    top: list[str] = []
+    inner: list[tuple[int, tuple[str, ...]]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                visit(child, True)
+            elif isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            elif isinstance(child, (ast.Import, ast.ImportFrom)):
+                names = _import_names(child, package, set(mods))
+                if in_function:
+                    inner.append((child.lineno, tuple(names)))
+                else:
+                    top.extend(names)
+            else:
+                visit(child, in_function)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")), False)
+    return tuple(top), tuple(inner)
+
+
+def heavy_loaded(names: tuple[str, ...] | list[str]) -> set[str]:
+    """The HEAVY modules that importing ``names`` loads, following module-level imports through draftlab."""
+    mods, seen, heavy, todo = _modules(), set(), set(), list(names)
+    while todo:
+        parts = todo.pop().split(".")
+        for i in range(1, len(parts) + 1):
+            m = ".".join(parts[:i])
+            if m in mods and m not in seen:
+                seen.add(m)
+                todo.extend(_split_imports(m)[0])
+            elif m not in mods:
+                heavy |= {m} & HEAVY
+    return heavy
+
+
+def _function_imports():
+    """(file, line, modules, source line) of every import inside a function of the library."""
+    for name, path in sorted(_modules().items()):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for line, names in _split_imports(name)[1]:
+            yield name, path.relative_to(ROOT).as_posix(), line, names, lines[line - 1]
+
+
 def test_a_library_import_inside_a_function_says_why():
-    """Inside the library a draftlab import sits in a function only to keep a heavy dependency off a
-    light path, and says so (``# deferred: ...``); any other goes to the top of the module. The
-    ``commands/`` handlers import their library inside by rule (docs/layout.md), so they are exempt."""
-    unmarked = []
-    for path in sorted(ROOT.rglob("*.py")):
-        rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith("commands/") or rel == "cli.py" or rel in UNMARKED_DEFERRALS:
-            continue
-        text = path.read_text(encoding="utf-8")
-        lines = text.splitlines()
-        for func in ast.walk(ast.parse(text)):
-            if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                unmarked += [f"{rel}:{node.lineno}" for node in ast.walk(func)
-                             if isinstance(node, (ast.Import, ast.ImportFrom)) and
-                             any(m == "draftlab" or m.startswith("draftlab.") for m in _imported(node))
-                             and "# deferred" not in lines[node.lineno - 1]]
+    """Inside the library an import sits in a function only to keep a heavy dependency off a light path,
+    and says so (``# deferred: ...``); any other goes to the top of the module. The ``commands/``
+    handlers import their library inside by rule (docs/layout.md), so they are exempt."""
+    unmarked = [f"{rel}:{line}" for _, rel, line, _, text in _function_imports()
+                if not (rel.startswith("commands/") or rel == "cli.py" or rel in UNMARKED_DEFERRALS)
+                and "# deferred:" not in text]
     assert unmarked == []
 
 
-def _imported(node: ast.Import | ast.ImportFrom) -> list[str]:
-    return [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+def test_a_deferred_import_keeps_something_heavy_off_its_module():
+    """A ``# deferred:`` import must load a HEAVY dependency that its module does not load anyway (else
+    the deferral buys nothing and the import goes to the top)."""
+    pointless = [f"{rel}:{line}" for name, rel, line, names, text in _function_imports()
+                 if "# deferred:" in text and not heavy_loaded(names) - heavy_loaded([name])]
+    assert pointless == []
+
+
+def test_a_command_handler_imports_inside_only_what_the_cli_start_does_not_load():
+    """``commands/`` handlers import their library when they run, so `draftlab --help` builds every parser
+    without loading the library behind them; a module the CLI start loads anyway (errors, fsutil, the
+    settings, the standard library) goes to the top of the command module."""
+    code = ("import sys, draftlab.cli; draftlab.cli.build_parser(); "
+            "print(' '.join(sorted(sys.modules)))")
+    started = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    at_start = [f"{rel}:{line} {' '.join(names)}" for name, rel, line, names, _ in _function_imports()
+                if rel.startswith("commands/") and all(n in started for n in names)]
+    assert at_start == []
+
+
+def test_the_deferral_check_sees_a_pointless_one():
+    """heavy_loaded follows module-level imports through draftlab (so the check above means something)."""
+    assert "torch" in heavy_loaded(["draftlab.models.eagle3"]) and "torch" in heavy_loaded(["draftlab.static.d2t"])
+    assert heavy_loaded(["draftlab.formats.safetensors_header"]) == set()
+    assert heavy_loaded(["json", "os"]) == set() and heavy_loaded(["torch._dynamo"]) == {"torch", "torch._dynamo"}
 
 
 @functools.cache
@@ -237,10 +321,16 @@ def test_the_size_allow_lists_name_only_real_offenders():
 def test_the_inspect_path_never_loads_torch():
     """``draftlab inspect`` (the parser, its handler's module and the library it calls) stays light:
     the deferred imports that keep it so are the ones marked ``# deferred``."""
-    import subprocess
-    import sys
-
     code = ("import sys, draftlab.cli, draftlab.commands.static, draftlab.static.inspect; "
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_cli_starts_without_a_heavy_import():
+    """``draftlab --help`` (every command's parser built) loads none of HEAVY: what the deferred imports
+    are for (`python -X importtime -m draftlab.cli --help` shows the rest)."""
+    code = ("import sys, draftlab.cli; draftlab.cli.build_parser(); "
+            f"print(sorted(m for m in {sorted(HEAVY)!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
+import hashlib
 import json
 import os
 import shutil
 import stat
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -21,6 +24,45 @@ from draftlab.errors import DraftlabError
 
 # Errors of the disk, not of draftlab: full, over quota, read-only, file too large.
 DISK_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
+
+
+def current_umask() -> int:
+    """The process umask, read from /proc (no window where it is changed); elsewhere set and restored."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def replacement_mode(path: str | os.PathLike, *, folder: bool = False) -> int:
+    """The permission bits a rewrite of ``path`` must carry: the ones it has now, or for a new path
+    what ``open``/``mkdir`` would give it (0666/0777 less the umask).
+
+    Why: ``mkstemp``/``mkdtemp`` create 0600/0700, and renaming that into place would lock out the
+    teammates a shared results folder is shared with."""
+    with contextlib.suppress(OSError):
+        return stat.S_IMODE(os.stat(path).st_mode)
+    return (0o777 if folder else 0o666) & ~current_umask()
+
+
+def _open_up_private(folder: Path) -> None:
+    """Give the files and folders under a new ``folder`` that a temp-then-rename writer left private
+    (0600/0700: safetensors' ``save_file``, transformers' ``save_pretrained``) the umask's default.
+
+    Hard links (a linked input, the user's file) and symlinks are never touched."""
+    umask = current_umask()
+    for root, dirs, files in os.walk(folder):
+        for names, private, default in ((dirs, 0o700, 0o777), (files, 0o600, 0o666)):
+            for name in names:
+                entry = os.path.join(root, name)
+                st = os.lstat(entry)
+                if stat.S_ISLNK(st.st_mode) or (not stat.S_ISDIR(st.st_mode) and st.st_nlink > 1):
+                    continue
+                if stat.S_IMODE(st.st_mode) == private:
+                    os.chmod(entry, default & ~umask)
 
 
 def _cannot_write(path: Path, exc: OSError):
@@ -52,6 +94,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
                 raise _cannot_write(path, exc) from None
             raise
         try:
+            os.chmod(tmp_path, replacement_mode(path))
             os.replace(tmp_path, path)
         except OSError as exc:
             raise _cannot_write(path, exc) from None
@@ -141,6 +184,8 @@ def atomic_dir(path: str | os.PathLike, *, stage: str, inputs: Iterable[str | os
         yield tmp
         mark_output(tmp, stage)
         check_replaceable(path, stage, inputs)
+        _open_up_private(tmp)
+        os.chmod(tmp, replacement_mode(path, folder=True))
         if path.exists():
             old = path.with_name(f".{path.name}.old")
             shutil.rmtree(old, ignore_errors=True)
@@ -202,12 +247,11 @@ def locked(path: str | os.PathLike, what: str, *, wait: bool = True, busy: str =
     create or open a file elsewhere; it is opened ``O_NOFOLLOW`` and must be a regular file.
     ``wait=False`` refuses at once when another process holds it (``busy`` says what to do).
     """
-    import fcntl
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0)
     try:
-        fd = os.open(path, flags, 0o644)
+        fd = os.open(path, flags, 0o666)  # the umask decides, as for every file draftlab writes
     except OSError as exc:
         kind = "a symlink" if path.is_symlink() else (exc.strerror or str(exc))
         raise DraftlabError(f"{path}: cannot open the {what} ({kind}); draftlab opens only a regular file "
@@ -282,16 +326,12 @@ def _json_default(obj: Any) -> Any:
 def sha256_file(path: str | os.PathLike, progress: bool = False) -> str:
     """sha256 of a (possibly multi-GB) file, read in 8 MiB chunks; a tqdm bar on stderr for big ones
     when ``progress``. The one file hash of draftlab (records, acquire, resolve-model, resume, hf_cache)."""
-    import hashlib
-
     path = Path(path)
     h = hashlib.sha256()
     size = path.stat().st_size
     bar = None
     if progress and size >= (64 << 20):
-        import sys
-
-        from tqdm import tqdm
+        from tqdm import tqdm  # deferred: tqdm (~100 ms)
 
         bar = tqdm(total=size, unit="B", unit_scale=True, desc=f"sha256 {path.name}", file=sys.stderr, leave=False)
     try:
@@ -309,8 +349,6 @@ def sha256_file(path: str | os.PathLike, progress: bool = False) -> str:
 def named_digest(pairs: Iterable[tuple[str, str]]) -> str:
     """One sha256 over ``(name, sha256)`` pairs (a model folder's weight files), as records and
     resolve-model both state a folder's weights."""
-    import hashlib
-
     return hashlib.sha256("".join(f"{name}:{sha}\n" for name, sha in pairs).encode()).hexdigest()
 
 

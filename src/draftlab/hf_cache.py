@@ -63,14 +63,14 @@ def is_offline() -> bool:
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         if os.environ.get(var, "").strip().upper() in ("1", "ON", "YES", "TRUE"):
             return True
-    from huggingface_hub import constants
+    from huggingface_hub import constants  # deferred: huggingface_hub (~100 ms)
 
     return bool(constants.HF_HUB_OFFLINE)
 
 
 def hub_call(source: HubSource, what: str, fn: Callable[[], T]) -> T:
     """Run a huggingface_hub call, turning its errors into one clear DraftlabError (never echoing tokens)."""
-    from huggingface_hub import errors as hf_errors
+    from huggingface_hub import errors as hf_errors  # deferred: huggingface_hub (~100 ms)
 
     try:
         return fn()
@@ -142,46 +142,17 @@ def publish_to_cache(
     folder = Path(folder)
     if not _REPO_RE.fullmatch(repo_id):
         raise DraftlabError(f"{repo_id!r}: expected a repo id of the form ORG/NAME")
-    if not folder.is_dir():
-        raise DraftlabError(f"{folder}: not a folder to publish")
-    files = sorted(p for p in folder.rglob("*") if p.is_file() and ".cache" not in p.relative_to(folder).parts)
-    if not files:
-        raise DraftlabError(f"{folder}: nothing to publish (no files)")
-
-    entries: dict[str, dict[str, Any]] = {}
-    for path in files:
-        rel = path.relative_to(folder).as_posix()
-        size = path.stat().st_size
-        if _is_lfs(path):
-            sha = _file_sha256(path)
-            # the Hub's blob_id of an LFS file is the sha1 of its pointer file
-            pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha}\nsize {size}\n".encode()
-            entries[rel] = {"size": size, "blob_id": git_blob_sha1(pointer), "lfs_sha256": sha, "lfs_size": size}
-        else:
-            entries[rel] = {"size": size, "blob_id": git_blob_sha1(path.read_bytes())}
+    files = _files_to_publish(folder)
+    entries = {path.relative_to(folder).as_posix(): _blob_entry(path) for path in files}
     listing = "".join(f"{rel}\0{e.get('lfs_sha256') or e['blob_id']}\n" for rel, e in entries.items())
     commit = hashlib.sha1(f"draftlab-publish\n{repo_id}\n{listing}".encode()).hexdigest()
 
     repo_dir = Path(cache_dir) / ("models--" + repo_id.replace("/", "--"))
-    snapshot = repo_dir / "snapshots" / commit
     (repo_dir / "blobs").mkdir(parents=True, exist_ok=True)
     for path in files:
         rel = path.relative_to(folder).as_posix()
-        e = entries[rel]
-        blob_name = e.get("lfs_sha256") or e["blob_id"]
-        blob = repo_dir / "blobs" / blob_name
-        if not blob.exists():
-            tmp = blob.with_name(blob.name + ".incomplete")
-            shutil.copyfile(path, tmp)
-            os.replace(tmp, blob)
-        link = snapshot / rel
-        link.parent.mkdir(parents=True, exist_ok=True)
-        target = os.path.relpath(blob, link.parent)
-        if link.is_symlink() and os.readlink(link) == target:
-            continue
-        if link.exists() or link.is_symlink():
-            link.unlink()
-        os.symlink(target, link)
+        blob = _store_blob(path, repo_dir / "blobs" / (entries[rel].get("lfs_sha256") or entries[rel]["blob_id"]))
+        _link(repo_dir / "snapshots" / commit / rel, blob)
 
     trees = repo_dir / "trees" / f"{commit}.json"
     trees.parent.mkdir(parents=True, exist_ok=True)
@@ -191,6 +162,47 @@ def publish_to_cache(
     ref.parent.mkdir(parents=True, exist_ok=True)
     _write_small(ref, commit)  # huggingface_hub reads refs without stripping: no newline
     return commit
+
+
+def _files_to_publish(folder: Path) -> list[Path]:
+    """Every file under ``folder`` (but a ``.cache`` folder's), sorted; none, or no folder, is an error."""
+    if not folder.is_dir():
+        raise DraftlabError(f"{folder}: not a folder to publish")
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and ".cache" not in p.relative_to(folder).parts)
+    if not files:
+        raise DraftlabError(f"{folder}: nothing to publish (no files)")
+    return files
+
+
+def _blob_entry(path: Path) -> dict[str, Any]:
+    """A file's entry in the tree listing: its size and the Hub's blob id (with the sha256 of an LFS file)."""
+    size = path.stat().st_size
+    if not _is_lfs(path):
+        return {"size": size, "blob_id": git_blob_sha1(path.read_bytes())}
+    sha = _file_sha256(path)
+    # the Hub's blob_id of an LFS file is the sha1 of its pointer file
+    pointer = f"version https://git-lfs.github.com/spec/v1\noid sha256:{sha}\nsize {size}\n".encode()
+    return {"size": size, "blob_id": git_blob_sha1(pointer), "lfs_sha256": sha, "lfs_size": size}
+
+
+def _store_blob(path: Path, blob: Path) -> Path:
+    """Copy ``path`` to ``blob`` unless it is there (through ``.incomplete``, as the Hub's downloads do)."""
+    if not blob.exists():
+        tmp = blob.with_name(blob.name + ".incomplete")
+        shutil.copyfile(path, tmp)
+        os.replace(tmp, blob)
+    return blob
+
+
+def _link(link: Path, blob: Path) -> None:
+    """``link`` -> ``blob`` as a relative symlink; one that already points there is kept."""
+    link.parent.mkdir(parents=True, exist_ok=True)
+    target = os.path.relpath(blob, link.parent)
+    if link.is_symlink() and os.readlink(link) == target:
+        return
+    if link.exists() or link.is_symlink():
+        link.unlink()
+    os.symlink(target, link)
 
 
 def _write_small(path: Path, text: str) -> None:

@@ -31,6 +31,7 @@ from typing import Any, Iterator
 
 from draftlab.deadline_io import DeadlineReader
 from draftlab.errors import DraftlabError
+from draftlab.textsafe import plain
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # one JSON answer: a /generate batch, a chat completion, /metrics
 MAX_LINE_BYTES = 4 * 1024 * 1024  # one server-sent event (SGLang repeats the whole text so far in each)
@@ -311,8 +312,9 @@ def request(url: str, payload: Any = None, timeout: float = 60.0, *, body: bytes
             raw = conn.getresponse()
         resp = Response(url, timeout, raw, max_bytes=max_bytes, max_line=max_line, max_stream=max_stream)
         if check_status and resp.status >= 400:
-            text = resp.read(300).decode("utf-8", "replace")
-            raise HTTPStatusError(f"{url}: HTTP {resp.status} {resp.reason}: {' '.join(text.split())}", resp.status)
+            # the server's own words reach the user's terminal: its control bytes are shown escaped
+            text = plain(" ".join(resp.read(300).decode("utf-8", "replace").split()), 400)
+            raise HTTPStatusError(f"{url}: HTTP {resp.status} {plain(resp.reason, 80)}: {text}", resp.status)
         yield resp
     finally:
         conn.close()

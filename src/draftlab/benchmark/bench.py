@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from draftlab.benchmark.bench_checks import Plausibility
+from draftlab.benchmark.bench_checks import Plausibility, check_same_server
 from draftlab.benchmark.bench_client import _Client, _metrics_delta, _vllm_metrics
 from draftlab.benchmark.bench_prompts import (Prompt, default_prompts_path, file_sha256,  # noqa: F401 - the bench API
                                               load_prompts, resolve_prompts_path, stratified_sample)
@@ -138,6 +138,7 @@ def run_benchmark(
     num_draft_tokens: int | None = None,
     category: str | None = None,
     sample_seed: int = 0,
+    expect_server: dict[str, Any] | None = None,
 ) -> BenchResult:
     """Benchmark the server at ``url`` with a prompt set and return rows plus a summary.
 
@@ -152,7 +153,8 @@ def run_benchmark(
     ``limit`` takes a stratified sample (:func:`stratified_sample`, seeded with ``sample_seed``), not the
     first N; ``max_new_tokens`` has no default here: the caller says it (the experiment's client setting,
     or ``draftlab bench --max-new-tokens``). ``category`` labels the prompts of a file that has no ``category`` field (the workflow
-    passes the client's name).
+    passes the client's name). ``expect_server``: the ``/server_info`` values the launch asked for
+    (model, drafter, speculative setting); the server must name them before and after the run.
     """
     url = _checked_args(url, api, max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup,
                         concurrency=concurrency, sample_seed=sample_seed, num_steps=num_steps,
@@ -190,7 +192,9 @@ def run_benchmark(
                   concurrency=concurrency, require_speculation=require_speculation, ignore_eos=ignore_eos,
                   temperature=0.0, measure_ttft=measure_ttft, limit=limit, category=category, sample_seed=sample_seed)
     server = server_info(url, min(request_timeout_s, 30.0)) if api == "sglang" else {}
-    checks.check_server_info(server, f"{url}{server.get('endpoint', '')}")
+    where = f"{url}{server.get('endpoint') or settings.get('endpoint') or '/server_info'}"
+    check_same_server(settings, server, where, expect_server)
+    checks.check_server_info(server, where)
     summary["warnings"] = _warnings(summary, server)
     return BenchResult(summary=summary, rows=rows, config=config, prompt_set=prompt_set, server=server)
 
@@ -250,7 +254,7 @@ class _Run:
 
     def __init__(self, client: _Client, total: int, progress: bool,
                  on_row: Callable[[dict[str, Any]], None] | None):
-        from tqdm import tqdm  # noqa: PLC0415 - deferred: only when a run actually starts
+        from tqdm import tqdm  # noqa: PLC0415  # deferred: tqdm (~100 ms), only when a run starts
 
         self.client = client
         self.on_row = on_row

@@ -24,6 +24,17 @@ of a request comes from the prefill, not from a verify):
   SGLang versions differ on whether the bonus token is counted); per-position accept counts <=
   ``spec_verify_ct``, at most ``num_steps`` positions.
 
+Bounds that need no setting, from the answer's own counts (a bench without ``/server_info`` and
+without a plan still has these): a server that claims tokens returns them (``output_ids`` or
+``text``; as many ids as ``completion_tokens``); per-position acceptance never rises with depth (a
+draft at depth i+1 is accepted only after the one at depth i); and every token after the first comes
+from a verify pass, as one of its accepted drafts or its bonus token, so ``completion_tokens <=
+accepted drafts + spec_verify_ct + 1`` whatever the settings (the accept length is computed from
+these counts, never taken from a server's own ratio).
+
+The server benchmarked is the one planned and stays it: ``/server_info`` before the run, after it
+and the plan's settings must name one model and one speculative setting (:func:`check_same_server`).
+
 ``num_steps`` and ``num_draft_tokens`` come from the server (``/server_info``) or, when it does not
 say (no such endpoint, a server that hides them), from the plan that launched it: without either a
 server could report 64 tokens from one verify and have it recorded.
@@ -178,6 +189,39 @@ class Plausibility:
             raise DraftlabError(f"{where}: internal_states[0].avg_spec_accept_length {value} is outside [0, {t}] "
                                 f"(at most {t} tokens per verify with {self._settings_text()})")
 
+    def check_output(self, completion: int, where: str, *, returned: bool, ids: list | None = None) -> None:
+        """Tokens claimed in ``meta_info`` are tokens returned: ``returned`` says whether any output (ids or
+        text) came back; ``ids``, a whole answer's ``output_ids`` (not a stream's last increment), must
+        hold as many tokens as claimed."""
+        if completion > 0 and not returned:
+            raise DraftlabError(f"{where}: meta_info.completion_tokens is {completion} but the answer holds no "
+                                "output (output_ids and text empty or missing); refusing to record tokens the "
+                                "server did not return")
+        if ids is not None and len(ids) != completion:
+            raise DraftlabError(f"{where}: meta_info.completion_tokens is {completion} but output_ids holds "
+                                f"{len(ids)} tokens; refusing to record counts the answer contradicts")
+
+    def check_parsed(self, row: dict[str, Any], where: str, by_pos_field: str | None) -> None:
+        """The counts the client parsed from one answer (whatever its field names), against each other."""
+        completion, verify = row.get("completion_tokens"), row.get("verify_ct")
+        by_pos = row.get("accept_by_position")
+        if by_pos:
+            for i in range(1, len(by_pos)):
+                if by_pos[i] > by_pos[i - 1]:
+                    raise DraftlabError(
+                        f"{where}: meta_info.{by_pos_field}: acceptance rises with depth ({by_pos[i - 1]} at "
+                        f"position {i - 1}, {by_pos[i]} at position {i}); a draft is accepted only after the one "
+                        "before it, so the counts cannot rise; refusing to record it")
+        # the larger of the two counts a server may give: a server whose two counts disagree is refused only
+        # where neither explains its tokens
+        claims = [c for c in (sum(by_pos) if by_pos else None, row.get("accepted_drafts")) if c is not None]
+        accepted = max(claims) if claims else None
+        if completion is not None and verify and accepted is not None and completion > accepted + verify + 1:
+            raise DraftlabError(
+                f"{where}: meta_info.completion_tokens {completion} is impossible with spec_verify_ct {verify} "
+                f"and {accepted} accepted drafts: at most {accepted + verify + 1} (one bonus token per verify "
+                "plus the prefill token), whatever the settings; refusing to record it")
+
     def check_vllm_delta(self, delta: dict[str, Any] | None, where: str) -> None:
         """The change of vLLM's speculative counters over the measured passes."""
         if delta is None:
@@ -189,7 +233,48 @@ class Plausibility:
         if delta["accepted_tokens"] > delta["draft_tokens"]:
             raise DraftlabError(f"{where}: accepted_tokens grew by {delta['accepted_tokens']}, more than "
                                 f"draft_tokens ({delta['draft_tokens']})")
-        for i, value in enumerate(delta.get("accepted_per_pos") or []):
+        per_pos = delta.get("accepted_per_pos") or []
+        for i, value in enumerate(per_pos):
             if value < 0 or value > delta["drafts"]:
                 raise DraftlabError(f"{where}: accepted_tokens_per_pos[{i}] grew by {value}; expected 0.."
                                     f"{delta['drafts']} (the number of drafts)")
+            if i and value > per_pos[i - 1]:
+                raise DraftlabError(f"{where}: accepted_tokens_per_pos: acceptance rises with depth ({per_pos[i - 1]} "
+                                    f"at position {i - 1}, {value} at position {i}); refusing to record it")
+        k = self.num_steps
+        if k is not None and delta["drafts"] > 0:  # vLLM has no /server_info: the plan's K bounds it
+            if delta["accepted_tokens"] > delta["drafts"] * k:
+                raise DraftlabError(
+                    f"{where}: accepted_tokens grew by {delta['accepted_tokens']} over {delta['drafts']} drafts: "
+                    f"accept length {1 + delta['accepted_tokens'] / delta['drafts']:.3f}, above {k + 1} "
+                    f"(num_speculative_tokens {k} + the bonus token); refusing to record it")
+            if len(per_pos) > k:
+                raise DraftlabError(f"{where}: accepted_tokens_per_pos has {len(per_pos)} positions; "
+                                    f"num_speculative_tokens is {k}")
+
+
+# What names the server and its speculative setting in ``/server_info`` (the counters and the
+# cumulative accept length move during a run; these may not).
+IDENTITY_KEYS = ("model_path", "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps",
+                 "speculative_eagle_topk", "speculative_num_draft_tokens", "version")
+
+
+def check_same_server(before: dict[str, Any], after: dict[str, Any], where: str,
+                      plan: dict[str, Any] | None = None) -> None:
+    """The server described before the run is the one described after it, and the one ``plan`` launched.
+
+    Why: a server restarted with another model or another drafter setting mid-run (or a wrong one on the
+    planned port) would have its numbers recorded under the plan's name. ``plan``: the ``IDENTITY_KEYS``
+    values the launch asked for; a key the server does not report is not compared."""
+    if before and not after:
+        raise DraftlabError(f"{where}: described itself before the run and no longer after it (another server "
+                            "answers now?); refusing to record the run")
+    for key in IDENTITY_KEYS:
+        if key in before and key in after and before[key] != after[key]:
+            raise DraftlabError(f"{where}: {key} was {before[key]!r} before the run and is {after[key]!r} after "
+                                "it: the server changed under the benchmark; refusing to record it")
+    for key, want in (plan or {}).items():
+        for when, info in (("before", before), ("after", after)):
+            if key in info and info[key] != want:
+                raise DraftlabError(f"{where}: {key} is {info[key]!r} ({when} the run) but the plan launched "
+                                    f"{want!r}: not the planned server; refusing to record it")

@@ -77,6 +77,15 @@ def at_least_counts(histogram: Any) -> list[int] | None:
     return [sum(counts[i:]) for i in range(1, len(counts))]
 
 
+def accept_by_position(meta: dict) -> tuple[str | None, list | None]:
+    """(the field it came from, accepts per draft position) of a ``meta_info``, or (None, None)."""
+    by_pos = meta.get("spec_accept_by_position")  # draftlab's builtin server: accepts per draft position
+    if isinstance(by_pos, list):
+        return "spec_accept_by_position", by_pos
+    counts = at_least_counts(meta.get("spec_correct_drafts_histogram"))  # SGLang 0.5.23
+    return ("spec_correct_drafts_histogram", counts) if counts is not None else (None, None)
+
+
 def parse_sglang_meta(meta: dict) -> dict[str, Any]:
     """Raw counts from an SGLang/builtin ``meta_info``, tolerating every known field naming."""
     accepted = proposed = None
@@ -94,9 +103,7 @@ def parse_sglang_meta(meta: dict) -> dict[str, Any]:
         decode, source = e2e, "e2e_latency"
     else:
         decode, source = None, None
-    by_pos = meta.get("spec_accept_by_position")  # draftlab's builtin server: accepts per draft position
-    if not isinstance(by_pos, list):
-        by_pos = at_least_counts(meta.get("spec_correct_drafts_histogram"))  # SGLang 0.5.23
+    by_pos = accept_by_position(meta)[1]
     return {
         "prompt_tokens": _int_or_none(meta.get("prompt_tokens")),
         "completion_tokens": _int_or_none(meta.get("completion_tokens")),
@@ -150,6 +157,7 @@ class _Client:
         url = f"{self.url}/generate"
         start = time.perf_counter()
         ttft = None
+        returned = False  # whether any output (ids or text) came back
         with http_client.request(url, payload, self.timeout) as resp:
             streamed = stream and "text/event-stream" in resp.content_type
             if streamed:
@@ -158,6 +166,7 @@ class _Client:
                     meta = http_client.JsonReader(event, url, f"event {n}").get("meta_info", "object", default={})
                     if ttft is None and ((_int_or_none(meta.get("completion_tokens")) or 0) >= 1 or event.get("text")):
                         ttft = time.perf_counter() - start
+                    returned = returned or bool(event.get("output_ids")) or bool(event.get("text"))
                     final = event
             else:
                 final = resp.json()
@@ -174,7 +183,16 @@ class _Client:
         row = parse_sglang_meta(meta)
         if row["completion_tokens"] is None:
             raise DraftlabError(f"{url}: key 'meta_info.completion_tokens' missing from the response")
-        row.update(latency_s=latency, ttft_s=ttft, streamed=streamed, output_sha256=output_digest(final))
+        if self.checks is not None:  # on the parsed counts: the same for every field naming
+            self.checks.check_parsed(row, url, accept_by_position(meta)[0])
+            ids = final.get("output_ids")
+            ids = ids if isinstance(ids, list) and not streamed else None  # a stream may end on an increment
+            self.checks.check_output(row["completion_tokens"], url, ids=ids,
+                                     returned=returned or bool(final.get("output_ids")) or bool(final.get("text")))
+        # the whole answer's digest (serve_launch compares it with plain decoding's); a stream may end on an
+        # increment, so a streamed answer has none
+        row.update(latency_s=latency, ttft_s=ttft, streamed=streamed,
+                   output_sha256=None if streamed else output_digest(final))
         return row
 
     def _vllm(self, prompt: Prompt, stream: bool) -> dict[str, Any]:
@@ -193,6 +211,7 @@ class _Client:
         start = time.perf_counter()
         ttft = None
         usage: dict = {}
+        choices: list = []
         with http_client.request(url, payload, self.timeout) as resp:
             streamed = stream and "text/event-stream" in resp.content_type
             if streamed:
@@ -203,10 +222,15 @@ class _Client:
                         ttft = time.perf_counter() - start
                     usage = ev.get("usage", "object") or usage
             else:
-                usage = http_client.JsonReader(resp.json(dict), url).get("usage", "object", default={})
+                answer = http_client.JsonReader(resp.json(dict), url)
+                usage = answer.get("usage", "object", default={})
+                choices = answer.get("choices", "list", default=[])
         latency = time.perf_counter() - start
         if self.checks is not None:
             self.checks.check_usage(usage, url)
+            if not streamed and not choices and (_int_or_none(usage.get("completion_tokens")) or 0) > 0:
+                raise DraftlabError(f"{url}: usage.completion_tokens is {usage.get('completion_tokens')} but the "
+                                    "answer holds no choices; refusing to record tokens the server did not return")
         completion = _int_or_none(usage.get("completion_tokens"))
         if completion is None:
             raise DraftlabError(f"{url}: key 'usage.completion_tokens' missing from the response")

@@ -65,6 +65,11 @@ def _is_unverified(row: dict) -> bool:
     return (row["completion_tokens"] or 0) > 1 and not (row.get("verify_ct") or 0) > 0
 
 
+_NO_SPECULATION: dict[str, Any] = {"accept_length": None, "accept_source": None, "accept_rate": None,
+                                   "accepted_per_pos": None, "cycle_ms": None, "cycle_source": None,
+                                   "verify_total": None}
+
+
 def summarize(
     rows: list[dict[str, Any]],
     repeat_walls: list[float],
@@ -76,47 +81,18 @@ def summarize(
     measured = [r for r in rows if r["phase"] == "measure"]
     ttft_rows = [r for r in rows if r["phase"] == "ttft" and r.get("ttft_s") is not None]
     completion = sum(r["completion_tokens"] or 0 for r in measured)
-    per_repeat = []
-    for rep, wall in enumerate(repeat_walls):
-        tokens = sum(r["completion_tokens"] or 0 for r in measured if r["repeat"] == rep)
-        per_repeat.append(tokens / wall if wall > 0 else 0.0)
+    per_repeat = [sum(r["completion_tokens"] or 0 for r in measured if r["repeat"] == rep) / wall if wall > 0 else 0.0
+                  for rep, wall in enumerate(repeat_walls)]  # output tok/s of each repeat
     ci = mean_ci95(per_repeat, floor=0.0)
 
-    accept_length = cycle_ms = accept_rate = None
-    verify_total: int | None = None
-    accept_source = cycle_source = None
-    accepted_per_pos = None
+    spec = _NO_SPECULATION
     if api == "sglang":
-        spec_rows = [r for r in measured if (r.get("verify_ct") or 0) > 0]
-        if spec_rows:
-            verify_total = sum(r["verify_ct"] for r in spec_rows)
-            accept_length = sum(r["completion_tokens"] for r in spec_rows) / verify_total
-            accept_source = "sum(completion_tokens)/sum(spec_verify_ct)"
-            timed = [r for r in spec_rows if r.get("decode_time_s") is not None]
-            if timed:
-                cycle_ms = 1000.0 * sum(r["decode_time_s"] for r in timed) / sum(r["verify_ct"] for r in timed)
-                sources = sorted({r["decode_time_source"] for r in timed})
-                cycle_source = sources[0] if len(sources) == 1 else "mixed:" + "+".join(sources)
-            with_pos = [r["accept_by_position"] for r in spec_rows if r.get("accept_by_position") is not None]
-            if len(with_pos) == len(spec_rows):
-                width = max(len(x) for x in with_pos)
-                sums = [sum(x[i] for x in with_pos if i < len(x)) for i in range(width)]
-                accepted_per_pos = [a / verify_total for a in sums]
-            counted = [r for r in spec_rows if r.get("accepted_drafts") is not None and r.get("proposed_drafts")]
-            if counted:
-                accept_rate = sum(r["accepted_drafts"] for r in counted) / sum(r["proposed_drafts"] for r in counted)
+        spec = _sglang_speculation(measured)
     elif vllm_delta is not None and vllm_delta["drafts"] > 0:
-        verify_total = vllm_delta["drafts"]
-        accept_length = 1.0 + vllm_delta["accepted_tokens"] / verify_total
-        accept_source = "1+delta(accepted_tokens)/delta(drafts) from /metrics"
-        if vllm_delta["draft_tokens"] > 0:
-            accept_rate = vllm_delta["accepted_tokens"] / vllm_delta["draft_tokens"]
-        accepted_per_pos = [a / verify_total for a in vllm_delta["accepted_per_pos"]]
-        cycle_ms = 1000.0 * sum(r["latency_s"] for r in measured) / verify_total
-        cycle_source = "client_latency"
+        spec = _vllm_speculation(measured, vllm_delta)
+    accept_length, cycle_ms, cycle_source = spec["accept_length"], spec["cycle_ms"], spec["cycle_source"]
+    verify_total = spec["verify_total"]
 
-    decode_rows = [r for r in measured if r.get("decode_time_s") is not None]
-    decode_tokens = sum(r["completion_tokens"] or 0 for r in decode_rows)
     return {
         "requests": len(measured),
         "repeats": len(repeat_walls),
@@ -131,17 +107,60 @@ def summarize(
         "repeat_wall_s": repeat_walls,
         "speculation_active": accept_length is not None,
         "accept_length": accept_length,
-        "accept_length_source": accept_source,
-        "accept_rate": accept_rate,
-        "accepted_per_position_rate": accepted_per_pos,
+        "accept_length_source": spec["accept_source"],
+        "accept_rate": spec["accept_rate"],
+        "accepted_per_position_rate": spec["accepted_per_pos"],
         "cycle_ms": cycle_ms,
         "cycle_time_source": cycle_source,
         "cycle_ms_is_verify_cycle": None if cycle_ms is None else is_verify_cycle(cycle_source),
-        "ms_per_output_token": (
-            1000.0 * sum(r["decode_time_s"] for r in decode_rows) / decode_tokens if decode_tokens else None
-        ),
+        "ms_per_output_token": _ms_per_output_token(measured),
         "latency_s_median": _median([r["latency_s"] for r in measured]),
         "ttft_s_median": _median([r["ttft_s"] for r in ttft_rows]),
         "ttft_s_mean": statistics.fmean([r["ttft_s"] for r in ttft_rows]) if ttft_rows else None,
         "ttft_requests": len(ttft_rows),
     }
+
+
+def _ms_per_output_token(measured: list[dict[str, Any]]) -> float | None:
+    """Decode milliseconds per completion token over the requests that report their decode time."""
+    decode_rows = [r for r in measured if r.get("decode_time_s") is not None]
+    decode_tokens = sum(r["completion_tokens"] or 0 for r in decode_rows)
+    return 1000.0 * sum(r["decode_time_s"] for r in decode_rows) / decode_tokens if decode_tokens else None
+
+
+def _sglang_speculation(measured: list[dict[str, Any]]) -> dict[str, Any]:
+    """Accept length, cycle time, acceptance by position and draft acceptance from SGLang's per-request
+    ``meta_info`` (spec_verify_ct and the rest, as the client read them); none without verify counts."""
+    spec = dict(_NO_SPECULATION)
+    spec_rows = [r for r in measured if (r.get("verify_ct") or 0) > 0]
+    if not spec_rows:
+        return spec
+    verify_total = spec["verify_total"] = sum(r["verify_ct"] for r in spec_rows)
+    spec["accept_length"] = sum(r["completion_tokens"] for r in spec_rows) / verify_total
+    spec["accept_source"] = "sum(completion_tokens)/sum(spec_verify_ct)"
+    timed = [r for r in spec_rows if r.get("decode_time_s") is not None]
+    if timed:
+        spec["cycle_ms"] = 1000.0 * sum(r["decode_time_s"] for r in timed) / sum(r["verify_ct"] for r in timed)
+        sources = sorted({r["decode_time_source"] for r in timed})
+        spec["cycle_source"] = sources[0] if len(sources) == 1 else "mixed:" + "+".join(sources)
+    with_pos = [r["accept_by_position"] for r in spec_rows if r.get("accept_by_position") is not None]
+    if len(with_pos) == len(spec_rows):
+        width = max(len(x) for x in with_pos)
+        spec["accepted_per_pos"] = [sum(x[i] for x in with_pos if i < len(x)) / verify_total for i in range(width)]
+    counted = [r for r in spec_rows if r.get("accepted_drafts") is not None and r.get("proposed_drafts")]
+    if counted:
+        spec["accept_rate"] = sum(r["accepted_drafts"] for r in counted) / sum(r["proposed_drafts"] for r in counted)
+    return spec
+
+
+def _vllm_speculation(measured: list[dict[str, Any]], delta: dict[str, Any]) -> dict[str, Any]:
+    """The same from vLLM's /metrics counters over the run (``delta``, with drafts > 0); the cycle time is
+    the client's latency per verify, vLLM reporting no decode time."""
+    verify_total = delta["drafts"]
+    return {"verify_total": verify_total,
+            "accept_length": 1.0 + delta["accepted_tokens"] / verify_total,
+            "accept_source": "1+delta(accepted_tokens)/delta(drafts) from /metrics",
+            "accept_rate": delta["accepted_tokens"] / delta["draft_tokens"] if delta["draft_tokens"] > 0 else None,
+            "accepted_per_pos": [a / verify_total for a in delta["accepted_per_pos"]],
+            "cycle_ms": 1000.0 * sum(r["latency_s"] for r in measured) / verify_total,
+            "cycle_source": "client_latency"}

@@ -202,46 +202,48 @@ def drafter_standing(
         if data.get("skipped"):  # a gated arm that never ran (probe gate closed): say so, no numbers
             out_rows.append({"name": name, "source": origin, "skipped": True, "reason": data.get("reason")})
             continue
-        length = _summary_number(data, origin, "accept_length")
-        cycle = _summary_number(data, origin, "cycle_ms")
-        measured = (data.get("summary") or {}).get("output_tps_median")
         k = num_steps.get(name) if isinstance(num_steps, Mapping) else num_steps
-        be = break_even_accept_length(x, cycle)
-        goals = []
-        for t in target_tps:
-            need = required_accept_length(t, cycle)
-            goals.append(
-                {
-                    "target_tps": float(t),
-                    "required_accept_length": need,
-                    "accept_length_gap": length - need,
-                    "meets_by_accept_length": length >= need,
-                    "meets_measured": measured is not None and measured >= t,
-                }
-            )
-        out_rows.append(
-            {
-                "name": name,
-                "source": origin,
-                "accept_length": length,
-                "cycle_ms": cycle,
-                "cycle_ms_source": (data.get("summary") or {}).get("cycle_time_source"),
-                "measured_tps": measured,
-                "modelled_tps": expected_tps(length, cycle),
-                "speedup": (measured / x) if measured else None,
-                "break_even_accept_length": be,
-                "accept_length_margin": length - be,
-                "above_break_even": length > be,
-                "num_steps": k,
-                "implied_step_acceptance": (
-                    None if k is None else required_step_acceptance_at_num_steps(length, k)
-                ),
-                "goals": goals,
-            }
-        )
+        out_rows.append(_standing_row(name, data, origin, x, target_tps, k))
     return {
         "baseline_tps": x,
         "baseline_source": base_origin,
         "target_tps": [float(t) for t in target_tps],
         "drafters": out_rows,
+    }
+
+
+def _standing_row(name: str, data: Mapping[str, Any], origin: str, baseline_tps: float, target_tps: Sequence[float],
+                  k: int | None) -> dict[str, Any]:
+    """One measured drafter against break-even (its own cycle time) and against each tok/s goal."""
+    length = _summary_number(data, origin, "accept_length")
+    cycle = _summary_number(data, origin, "cycle_ms")
+    measured = (data.get("summary") or {}).get("output_tps_median")
+    be = break_even_accept_length(baseline_tps, cycle)
+    return {
+        "name": name,
+        "source": origin,
+        "accept_length": length,
+        "cycle_ms": cycle,
+        "cycle_ms_source": (data.get("summary") or {}).get("cycle_time_source"),
+        "measured_tps": measured,
+        "modelled_tps": expected_tps(length, cycle),
+        "speedup": (measured / baseline_tps) if measured else None,
+        "break_even_accept_length": be,
+        "accept_length_margin": length - be,
+        "above_break_even": length > be,
+        "num_steps": k,
+        "implied_step_acceptance": None if k is None else required_step_acceptance_at_num_steps(length, k),
+        "goals": [_goal(t, length, cycle, measured) for t in target_tps],
+    }
+
+
+def _goal(target: float, length: float, cycle: float, measured: float | None) -> dict[str, Any]:
+    """Whether a drafter of ``length`` at ``cycle`` ms reaches ``target`` tok/s (modelled and measured)."""
+    need = required_accept_length(target, cycle)
+    return {
+        "target_tps": float(target),
+        "required_accept_length": need,
+        "accept_length_gap": length - need,
+        "meets_by_accept_length": length >= need,
+        "meets_measured": measured is not None and measured >= target,
     }

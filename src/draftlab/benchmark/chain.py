@@ -26,6 +26,8 @@ and by 2% in cycle time.
 
 from __future__ import annotations
 
+import statistics
+from collections import defaultdict
 from typing import Any, Mapping
 
 
@@ -43,9 +45,6 @@ def baseline_step_s(baseline: Mapping[str, Any]) -> float | None:
 def _median_pass(rows: list[dict[str, Any]]) -> dict[str, float]:
     """One pass made of each prompt's median request over the repeats (a stalled request or a busy
     minute on a shared host moves a median little; a pass's wall time, a lot)."""
-    import statistics
-    from collections import defaultdict
-
     per: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
         per[str(r["prompt_id"])].append(r)

@@ -82,7 +82,7 @@ def geomean_interval(ratios: list[float], seed: int = SEED, resamples: int = BOO
 
     One ratio gives no interval (None, None): a bootstrap of one point is that point.
     """
-    import numpy as np
+    import numpy as np  # deferred: numpy, only for the bootstrap
 
     logs = np.log(np.asarray(ratios, dtype=float))
     est = float(math.exp(logs.mean()))

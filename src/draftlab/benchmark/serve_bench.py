@@ -89,9 +89,11 @@ def _measure(plan: Mapping[str, Any], spec: ServerSpec, summary: dict[str, Any],
 
 
 def run_clients(url: str, plan: Mapping[str, Any], spec: ServerSpec, summary: dict[str, Any], progress: bool,
-                clients: Sequence[Mapping[str, Any]] | None = None) -> list:
+                clients: Sequence[Mapping[str, Any]] | None = None, launched: ServerSpec | None = None) -> list:
     """Every client of ``plan`` (or ``clients``) against the server at ``url``: ``[(result, client)]``, each
-    result tagged with the plan's server (and ``summary["launch"]``, the launch it came from)."""
+    result tagged with the plan's server (and ``summary["launch"]``, the launch it came from). ``launched``:
+    the server as started, when ``spec``'s drafter was swapped into it (its ``/server_info`` still names the
+    drafter it was launched with, as SGLang's does; the swap itself is proven by checksums)."""
     measured = []
     for c in plan["clients"] if clients is None else clients:
         t0 = time.time()
@@ -99,7 +101,7 @@ def run_clients(url: str, plan: Mapping[str, Any], spec: ServerSpec, summary: di
             url, c["prompts"] or "default", api=plan["api"], max_new_tokens=c["max_new_tokens"],
             repeats=c["repeats"], warmup=c["warmup"], concurrency=c["concurrency"], limit=c.get("limit"),
             ignore_eos=bool(c.get("ignore_eos")), require_speculation=plan["require_speculation"], progress=progress,
-            **_launched_numbers(spec),
+            **_launched_numbers(spec), expect_server=planned_server_info(launched or spec),
             category=c["name"],  # a prompt whose record has no category is the client's
         )
         result.server = {**(result.server or {}), "fingerprint": plan["fingerprint"], "variant": plan["variant"],
@@ -116,6 +118,22 @@ def _launched_numbers(spec) -> dict[str, int | None]:
     """The speculative numbers the server was launched with: they bound its answers (bench_checks)."""
     nums = spec.speculative_numbers() if spec.drafter else None
     return {"num_steps": nums[0], "num_draft_tokens": nums[2]} if nums else {}
+
+
+def planned_server_info(spec: ServerSpec) -> dict[str, Any]:
+    """What ``/server_info`` must say of the server ``spec`` launches: its target, its drafter (none for a
+    baseline) and the speculative numbers SGLang keeps as given (a chain's draft-token count it may
+    round to num_steps + 1, so that one is compared before and after the run only)."""
+    if spec.backend == "vllm":
+        return {}  # no /server_info
+    out: dict[str, Any] = {"model_path": str(spec.target),
+                           "speculative_draft_model_path": str(spec.drafter) if spec.drafter else None}
+    nums = spec.speculative_numbers() if spec.drafter else None
+    if nums is not None:
+        out.update(speculative_num_steps=nums[0], speculative_eagle_topk=nums[1])
+        if nums[1] > 1:
+            out["speculative_num_draft_tokens"] = nums[2]
+    return out
 
 
 def _write_skipped_csv(path: str, reason: str) -> None:

@@ -146,7 +146,9 @@ def _bench_all(plan: Mapping[str, Any], url: str, launch: dict[str, Any], progre
             summary["swap"] = _swap(plan, url, spec.drafter, reference)
             launch["swaps"].append(summary["swap"])
         _say(f"bench {bench['variant']} {bench['spec_id']}" + (" (swapped in)" if i else " (launched with)"))
-        measured += [(r, c, bench["variant"]) for r, c in run_clients(url, bench, spec, summary, progress)]
+        launched = ServerSpec.from_dict(plan["server"], source=f"launch plan {plan['launch']}")
+        measured += [(r, c, bench["variant"]) for r, c in run_clients(url, bench, spec, summary, progress,
+                                                                      launched=launched)]
         summary.update(skipped=False, finished_at=time.time())
         launch["benches"].append(summary)
     return measured

@@ -9,12 +9,12 @@ from pathlib import Path
 
 from draftlab.commands._common import add_json_flag, emit
 from draftlab.errors import DraftlabError
+from draftlab.fsutil import read_json, write_json
+from draftlab.settings.model import schema_default
 
 
 def _client_default(key: str):
     """A ``bench.clients`` item's default from the settings model: ``draftlab bench`` runs what a client runs."""
-    from draftlab.settings.model import schema_default
-
     return schema_default(f"bench.clients.{key}")
 
 
@@ -201,7 +201,6 @@ def _breakeven(args: argparse.Namespace) -> int:
         raise DraftlabError("breakeven: give --baseline FILE --drafter NAME=FILE (measured drafters) or "
                             "--baseline-tps X --cycle-ms C (calculator); missing " + " and ".join(missing))
     from draftlab.benchmark.breakeven import breakeven_table
-    from draftlab.fsutil import write_json
 
     table = breakeven_table(
         args.baseline_tps,
@@ -241,7 +240,6 @@ def _human_breakeven(t: dict) -> str:
 
 def _standing(args: argparse.Namespace) -> int:
     from draftlab.benchmark.breakeven import drafter_standing
-    from draftlab.fsutil import write_json
 
     drafters = {}
     for item in args.drafter:
@@ -282,8 +280,6 @@ def _human_standing(s: dict) -> str:
 
 def _plan_and_argv(args: argparse.Namespace, what: str):
     """The plan file of serve-bench / serve-launch and the launch command printed after ``--`` (or None)."""
-    from draftlab.fsutil import read_json
-
     argv = list(args.argv)
     if argv and argv[0] == "--":
         argv = argv[1:]
@@ -313,7 +309,6 @@ def _serve_launch(args: argparse.Namespace) -> int:
 
 def _probe_gate(args: argparse.Namespace) -> int:
     from draftlab.benchmark.probe_gate import gate_decision
-    from draftlab.fsutil import write_json
 
     decision = gate_decision(args.results, args.min_accept_length)
     write_json(args.out, decision)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 
 from draftlab.commands._common import add_json_flag, emit
+from draftlab.settings.config import experiment_layers
 
 
 def register(sub) -> None:
@@ -78,7 +79,6 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    from draftlab.settings.config import experiment_layers
     from draftlab.experiment.jobs import load_settings
 
     # Exactly the Snakefile's loading: config/config.yaml (when here), the files in order, one validation.

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from draftlab.errors import DraftlabError
 from draftlab.settings.model import schema_default
 
 
@@ -51,7 +52,6 @@ def register(sub) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from draftlab.errors import DraftlabError
     from draftlab.serving.server import load_state, serve
 
     if not 0 <= args.port <= 65535:

@@ -7,13 +7,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
 from pathlib import Path
 
 from draftlab.commands._common import add_json_flag, emit
 from draftlab.errors import DraftlabError
 from draftlab.settings.model import schema_default
 from draftlab.datagen.answerers import TURN_MODES
-from draftlab.training.config import INIT_MODES, VOCAB_MODES
+from draftlab.fsutil import parse_json_text, read_json
+from draftlab.settings.config import load_config, read_yaml
+from draftlab.training.config import INIT_MODES, VOCAB_MODES, TrainConfig
 from draftlab.training.config import default as train_default
 
 
@@ -278,7 +281,6 @@ def _dump(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from draftlab.errors import DraftlabError
     from draftlab.training.train import train_drafter
 
     overrides = {}
@@ -287,7 +289,6 @@ def _train(args: argparse.Namespace) -> int:
             overrides = json.loads(args.drafter_config)
         except json.JSONDecodeError as exc:
             raise DraftlabError(f"--drafter-config: not a JSON object ({exc})") from exc
-    from draftlab.training.config import TrainConfig
 
     # every TrainConfig field the command line has a flag for (the others keep their defaults)
     keys = [f.name for f in dataclasses.fields(TrainConfig)
@@ -316,7 +317,6 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _generate_data(args: argparse.Namespace) -> int:
-    from draftlab.fsutil import parse_json_text
     from draftlab.datagen.generate_data import generate
     from draftlab.serving.server_spec import ServerSpec, check_command
 
@@ -325,8 +325,6 @@ def _generate_data(args: argparse.Namespace) -> int:
         argv = argv[1:]
     server = None
     if args.server:
-        from draftlab.settings.config import read_yaml
-
         # YAML or JSON (a YAML subset): one server description, read once, checked and launched
         server = ServerSpec.from_dict(read_yaml(args.server), source=args.server)
         check_command(server.command(), argv, "generate-data")
@@ -353,8 +351,6 @@ def _generate_data(args: argparse.Namespace) -> int:
 
 
 def _specforge_command(args: argparse.Namespace) -> int:
-    import shlex
-
     from draftlab.training import specforge
 
     data = specforge.read_job_file(args.config)
@@ -364,7 +360,6 @@ def _specforge_command(args: argparse.Namespace) -> int:
         missing = [k for k, v in need.items() if not v]
         if missing:
             raise DraftlabError(f"{args.config}: an experiment config needs {', '.join(missing)} on the command line")
-        from draftlab.settings.config import load_config
 
         cfg = load_config(args.config)  # the merged JSON the pipeline writes, or a YAML file
         if args.chat_template:
@@ -393,7 +388,6 @@ def _specforge_features(args: argparse.Namespace) -> int:
 
 
 def _specforge_preflight(args: argparse.Namespace) -> int:
-    from draftlab.fsutil import read_json
     from draftlab.training import specforge
 
     job = read_json(args.job)
@@ -417,9 +411,6 @@ def _specforge_preflight(args: argparse.Namespace) -> int:
 
 def _count_samples(tokens: str) -> int:
     """Training samples in a tokens JSONL: lines with at least one loss-masked token (as SpecForge keeps them)."""
-    import json
-    from pathlib import Path
-
     n = 0
     path = Path(tokens)
     if not path.is_file():

@@ -179,7 +179,7 @@ class TransformersAnswerer:
 
     def _generate(self, items: list[tuple[Prompt, list[dict[str, Any]]]]) -> list[Answer]:
         """One answer per (prompt, messages), decoded together (left-padded)."""
-        import torch
+        import torch  # deferred: torch (seconds), only the transformers engine needs it
 
         jobs = [self._job(messages) for _, messages in items]
         width = max(len(ids) for ids, _, _ in jobs)

@@ -403,7 +403,7 @@ class _Meter:
         self.bar = None
         self.last_line = self.t0
         if self.tty:
-            from tqdm import tqdm
+            from tqdm import tqdm  # deferred: tqdm (~100 ms), only on a terminal
 
             self.bar = tqdm(total=total, desc="generate", unit="prompt", file=sys.stderr, dynamic_ncols=True)
 

@@ -247,7 +247,7 @@ class Engine:
         return run(list(map(int, input_ids)), budget, stops, should_stop or _never)
 
     def _new_cache(self):
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # deferred: transformers (seconds), only for the dynamic-cache path
 
         return DynamicCache(config=self.target.config)
 

@@ -115,7 +115,7 @@ def fused_weights(attn, mlp) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
     """``(wqkv, wo, wgu, wdown, inter)`` for ``x @ W``: ``[q; k; v]`` and ``[gate; up]`` concatenated once,
     every weight a transposed view of an ``[out, in]`` matrix (``nn.Linear``'s layout, so ``x @ W`` is
     ``F.linear``'s product: at 1-4 rows cuBLAS's GEMV path, 1.5-2x faster than over ``[in, out]`` copies on an
-    H200, benchmarks/gemm_layouts_gpu.py), the MLP width (target layers and drafter alike)."""
+    H200, benchmarks/RESULTS.md "Projection layouts"), the MLP width (target layers and drafter alike)."""
     wqkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).t()
     wgu = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).t()
     return wqkv, attn.o_proj.weight.t(), wgu, mlp.down_proj.weight.t(), int(mlp.gate_proj.weight.shape[0])

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import traceback
 from collections import OrderedDict, deque
 from typing import Iterable, Sequence
 
@@ -108,7 +109,6 @@ class Scheduler:
                     for row in self._decoder.step():
                         row.tag._finish(row.res)
                 except Exception as exc:  # a bug or an engine failure: fail the batch, keep serving
-                    import traceback
 
                     traceback.print_exc(file=sys.stderr)
                     for t in admit + [r.tag for r in self._decoder.rows]:

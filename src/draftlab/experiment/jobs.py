@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shlex
 import sys
 from typing import Any
@@ -260,9 +261,6 @@ def specforge_capture_note(settings: Settings, layout: Layout, arm: str) -> str:
     The aux ids are the ones the arm's run config will carry, computed now when the patched drafter and
     the target's config are already there (else named as what the first command computes).
     """
-    import os
-
-
     if settings.train.backend != "specforge":
         return ""
     deployment = dict(settings.config["train"].get("specforge", {}).get("deployment") or {})

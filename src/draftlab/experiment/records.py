@@ -15,27 +15,29 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import os
 import platform
 import subprocess
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from draftlab.settings.config import config_hash
 from draftlab.errors import DraftlabError
 from draftlab.experiment.layout import Layout
+from draftlab.experiment.records_schema import INT_COLUMNS, arrow_schema, typed
 from draftlab.experiment.variants import BASELINE, ORDER, REFERENCE, SCRATCH, Variant, is_trained
 from draftlab.settings.model import spec_id
 from draftlab.fsutil import atomic_path, locked, named_digest, read_json, sha256_file, write_json
 from draftlab.fsutil import read_text_file
+from draftlab.training.config import TrainConfig
 
 # Columns that legitimately differ between two identical runs (clock, machine load, run identity).
 TIMING_COLUMNS = ("tps_median", "tps_mean", "tps_ci_low", "tps_ci_high", "cycle_ms", "speedup",
                   "ttft_s", "latency_s_median", "bench_seconds", "server_ready_s", "created_at")
 RUN_COLUMNS = ("row_id", "draftlab_commit", "measurement_sha256")
-INT_COLUMNS = ("tp", "num_steps", "topk", "num_draft_tokens", "prompt_count", "max_new_tokens", "concurrency",
-               "repeats", "requests", "completion_tokens", "verify_ct")
 VARIANT_ORDER = ORDER
 
 
@@ -103,8 +105,6 @@ def draftlab_commit() -> str | None:
 
 
 def package_versions() -> dict[str, str]:
-    from importlib import metadata
-
     out = {"python": platform.python_version()}
     for name in ("draftlab", "torch", "transformers", "safetensors", "huggingface_hub", "snakemake", "sglang", "vllm"):
         with contextlib.suppress(metadata.PackageNotFoundError):
@@ -122,7 +122,7 @@ def hardware() -> str:
                 break
     desc = f"{cpu} x{os.cpu_count()}"
     with contextlib.suppress(Exception):
-        import torch
+        import torch  # deferred: torch (seconds), only to name the GPUs
 
         if torch.cuda.is_available():
             names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
@@ -179,7 +179,6 @@ def _training_hashes(inputs: RecordInputs, variant: str) -> dict[str, str | None
     conf = _read(inputs.train_file(variant, "train_config.json"))
     if not conf:
         return none
-    from draftlab.training.config import TrainConfig  # deferred: loads torch
 
     settings = {k: conf.get(k) for k in TrainConfig.RESUME_KEYS if k not in _PATH_KEYS}
     data = conf.get("tokens") or conf.get("data")
@@ -338,22 +337,13 @@ def _record_row(cfg: Mapping[str, Any], variant: str, sid: str, client: str, res
     }
 
 
-def _parquet_safe(frame):
-    """Object columns as strings (or null) so pyarrow never guesses a type from the first rows."""
-    out = frame.copy()
-    for col in out.columns:
-        if out[col].dtype == object:
-            out[col] = out[col].map(lambda v: None if v is None or (isinstance(v, float) and v != v) else str(v))
-    return out
-
-
 def write_records(frame, csv_path: str | os.PathLike, parquet_path: str | os.PathLike | None = None) -> None:
-    """CSV and Parquet, each written to a temporary file and renamed."""
+    """CSV and Parquet, each written to a temporary file and renamed; the Parquet is the CSV read
+    back in the declared column types (:mod:`draftlab.experiment.records_schema`), so the two agree."""
     with atomic_path(csv_path) as tmp:
         frame.to_csv(tmp, index=False)
     if parquet_path is not None:
-        with atomic_path(parquet_path) as tmp:
-            _parquet_safe(frame).to_parquet(tmp, index=False)
+        derive_parquet(Path(csv_path), Path(parquet_path))
 
 
 CSV_DIGEST_KEY = b"draftlab.records_csv_sha256"  # Parquet metadata: the CSV bytes it was derived from
@@ -362,9 +352,7 @@ MAX_RECORDS_BYTES = 1 << 30
 
 def read_table(path: str | os.PathLike, what: str):
     """A records CSV as text columns; empty, unreadable or without ``row_id``: one user error."""
-    import io
-
-    import pandas as pd
+    import pandas as pd  # deferred: pandas (~1 s): the records rules alone need it
 
     text = read_text_file(path, what, MAX_RECORDS_BYTES)
     if not text.strip():
@@ -380,13 +368,14 @@ def read_table(path: str | os.PathLike, what: str):
 
 
 def derive_parquet(csv_path: Path, pq_path: Path) -> None:
-    """The Parquet table from the CSV as it is now, carrying the CSV's sha256 (so staleness shows)."""
-    import pandas as pd
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    """The Parquet table from the CSV as it is now, in the declared column types (never a guess:
+    the experiment ``2025.10`` stays text), carrying the CSV's sha256 (so staleness shows)."""
+    import pyarrow as pa  # deferred: pyarrow (~1 s): the records rules alone need it
+    import pyarrow.parquet as pq  # deferred: pyarrow (~1 s): the records rules alone need it
 
     digest = sha256_file(csv_path)
-    table = pa.Table.from_pandas(_parquet_safe(pd.read_csv(csv_path)), preserve_index=False)
+    frame = typed(read_table(csv_path, "records table"), csv_path)
+    table = pa.Table.from_pandas(frame, schema=arrow_schema(list(frame.columns)), preserve_index=False)
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), CSV_DIGEST_KEY: digest.encode()})
     with atomic_path(pq_path) as tmp:
         pq.write_table(table, tmp)
@@ -394,7 +383,7 @@ def derive_parquet(csv_path: Path, pq_path: Path) -> None:
 
 def parquet_is_current(csv_path: Path, pq_path: Path) -> bool:
     """Whether ``pq_path`` was derived from exactly the bytes ``csv_path`` holds now."""
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # deferred: pyarrow (~1 s): the records rules alone need it
 
     try:
         meta = pq.read_schema(pq_path).metadata or {}
@@ -404,7 +393,7 @@ def parquet_is_current(csv_path: Path, pq_path: Path) -> bool:
 
 
 def _parquet_rows(pq_path: Path) -> str:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # deferred: pyarrow (~1 s): the records rules alone need it
 
     try:
         return f"holds {pq.read_metadata(pq_path).num_rows} rows"
@@ -421,10 +410,15 @@ def merge_into_global(exp_csv: str | os.PathLike, global_dir: str | os.PathLike 
     between the two writes is repaired by the next merge and the two never disagree for good. A
     missing CSV beside a Parquet that holds rows is refused: merging would replace those rows.
     """
-    import pandas as pd
+    import pandas as pd  # deferred: pandas (~1 s): the records rules alone need it
 
     global_dir = Path(global_dir)
     new = read_table(exp_csv, "experiment records table")
+    repeated = new["row_id"][new["row_id"].duplicated()]
+    if len(repeated):
+        rid = repeated.iloc[0]
+        raise DraftlabError(f"{exp_csv}: key 'row_id': {rid!r} appears {int((new['row_id'] == rid).sum())} times; "
+                            "expected one row per row_id (each row is one measurement); nothing was merged")
     csv_path, pq_path = global_dir / "records.csv", global_dir / "records.parquet"
     with locked(global_dir / ".records.lock", "records lock"):
         if not csv_path.exists() and os.path.lexists(pq_path):

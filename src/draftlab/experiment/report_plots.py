@@ -22,10 +22,10 @@ _ok = ok
 
 
 def _plot(path: Path, draw, n: int = 4) -> None:
-    import matplotlib
+    import matplotlib  # deferred: matplotlib (~1 s), only when a plot is drawn
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: matplotlib (~1 s), only when a plot is drawn
 
     fig, ax = plt.subplots(figsize=(max(7.0, 1.3 * n + 2), 4.6), dpi=100)
     draw(ax)
@@ -127,7 +127,7 @@ def plot_ttt(curves: dict[str, list[float]], path: Path, serving: dict[str, list
     serving = serving or {}
 
     def draw(ax):
-        from matplotlib.ticker import MaxNLocator
+        from matplotlib.ticker import MaxNLocator  # deferred: matplotlib (~1 s), only when a plot is drawn
 
         colors = {}
         for name, acc in curves.items():

@@ -9,10 +9,14 @@ Pickle weights (``.bin``/``.pt``/``.pth``) are listed, never unpickled.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
+
+from safetensors import safe_open
 
 from draftlab.errors import DraftlabError
 from draftlab.hf_cache import HubSource, hub_call, is_hf_source, is_offline, parse_hf_source, snapshot_commit
@@ -116,7 +120,7 @@ def _read_sharded(folder: Path, index: Path) -> tuple[dict[str, TensorInfo], lis
 
 def _read_hub(hub: HubSource, cache_dir: str | os.PathLike | None) -> CheckpointInfo:
     """Config from the Hub (or cache); tensors from cached shards when present, else header-only metadata."""
-    from huggingface_hub import hf_hub_download
+    from huggingface_hub import hf_hub_download  # deferred: huggingface_hub (~100 ms)
 
     offline = is_offline()
     cfg_path = Path(
@@ -145,8 +149,8 @@ def _read_hub(hub: HubSource, cache_dir: str | os.PathLike | None) -> Checkpoint
 
 
 def _read_hub_metadata(hub: HubSource, config: dict, commit: str | None) -> CheckpointInfo:
-    from huggingface_hub import HfApi
-    from huggingface_hub.errors import NotASafetensorsRepoError, SafetensorsParsingError
+    from huggingface_hub import HfApi  # deferred: huggingface_hub (~100 ms)
+    from huggingface_hub.errors import NotASafetensorsRepoError, SafetensorsParsingError  # deferred: huggingface_hub (~100 ms)
 
     api = HfApi()
     revision = commit or hub.revision
@@ -180,9 +184,6 @@ def checkpoint_format(config: dict | None, tensors: dict[str, Any]) -> str:
 
 def tensor_sha256(t: TensorInfo) -> str:
     """sha256 of one tensor's raw bytes, read from its safetensors file by the header's offsets."""
-    import hashlib
-    import struct
-
     h = hashlib.sha256()
     with open(t.file, "rb") as fh:
         (n,) = struct.unpack("<Q", fh.read(8))
@@ -199,8 +200,6 @@ def tensor_sha256(t: TensorInfo) -> str:
 
 def load_tensors(info: CheckpointInfo, names: Iterable[str]) -> dict[str, "torch.Tensor"]:
     """Read the data of the named tensors (and only those) through safetensors' ``safe_open``."""
-    from safetensors import safe_open
-
     names = list(names)
     missing = [n for n in names if n not in info.tensors]
     if missing:

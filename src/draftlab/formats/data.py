@@ -18,8 +18,10 @@ Output ``tokens.jsonl``: one line per sample, ``{"input_ids": [...], "loss_mask"
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import zlib
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -42,9 +44,6 @@ def is_json_file(path: str | os.PathLike) -> bool:
 def text_lines(path: str | os.PathLike, what: str) -> Iterator[tuple[int, str]]:
     """``(line number, line)`` of a UTF-8 text file, streamed (a ``.gz`` name is read gzipped); a missing,
     special, non-UTF-8 or broken gzip file is one user error naming the file (and the line)."""
-    import gzip
-    import zlib
-
     path = Path(path)
     if not path.exists():
         raise DraftlabError(f"{path}: {what} not found")

@@ -22,7 +22,7 @@ Facts encoded (see docs and ../shared/FIELD-NOTES.md):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from draftlab.errors import DraftlabError
 from draftlab.formats.target_config import check_config_types
@@ -47,7 +47,40 @@ def canonical_name(name: str) -> str:
     for legacy, new in LEGACY_NAMES.items():  # SGLang's legacy_name_map in llama_eagle3.py
         if name.startswith(legacy):
             name = new + name[len(legacy):]
+    if name.endswith("embed_tokens.weight"):  # the drafter's embeddings under any wrapper's prefix
+        name = "embed_tokens.weight"
     return name
+
+
+def name_collisions(names: Iterable[tuple[str, str]]) -> list[str]:
+    """One message per pair of tensor names that :func:`canonical_name` maps to one tensor.
+
+    ``names`` is (tensor name, file) pairs. Why: a loader keeps whichever of ``fc.weight`` and
+    ``model.fc.weight`` it reads last, so what is served depends on the order in a header; the file
+    is ambiguous whether or not the two hold the same values."""
+    seen: dict[str, tuple[str, str]] = {}
+    out = []
+    for name, file in names:
+        canon = canonical_name(name)
+        if canon in seen:
+            first, first_file = seen[canon]
+            where = "" if first_file == file else f" (in {first_file})"
+            out.append(f"{file}: tensors {first!r}{where} and {name!r} are two names for one weight ({canon!r} "
+                       "once loaded); expected each weight once: remove one of them")
+        else:
+            seen[canon] = (name, file)
+    return out
+
+
+def canonical_names(names: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Tensor name -> canonical name for (tensor name, file) pairs; two names for one weight are one
+    user error naming the file and both names (:func:`name_collisions`). Every drafter loader reads
+    names through here."""
+    pairs = list(names)
+    clash = name_collisions(pairs)
+    if clash:
+        raise DraftlabError(clash[0])
+    return {name: canonical_name(name) for name, _ in pairs}
 
 
 def default_aux_layer_ids(num_target_layers: int) -> list[int]:

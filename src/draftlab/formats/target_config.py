@@ -97,7 +97,7 @@ def resolve_config_path(source: str | os.PathLike, cache_dir: str | os.PathLike 
     """The local path of ``source``'s config.json, fetching only that file for ``hf:`` sources."""
     if is_hf_source(source):
         hub = parse_hf_source(str(source))
-        from huggingface_hub import hf_hub_download
+        from huggingface_hub import hf_hub_download  # deferred: huggingface_hub (~100 ms)
 
         return Path(
             hub_call(

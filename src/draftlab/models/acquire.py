@@ -45,7 +45,7 @@ def _resolve_source(
         if revision and hub.revision and revision != hub.revision:
             raise DraftlabError(f"{source}: --revision {revision!r} contradicts the revision in the source")
         hub = type(hub)(hub.repo_id, revision or hub.revision)
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import snapshot_download  # deferred: huggingface_hub (~100 ms)
 
         snapshot = Path(
             hub_call(

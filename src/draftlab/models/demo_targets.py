@@ -16,9 +16,12 @@ import random
 import sys
 import sysconfig
 from pathlib import Path
+from pydoc_data.topics import topics as pydoc_topics
 from typing import Iterator
 
 import torch
+from tokenizers import Tokenizer, decoders, pre_tokenizers, trainers
+from tokenizers.models import BPE
 from tqdm import tqdm
 
 from draftlab.errors import DraftlabError
@@ -126,9 +129,7 @@ def stdlib_files(limit: int) -> list[Path]:
 
 def load_corpus(size: DemoSize) -> list[Document]:
     """Docs (pydoc topics) and source files, in a fixed order."""
-    from pydoc_data.topics import topics
-
-    docs = [Document("doc", key, topics[key]) for key in sorted(topics)[: size.topics]]
+    docs = [Document("doc", key, pydoc_topics[key]) for key in sorted(pydoc_topics)[: size.topics]]
     src = [
         Document("source", p.name, p.read_text(encoding="utf-8", errors="replace"))
         for p in stdlib_files(size.source_files)
@@ -210,10 +211,9 @@ def render_chat(messages: list[dict[str, str]], add_generation_prompt: bool = Fa
 
 def train_tokenizer(texts: list[str], vocab_size: int, out_dir: Path, model_max_length: int) -> None:
     """Byte-level BPE trained on ``texts``, saved as a transformers fast tokenizer with the chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # deferred: transformers (seconds)
 
-    tok = Tokenizer(models.BPE())
+    tok = Tokenizer(BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -239,7 +239,7 @@ def train_tokenizer(texts: list[str], vocab_size: int, out_dir: Path, model_max_
 
 
 def target_config(size: DemoSize, vocab_size: int, context: int, special: dict[str, int]):
-    from transformers import LlamaConfig
+    from transformers import LlamaConfig  # deferred: transformers (seconds)
 
     return LlamaConfig(
         vocab_size=vocab_size,
@@ -325,7 +325,7 @@ def torch_threads(n: int) -> Iterator[None]:
 
 def snapshot_folder(hf_cache: Path, repo_id: str) -> Path:
     """The snapshot folder of ``repo_id`` in ``hf_cache``, resolved offline through huggingface_hub."""
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import snapshot_download  # deferred: huggingface_hub (~100 ms)
 
     return Path(snapshot_download(repo_id, cache_dir=str(hf_cache), local_files_only=True))
 

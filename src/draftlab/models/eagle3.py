@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from draftlab.formats import eagle3_format as fmt
 from draftlab.errors import DraftlabError
-from draftlab.formats.eagle3_format import canonical_name
+from draftlab.formats.eagle3_format import canonical_names
 from draftlab.formats.target_config import load_json_config
 from draftlab.fsutil import atomic_dir, to_json
 from draftlab.formats.checkpoint import read_checkpoint
@@ -61,8 +61,8 @@ def rope_inv_freq(spec: fmt.DrafterConfig) -> tuple[Tensor, float]:
     if rope_type == "default":
         return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
     # Non-default schemes (llama3, yarn, linear, ...): reuse transformers' reference implementations.
-    from transformers import LlamaConfig
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers import LlamaConfig  # deferred: transformers (seconds)
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # deferred: transformers (seconds)
 
     if rope_type not in ROPE_INIT_FUNCTIONS:
         raise DraftlabError(f"drafter config: rope_scaling.rope_type {rope_type!r} is not supported "
@@ -367,17 +367,16 @@ class Eagle3Drafter(nn.Module):
 def read_drafter_tensors(folder: str | Path) -> dict[str, Tensor]:
     """All tensors of a drafter folder, canonically named (``embed_tokens.weight`` included when present)."""
     folder = Path(folder)
-    files = read_checkpoint(folder).weight_files  # the index, shard names and every header validated first
+    info = read_checkpoint(folder)  # the index, shard names and every header validated first
+    files = info.weight_files
     if not files:
         raise DraftlabError(f"{folder}: no *.safetensors file (expected model.safetensors or a sharded index)")
+    canon = canonical_names((name, t.file) for name, t in info.tensors.items())  # across shards: one name each
     out: dict[str, Tensor] = {}
     for path in files:
         with safe_open(str(path), framework="pt") as f:
             for name in f.keys():
-                canon = canonical_name(name)
-                if canon.endswith("embed_tokens.weight"):
-                    canon = "embed_tokens.weight"
-                out[canon] = f.get_tensor(name)
+                out[canon[name]] = f.get_tensor(name)
     return out
 
 

@@ -8,6 +8,7 @@ resolved commit and a weights digest so records can say which target was measure
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +40,6 @@ def _weights_digest(folder: Path) -> tuple[str | None, list[dict[str, Any]]]:
     In an HF cache a weight file is a link to ``blobs/<sha256>``, so the name is the hash and a
     600 GB target costs nothing; other files are hashed when the folder is small enough.
     """
-    import re
-
     files = []
     weights = sorted(p for p in folder.iterdir() if p.name.endswith(".safetensors"))
     total = sum(p.stat().st_size for p in weights)
@@ -68,7 +67,7 @@ def resolve_model(source: str, revision: str | None, link: str | os.PathLike, ou
     if is_hf_source(source):
         hub = parse_hf_source(source)
         hub = type(hub)(hub.repo_id, revision or hub.revision)
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import snapshot_download  # deferred: huggingface_hub (~100 ms)
 
         folder = Path(hub_call(hub, "model files", lambda: snapshot_download(
             hub.repo_id, revision=hub.revision, allow_patterns=MODEL_PATTERNS, local_files_only=is_offline())))

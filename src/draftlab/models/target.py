@@ -28,7 +28,7 @@ def read_config(folder: str | Path) -> dict[str, Any]:
 def load_target(folder: str | Path, *, dtype: torch.dtype | None = None, device: str | torch.device | None = None,
                 trust_remote_code: bool = False):
     """``AutoModelForCausalLM`` from a local folder, in eval mode with every parameter frozen."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # deferred: transformers (seconds)
 
     read_config(folder)  # clear error for a missing/broken config before transformers' own
     try:
@@ -60,7 +60,7 @@ def check_loaded(folder: str | Path, info: dict[str, Any]) -> None:
 
 
 def load_tokenizer(folder: str | Path, trust_remote_code: bool = False):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # deferred: transformers (seconds)
 
     try:
         return AutoTokenizer.from_pretrained(str(folder), trust_remote_code=trust_remote_code, local_files_only=True)

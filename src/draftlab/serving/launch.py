@@ -13,14 +13,18 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
+
+import psutil
 
 from draftlab.errors import DraftlabError
 from draftlab import http_client
@@ -51,8 +55,6 @@ def port_holder(host: str, port: int) -> str | None:
             return None
     who = "an unknown process"
     with contextlib.suppress(Exception):
-        import psutil
-
         for conn in psutil.net_connections(kind="tcp"):
             if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
                 proc = psutil.Process(conn.pid)
@@ -203,8 +205,6 @@ class _Terminated(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def _sigterm_raises() -> Iterator[None]:
-    import threading
-
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -256,8 +256,6 @@ def running_server(spec: ServerSpec, log_path: str | os.PathLike, *,
 
 
 def _shell_quote(a: str) -> str:
-    import shlex
-
     return shlex.quote(a)
 
 

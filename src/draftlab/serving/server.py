@@ -24,9 +24,11 @@ import json
 import os
 import select
 import signal
+import socket
 import sys
 import threading
 import time
+import traceback
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -35,6 +37,7 @@ from typing import Any
 from draftlab import __version__
 from draftlab.deadline_io import DeadlineReader, peer_closed
 from draftlab.errors import DraftlabError
+from draftlab.models.target import load_tokenizer
 from draftlab.serving.endpoints import handle_chat_completions, handle_completions, handle_generate
 from draftlab.engine.core import Engine
 from draftlab.serving import weight_swap
@@ -177,7 +180,6 @@ class Handler(BaseHTTPRequestHandler):
             self.log_message("connection lost while answering: %s", exc)
             self.close_connection = True
         except Exception as exc:  # a bug: answer 500 and keep serving, with the traceback in the log
-            import traceback
 
             traceback.print_exc()
             self._error(500, f"internal error: {type(exc).__name__}: {exc}")
@@ -200,8 +202,6 @@ class DraftlabHTTPServer(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
     def __init__(self, address: tuple[str, int], state: ServerState):
-        import socket
-
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         self.state = state
@@ -225,8 +225,6 @@ def load_state(target: str | Path, drafter: str | Path | None = None, *, num_ste
     ``cuda_graph_max_bs``
     (see ``ServerState``).
     """
-    from draftlab.models.target import load_tokenizer  # deferred: transformers, only when serving
-
     engine = Engine.from_folders(target, drafter, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens,
                                  device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     tokenizer = None

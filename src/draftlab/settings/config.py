@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import re
+from importlib.resources import files
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -30,8 +31,6 @@ SCHEMA_PACKAGE, SCHEMA_NAME = "draftlab.settings", "config.schema.yaml"
 
 def schema_text() -> str:
     """The schema shipped inside the package (importlib.resources: works from a wheel, a zip or a checkout)."""
-    from importlib.resources import files
-
     return files(SCHEMA_PACKAGE).joinpath(SCHEMA_NAME).read_text(encoding="utf-8")
 
 

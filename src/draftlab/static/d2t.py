@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from tqdm import tqdm
 
 from draftlab.errors import DraftlabError
@@ -198,8 +201,6 @@ def build_mapping(counts: torch.Tensor, draft_vocab_size: int, first_seen: torch
     set's iteration order until there are M; ``most_common(M)`` keeps the first-seen id among equal
     counts; the ids are sorted ascending and ``d2t[i] = ids[i] - i``.
     """
-    from collections import Counter
-
     counts = torch.as_tensor(counts).to(torch.int64).flatten()
     vocab_size = counts.numel()
     if not 0 < draft_vocab_size <= vocab_size:
@@ -317,8 +318,6 @@ def save_mapping(path: str | os.PathLike, mapping: VocabMapping, meta: dict[str,
     The metadata holds ``format`` = ``draftlab-vocab-mapping``, the two sizes and ``meta``
     (non-string values JSON-encoded, as safetensors metadata is str -> str). Written atomically.
     """
-    from safetensors.torch import save_file
-
     metadata = {
         "format": MAPPING_FORMAT,
         "draft_vocab_size": str(mapping.draft_vocab_size),
@@ -367,8 +366,6 @@ def load_mapping(source: str | os.PathLike) -> VocabMapping:
 
 
 def _load_file(path: Path) -> VocabMapping:
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), framework="pt") as fh:
             keys = set(fh.keys())

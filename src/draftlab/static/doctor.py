@@ -302,6 +302,11 @@ def check_algorithm(s: Subject) -> list[Finding]:
     return []
 
 
+def check_duplicate_tensor(s: Subject) -> list[Finding]:
+    """Two names for one weight (``fc.weight`` and ``model.fc.weight``): every loader refuses the file."""
+    return [_err("duplicate-tensor", msg) for msg in fmt.name_collisions((n, t.file) for n, t in s.tensors.items())]
+
+
 def check_missing_tensor(s: Subject) -> list[Finding]:
     if not s.eagle3_layout:
         return []
@@ -469,6 +474,7 @@ def check_vllm_aux_key(s: Subject) -> list[Finding]:
 CHECKS: dict[str, Callable[[Subject], list[Finding]]] = {
     "pickle-weights": check_pickle_weights,
     "no-tensors": check_no_tensors,
+    "duplicate-tensor": check_duplicate_tensor,
     "algorithm-mismatch": check_algorithm,
     "missing-tensor": check_missing_tensor,
     "shape-mismatch": check_shape_mismatch,

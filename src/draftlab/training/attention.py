@@ -4,11 +4,13 @@ key at its own position (SpecForge's layout), dense-masked or through flex atten
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 _FLEX: dict[Any, Any] = {}
 FLEX_BLOCK = 128        # flex attention's default block size: sequences are padded to a multiple of it
@@ -62,8 +64,6 @@ def _ttt_mask_mod(t: int):
 def _flex_block_mask(t: int, step: int, device: torch.device):
     """The TTT mask as a flex-attention block mask (cached per shape): causal over step-0 keys,
     the diagonal over each later step's keys; ``t`` is the per-step chunk length of the keys."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
     key = ("mask", t, step, str(device))
     if key not in _FLEX:
         _FLEX[key] = create_block_mask(_ttt_mask_mod(t), B=None, H=None, Q_LEN=t, KV_LEN=(step + 1) * t,
@@ -73,12 +73,10 @@ def _flex_block_mask(t: int, step: int, device: torch.device):
 
 def _flex_fn(device: torch.device):
     """flex_attention, compiled into fused Triton kernels on CUDA (eager flex is the CPU reference)."""
-    from torch.nn.attention.flex_attention import flex_attention
-
     if device.type != "cuda":
         return flex_attention
     if "compiled" not in _FLEX:
-        import torch._dynamo
+        import torch._dynamo  # deferred: torch._dynamo (seconds), only to compile on CUDA
 
         # one compile per (padded length, step): raise the recompile limit so none falls back to eager
         for name in ("recompile_limit", "cache_size_limit"):
@@ -124,7 +122,6 @@ def _flex_works(q: Tensor, keys: list[Tensor], step: int, gqa: bool) -> bool:
                 _flex_attend(qq, ks, vs, step, gqa).float().square().sum().backward()
             _FLEX[key] = True
         except Exception as exc:  # noqa: BLE001 - any compile/kernel failure means: use the dense path
-            import warnings
 
             warnings.warn(f"train: flex attention failed for shape {tuple(q.shape)} step {step} "
                           f"({type(exc).__name__}); using the dense-mask path for it", stacklevel=2)

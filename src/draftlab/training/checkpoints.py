@@ -3,6 +3,7 @@ and the metrics so far, written atomically as ``step-NNNNNNNN/`` folders of the 
 
 from __future__ import annotations
 
+import ast
 import json
 import random
 import shutil
@@ -71,8 +72,6 @@ def latest_checkpoint(state_dir: Path) -> Path | None:
 
 
 def _restore_rng(folder: Path, state: dict[str, Any]) -> None:
-    import ast
-
     rng = load_file(str(folder / "rng.safetensors"))
     torch.set_rng_state(rng["torch_cpu"])
     if "torch_cuda" in rng and torch.cuda.is_available():

@@ -72,8 +72,7 @@ def ttt_forward(drafter: Eagle3Drafter, input_ids: Tensor, loss_mask: Tensor, au
         if mask_alignment == "specforge":
             probs, t_arg, in_draft = _past_the_end(drafter, probs, t_arg, in_draft)
     draft_tids = drafter.d2t + torch.arange(drafter.draft_vocab_size, device=input_ids.device)
-    layer, attn = drafter.midlayer, drafter.midlayer.self_attn
-    backend = attention or ttt_attention_backend(input_ids.device, t, attn.hd)
+    backend = attention or ttt_attention_backend(input_ids.device, t, drafter.midlayer.self_attn.hd)
     hidden = drafter.fuse(aux)
     positions = torch.arange(t, device=input_ids.device).expand(b, t)
     keys: list[Tensor] = []
@@ -81,28 +80,16 @@ def ttt_forward(drafter: Eagle3Drafter, input_ids: Tensor, loss_mask: Tensor, au
     total = hidden.new_zeros((), dtype=torch.float32)
     stats = {k: torch.zeros(ttt_length, dtype=torch.float64, device=input_ids.device) for k in STAT_KEYS}
     for i in range(ttt_length):
-        ids_i = _shift(input_ids, 1 + i)
-        probs_i, arg_i = _shift(probs, 1 + i)[:, :t], _shift(t_arg, 1 + i)[:, :t]
-        ind_i = _shift(in_draft, 1 + i, False)[:, :t]
-        mask_i = _shift(loss_mask, i if mask_alignment == "specforge" else 2 + i).bool()
-        valid = mask_i & ind_i
-        embeds = drafter.embed_tokens(ids_i).to(hidden.dtype)
-        cos, sin = drafter.rope(positions + i, hidden.dtype)
-        q, k, v = attn.qkv(layer.inputs(embeds, hidden), cos, sin)
-        keys.append(k)
-        values.append(v)
-        if i == 0:
-            out = attn.attend(q, k, v, None, causal=True)
-        else:
-            out = cross_step_attend(attn, q, keys, values, i, backend)
-        logits, hidden = drafter.head(layer.finish(out, hidden))
-        logits = logits.float()
+        logits, hidden = _draft_step(drafter, _shift(input_ids, 1 + i), hidden, positions + i, keys, values, backend)
         if collect is not None:
             collect.append(logits.detach())
+        probs_i, arg_i = _shift(probs, 1 + i)[:, :t], _shift(t_arg, 1 + i)[:, :t]
+        mask_i = _shift(loss_mask, i if mask_alignment == "specforge" else 2 + i).bool()
+        valid = mask_i & _shift(in_draft, 1 + i, False)[:, :t]
         ce = -(probs_i * F.log_softmax(logits, dim=-1)).sum(-1)
         n_valid = valid.sum()
-        loss_i = (ce * valid).sum() / (b * t if loss_norm == "positions" else n_valid.clamp(min=1))
-        total = total + (STEP_WEIGHT ** i) * loss_i
+        norm = b * t if loss_norm == "positions" else n_valid.clamp(min=1)
+        total = total + (STEP_WEIGHT ** i) * (ce * valid).sum() / norm
         with torch.no_grad():
             hit = (draft_tids[logits.argmax(-1)] == arg_i) & mask_i
             stats["loss_sum"][i] = (ce * valid).sum().double()
@@ -110,6 +97,25 @@ def ttt_forward(drafter: Eagle3Drafter, input_ids: Tensor, loss_mask: Tensor, au
             stats["correct"][i] = hit.sum().double()
             stats["counted"][i] = mask_i.sum().double()
     return total, stats
+
+
+def _draft_step(drafter: Eagle3Drafter, ids: Tensor, hidden: Tensor, positions: Tensor, keys: list[Tensor],
+                values: list[Tensor], backend: str) -> tuple[Tensor, Tensor]:
+    """One TTT step of the drafter: its tokens ``ids`` over the previous step's ``hidden``, attending to
+    the steps so far (``keys``/``values`` grow by this step's); returns (float32 logits, the next hidden)."""
+    layer, attn = drafter.midlayer, drafter.midlayer.self_attn
+    embeds = drafter.embed_tokens(ids).to(hidden.dtype)
+    cos, sin = drafter.rope(positions, hidden.dtype)
+    q, k, v = attn.qkv(layer.inputs(embeds, hidden), cos, sin)
+    keys.append(k)
+    values.append(v)
+    step = len(keys) - 1
+    if step == 0:
+        out = attn.attend(q, k, v, None, causal=True)
+    else:
+        out = cross_step_attend(attn, q, keys, values, step, backend)
+    logits, hidden = drafter.head(layer.finish(out, hidden))
+    return logits.float(), hidden
 
 
 class TTTModule(nn.Module):

@@ -55,7 +55,7 @@ class Recorder:
 
     def __init__(self, path: Path, k: int, rank: int, start: int, resume_from: Path | None, total: int,
                  log_file: str | None, messages: list[str], progress: bool):
-        from tqdm import tqdm
+        from tqdm import tqdm  # deferred: tqdm (~100 ms)
 
         self.metrics = MetricsCSV(path, k, start if resume_from is not None else None,
                                   resume_from / "metrics.csv" if resume_from is not None else None) if rank == 0 else None

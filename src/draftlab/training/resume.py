@@ -120,51 +120,63 @@ def resume_point(cfg: TrainConfig, ident: dict[str, Any] | None, say) -> Path | 
     latest, refusing changed settings or inputs. ``"auto"``: continue only when the latest
     checkpoint was written by this same run (same ``run_id``), else move the stale state aside.
     """
-    state, out = cfg.state_path(), Path(cfg.out)
+    state = cfg.state_path()
     latest = latest_checkpoint(state)
     if cfg.resume == "auto":
-        if latest is None:
-            saved = _read_identity(state)
-            if saved is not None and saved.get("run_id") != ident["run_id"]:
-                say(f"train: {state} holds no checkpoint, only the run.json of another run; starting fresh")
-            else:
-                say(f"train: no checkpoint in {state}; starting fresh")
-            return None
-        step_id = json.loads((latest / "state.json").read_text(encoding="utf-8")).get("run_id")
-        if step_id == ident["run_id"]:
-            say(f"train: resuming from checkpoint {latest} (step {int(latest.name.split('-')[1])}); "
-                f"same settings and inputs (run {ident['run_id'][:12]})")
-            return latest
-        changed = identity_changes(_read_identity(state), ident)
-        dest = move_aside(state)
-        say(f"train: {state} holds checkpoints of another run (changed: {', '.join(changed)}); "
-            f"moved it aside to {dest}; starting fresh")
-        return None
+        return _auto_resume(state, latest, ident, say)
     if cfg.resume:
-        if latest is None:
-            say(f"train: --resume found no checkpoint in {state}; starting fresh")
-            return None
-        saved = _read_identity(state)
-        if saved is not None:
-            where, conf = state / "run.json", saved.get("config", {})
-        else:  # checkpoints written before run.json existed
-            where = out / "train_config.json"
-            if not where.is_file():
-                raise DraftlabError(f"{state}/run.json: missing, and so is {where}; cannot tell which run the "
-                                    f"checkpoints in {state} belong to; use --resume auto (starts fresh)")
-            conf = json.loads(where.read_text())
-        changed = [k for k in TrainConfig.RESUME_KEYS if k in conf and conf[k] != asdict(cfg)[k]]
-        if changed:
-            raise DraftlabError(f"{where}: --resume with changed settings {changed}; "
-                                f"use the same arguments, a new --out / --state-dir, or --resume auto")
-        if saved is not None and ident is not None:
-            moved = [c for c in identity_changes(saved, ident) if c.startswith("inputs.") or c == "world_size"]
-            if moved:
-                raise DraftlabError(f"{where}: --resume with changed inputs {moved}; the checkpoints in {state} "
-                                    f"were trained on other data; use --resume auto to start fresh")
-        say(f"train: resuming from checkpoint {latest} (step {int(latest.name.split('-')[1])})")
-        return latest
+        return _strict_resume(cfg, state, latest, ident, say)
     if latest is not None:
         raise DraftlabError(f"{state}: has checkpoints from an earlier run; pass --resume (or --resume auto), "
                             f"or choose a new --out / --state-dir")
     return None
+
+
+def _auto_resume(state: Path, latest: Path | None, ident: dict[str, Any], say) -> Path | None:
+    """``--resume auto``: the latest checkpoint when this same run wrote it, else None (a stale state
+    folder moved aside)."""
+    if latest is None:
+        saved = _read_identity(state)
+        if saved is not None and saved.get("run_id") != ident["run_id"]:
+            say(f"train: {state} holds no checkpoint, only the run.json of another run; starting fresh")
+        else:
+            say(f"train: no checkpoint in {state}; starting fresh")
+        return None
+    step_id = json.loads((latest / "state.json").read_text(encoding="utf-8")).get("run_id")
+    if step_id == ident["run_id"]:
+        say(f"train: resuming from checkpoint {latest} (step {int(latest.name.split('-')[1])}); "
+            f"same settings and inputs (run {ident['run_id'][:12]})")
+        return latest
+    changed = identity_changes(_read_identity(state), ident)
+    dest = move_aside(state)
+    say(f"train: {state} holds checkpoints of another run (changed: {', '.join(changed)}); "
+        f"moved it aside to {dest}; starting fresh")
+    return None
+
+
+def _strict_resume(cfg: TrainConfig, state: Path, latest: Path | None, ident: dict[str, Any] | None,
+                   say) -> Path | None:
+    """``--resume``: the latest checkpoint, refused when the settings or the inputs changed since it."""
+    if latest is None:
+        say(f"train: --resume found no checkpoint in {state}; starting fresh")
+        return None
+    saved = _read_identity(state)
+    if saved is not None:
+        where, conf = state / "run.json", saved.get("config", {})
+    else:  # checkpoints written before run.json existed
+        where = Path(cfg.out) / "train_config.json"
+        if not where.is_file():
+            raise DraftlabError(f"{state}/run.json: missing, and so is {where}; cannot tell which run the "
+                                f"checkpoints in {state} belong to; use --resume auto (starts fresh)")
+        conf = json.loads(where.read_text())
+    changed = [k for k in TrainConfig.RESUME_KEYS if k in conf and conf[k] != asdict(cfg)[k]]
+    if changed:
+        raise DraftlabError(f"{where}: --resume with changed settings {changed}; "
+                            f"use the same arguments, a new --out / --state-dir, or --resume auto")
+    if saved is not None and ident is not None:
+        moved = [c for c in identity_changes(saved, ident) if c.startswith("inputs.") or c == "world_size"]
+        if moved:
+            raise DraftlabError(f"{where}: --resume with changed inputs {moved}; the checkpoints in {state} "
+                                f"were trained on other data; use --resume auto to start fresh")
+    say(f"train: resuming from checkpoint {latest} (step {int(latest.name.split('-')[1])})")
+    return latest

@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from draftlab.formats import eagle3_format as fmt
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import atomic_dir, read_json, to_json
-from draftlab.formats.eagle3_format import canonical_name
+from draftlab.formats.eagle3_format import canonical_names
 from draftlab.models.eagle3 import read_drafter_tensors
 
 STATE_FILE = "training_state.pt"
@@ -88,7 +90,6 @@ def import_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
     mapping; the rows of ``lm_head`` now mean other tokens). ``expect_steps``: a run that stopped
     before ``train.steps`` optimizer steps (data shorter than planned) is an error, not a result.
     """
-    from safetensors.torch import save_file
 
     src = Path(src)
     if not src.exists():
@@ -97,8 +98,8 @@ def import_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
     meta: dict[str, Any] = {}
     if state_file is not None:
         raw, meta = _read_state(state_file)
-        tensors = {("embed_tokens.weight" if k.endswith("embed_tokens.weight") else canonical_name(k)): v
-                   for k, v in raw.items()}
+        canon = canonical_names((k, str(state_file)) for k in raw)  # two names for one weight: refused
+        tensors = {canon[k]: v for k, v in raw.items()}
         had_embed = "embed_tokens.weight" in tensors
         ckpt = state_file.parent
     elif (src / "config.json").is_file():
@@ -164,8 +165,6 @@ def _check_mapping(ckpt: Path, tensors: dict[str, torch.Tensor], expect_mapping)
 
 
 def _has_embeddings(folder: Path) -> bool:
-    from safetensors import safe_open
-
     for path in folder.glob("*.safetensors"):
         with safe_open(str(path), framework="pt") as f:
             if any(k.endswith("embed_tokens.weight") for k in f.keys()):

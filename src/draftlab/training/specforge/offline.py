@@ -25,6 +25,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from safetensors import safe_open
+
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import atomic_dir, write_json
 from draftlab.formats.checkpoint import INDEX_SUFFIX
@@ -34,8 +36,8 @@ TARGET_VIEW = "target"  # under the run's output_dir
 
 def write_features(dump: str | os.PathLike, out: str | os.PathLike, progress: bool = True) -> dict[str, Any]:
     """One SpecForge ``.ckpt`` per sample of a draftlab dump (``store: last_hidden``); returns counts."""
-    import torch
-    from tqdm import tqdm
+    import torch  # deferred: torch (seconds), only when features are written
+    from tqdm import tqdm  # deferred: tqdm (~100 ms)
 
     from draftlab.training.hidden_states import HiddenStateShards  # deferred: loads torch
 
@@ -62,7 +64,6 @@ def write_features(dump: str | os.PathLike, out: str | os.PathLike, progress: bo
 def write_target_view(target: str | os.PathLike, output_dir: str | os.PathLike) -> Path:
     """``output_dir/target``: the target's files as symlinks, and ``model.safetensors.index.json`` when the
     target is one unindexed ``model.safetensors`` (SpecForge's TargetHead needs an index)."""
-    from safetensors import safe_open
 
     src = Path(target).resolve()
     if not (src / "config.json").is_file():

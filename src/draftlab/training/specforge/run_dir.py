@@ -9,10 +9,15 @@ job file with the exact argv and config. Checkpoints land in ``<output_dir>/draf
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from draftlab.errors import DraftlabError
 from draftlab.formats import eagle3_format as fmt
@@ -41,7 +46,6 @@ def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
 
 def run_identity(job: SpecForgeJob, cfg: dict[str, Any]) -> dict[str, Any]:
     """Settings (the run config without attempt-only keys) and fingerprints of every input file."""
-    import hashlib
 
     from draftlab.training.resume import path_fingerprint  # deferred: loads numpy, torch
 
@@ -58,8 +62,6 @@ def run_identity(job: SpecForgeJob, cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _drop(cfg: dict[str, Any], paths) -> dict[str, Any]:
-    import copy
-
     out = copy.deepcopy(cfg)
     for path in paths:
         node = out
@@ -92,7 +94,7 @@ def _resume_decision(job: SpecForgeJob, ident: dict[str, Any], write: bool) -> t
 
 def write_mapping(job: SpecForgeJob, path: Path) -> None:
     """The pinned mapping in the format ``DraftModel.load_vocab_mapping`` reads, sizes checked."""
-    import torch
+    import torch  # deferred: torch (seconds), only to check the mapping
 
     from draftlab.static.d2t import load_mapping  # deferred: loads numpy, torch
 
@@ -117,7 +119,6 @@ def write_conversations(src: str | os.PathLike, dst: Path) -> int:
     ``build_eagle3_dataset`` (``data/preprocessing.py``) refuses any other column set without
     ``data.is_preformatted``; plain-text rows have no assistant turn to mask, so they are refused here.
     """
-    import json
 
     n = 0
     with atomic_path(dst) as tmp, open(tmp, "w", encoding="utf-8") as fh:
@@ -152,7 +153,6 @@ def prepare(job: SpecForgeJob, write: bool = True) -> dict[str, Any]:
     With ``write`` the files are written under ``output_dir`` (the job file last, recording the argv
     and the exact config that will run).
     """
-    import yaml
 
     out = Path(job.output_dir)
     cfg_file = Path(job.draft_config_file())

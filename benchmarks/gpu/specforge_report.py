@@ -1,11 +1,12 @@
 #!/usr/bin/env python
-"""The two helpers of benchmarks/gpu_specforge.sh (issue 23, item 4): SpecForge's keep arm beside the builtin one.
+"""The two helpers of the specforge-keep-arm GPU job (benchmarks/gpu/jobs/specforge-keep-arm.sh): SpecForge's keep
+arm beside the builtin one.
 
-    python benchmarks/gpu_specforge_report.py plan --exp results/demo-gpu --arm finetune-keep \
+    python benchmarks/gpu/specforge_report.py plan --exp results/demo-gpu --arm finetune-keep \
         --drafter DIR --variant finetune-keep-specforge --out-dir DIR
         # the arm's own serve-bench plan (same server settings, prompts and clients as the pipeline's), for
         # another drafter, no gate, results and logs under --out-dir; prints the plan's path
-    python benchmarks/gpu_specforge_report.py summary --exp results/demo-gpu --arm finetune-keep --work DIR \
+    python benchmarks/gpu/specforge_report.py summary --exp results/demo-gpu --arm finetune-keep --work DIR \
         --out-md FILE --out-json FILE
         # steps/s, per-TTT-step accuracy and accept length of both arms, as a table for benchmarks/RESULTS.md
 

@@ -1,5 +1,4 @@
-#!/usr/bin/env bash
-# SpecForge 0.2.0 trains the `keep` arm of demo-gpu on one GPU, offline (issue 23, item 4): no capture server,
+# specforge-keep-arm: SpecForge 0.2.0 trains the `keep` arm of demo-gpu on one GPU, offline (issue 23, item 4): no capture server,
 # no Mooncake. draftlab dumps the target's features, files them as SpecForge's .ckpt samples, writes the offline
 # run config (data.hidden_states_path, deployment local_colocated; warm start from the patched drafter, its own
 # mapping pinned), SpecForge trains for the builtin keep arm's steps, `draftlab import-specforge` reads the
@@ -7,11 +6,11 @@
 # SpecForge drafter is served with the arm's own serve-bench plan (accept length, tok/s) when time is left.
 #
 # Needs: a finished `snakemake --profile gpu1 --configfile config/demo-gpu.yaml all` in this checkout
-# (bash benchmarks/gpu_loop.sh full): results/demo-gpu with config.json, models/target/model, data/tokens.jsonl,
+# (bash benchmarks/gpu/run.sh demo-gpu-loop start): results/demo-gpu with config.json, models/target/model, data/tokens.jsonl,
 # drafter/patched, train/finetune-keep and bench/finetune-keep/<spec>/plan.json. Run from the repo root:
-#   bash benchmarks/gpu_specforge.sh
+#   bash benchmarks/gpu/run.sh specforge-keep-arm run
 # Wheels (no network there), both folders at the repo root, both installed --no-deps:
-#   ${WHEELS:-.whl}       snakemake 9 and its deps, pydantic, jsonschema -> /tmp/site (benchmarks/gpu_env.sh),
+#   ${WHEELS:-.whl}       snakemake 9 and its deps, pydantic, jsonschema -> /tmp/site (benchmarks/gpu/env.sh),
 #                         on PYTHONPATH for every step
 #   ${SF_WHEELS:-.whl-sf} SpecForge's offline trainer only -> /tmp/site-sf, put in front for the SpecForge steps:
 #                         specforge==0.2.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 (py312), ~1.3 MB:
@@ -24,17 +23,16 @@
 #   bit-identical weights after 12 CPU steps, and 5.8.1 would need tokenizers<=0.23.0 (the image has 0.23.2).
 #   SpecForge imports `datasets` only for a type name on this path: if it does not import here (its pyarrow
 #   floor is 24), a stub module stands in and steps.log says so.
-# Output: $OUT (default /tmp/gpu-specforge-out) gets steps.log, results.md (the table for benchmarks/RESULTS.md),
+# Output: $OUT (the runner's; default /tmp/gpu-out) gets steps.log, results.md (the table for benchmarks/RESULTS.md),
 # results.json and logs.tar.gz (every log, the run config, the job file, import and eval JSONs, the bench
 # results); the large intermediates (feature dump ~0.6 GB, SpecForge's output dir, the imported drafter) go to
-# $WORK (default /tmp/gpu-specforge). BUDGET (default 360 s) bounds the whole script: each step gets a timeout
+# $SF_WORK (default /tmp/gpu-specforge). BUDGET (default 360 s) bounds the whole script: each step gets a timeout
 # from what is left, and the optional steps (bench, held-out eval) are skipped when too little is.
-# CPU rehearsal (no CUDA): DEVICE=cpu EXP=results/<smoke experiment> bash benchmarks/gpu_specforge.sh runs the
-# same steps with `training.fsdp_sharding=NO_SHARD training.attention_backend=sdpa` and
-# benchmarks/specforge_cpu_shim.py (SpecForge's Triton loss kernel swapped for its reference formula).
+# CPU rehearsal (no CUDA): DEVICE=cpu EXP=results/<smoke experiment> bash benchmarks/gpu/run.sh specforge-keep-arm run
+# runs the same steps with `training.fsdp_sharding=NO_SHARD training.attention_backend=sdpa` and
+# benchmarks/gpu/specforge_cpu_shim.py (SpecForge's Triton loss kernel swapped for its reference formula).
 set -uo pipefail
-OUT=${OUT:-/tmp/gpu-specforge-out}
-WORK=${WORK:-/tmp/gpu-specforge}
+WORK=${SF_WORK:-/tmp/gpu-specforge}  # the large intermediates (results and steps.log go to $OUT)
 WHEELS=${WHEELS:-.whl}
 SF_WHEELS=${SF_WHEELS:-.whl-sf}
 SF_SITE=${SF_SITE:-/tmp/site-sf}
@@ -43,7 +41,7 @@ ARM=finetune-keep
 DEVICE=${DEVICE:-cuda}
 BUDGET=${BUDGET:-360}            # seconds for the whole script (a device command is capped at 600)
 if [ "$DEVICE" = cpu ]; then
-  SF_TRAIN=${SF_TRAIN:-"python3 benchmarks/specforge_cpu_shim.py"}
+  SF_TRAIN=${SF_TRAIN:-"python3 benchmarks/gpu/specforge_cpu_shim.py"}
   SF_OVERRIDES=${SF_OVERRIDES:-"training.fsdp_sharding=NO_SHARD training.attention_backend=sdpa"}
 else
   SF_TRAIN=${SF_TRAIN:-"python3 -m specforge.cli"}
@@ -57,13 +55,13 @@ rm -rf "$WORK" && mkdir -p "$OUT" "$LOGS" || exit 1
 : > "$WORK/timings.txt"
 left() { echo $((BUDGET - ($(date +%s) - START))); }
 cap() { local l=$(( $(left) - ${2:-10} )); echo $(( l < $1 ? (l > 1 ? l : 1) : $1 )); }  # cap MAX [RESERVE]
-log() { echo "[gpu_specforge $(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/steps.log"; }
+log() { echo "[specforge-keep-arm $(date -u +%H:%M:%S) +$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/steps.log"; }
 timed() { echo "$1 $2" >> "$WORK/timings.txt"; }
 
 finish() {  # on every exit: the table, the JSON, the logs
   python3 -c "import json,sys; print(json.dumps({l.split()[0]: int(l.split()[1]) for l in open(sys.argv[1]) if l.strip()}))" \
     "$WORK/timings.txt" > "$WORK/timings.json" 2>/dev/null
-  python3 benchmarks/gpu_specforge_report.py summary --exp "$EXP" --arm $ARM --work "$WORK" \
+  python3 benchmarks/gpu/specforge_report.py summary --exp "$EXP" --arm $ARM --work "$WORK" \
     --out-md "$OUT/results.md" --out-json "$OUT/results.json" >> "$OUT/steps.log" 2>&1 || log "summary failed"
   cp "$OUT/steps.log" "$LOGS/" 2>/dev/null
   tar czf "$OUT/logs.tar.gz" -C "$WORK" logs timings.json $( [ -d "$WORK/bench" ] && echo bench ) 2>/dev/null
@@ -72,7 +70,7 @@ finish() {  # on every exit: the table, the JSON, the logs
 }
 trap finish EXIT
 
-. "$(dirname "$0")/gpu_env.sh"
+. "$GPU_DIR/env.sh"
 gpu_env || { log "wheel install from $WHEELS failed"; tail -5 "$OUT/pip.log"; exit 1; }
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SF_SITE" \
   "$SF_WHEELS"/*.whl > "$LOGS/pip_sf.log" 2>&1 || { log "wheel install from $SF_WHEELS failed"; tail -5 "$LOGS/pip_sf.log"; exit 1; }
@@ -126,7 +124,7 @@ fi
 
 for p in config.json models/target/model/config.json data/tokens.jsonl drafter/patched/config.json \
          train/$ARM/drafter/config.json; do
-  [ -e "$EXP/$p" ] || { log "$EXP/$p missing: run the pipeline first (bash benchmarks/gpu_loop.sh full)"; exit 1; }
+  [ -e "$EXP/$p" ] || { log "$EXP/$p missing: run the pipeline first (bash benchmarks/gpu/run.sh demo-gpu-loop start)"; exit 1; }
 done
 read -r STEPS TTT <<< "$(python3 -c "import json; t=json.load(open('$EXP/config.json'))['train']; print(t['steps'], t['ttt_length'])")"
 LOGI=$(( STEPS / 20 > 0 ? STEPS / 20 : 1 ))  # SpecForge's console metrics every LOGI steps (steps/s windows)
@@ -191,7 +189,7 @@ evaluate builtin "$EXP/train/$ARM/drafter" tokens $EXP/data/tokens.jsonl
 # result is the pipeline's, same plan), then both drafters on the demo's held-out text.
 if [ "$(left)" -ge 70 ]; then
   t0=$(date +%s)
-  plan=$(python3 benchmarks/gpu_specforge_report.py plan --exp $EXP --arm $ARM --drafter "$WORK/sf-keep/drafter" \
+  plan=$(python3 benchmarks/gpu/specforge_report.py plan --exp $EXP --arm $ARM --drafter "$WORK/sf-keep/drafter" \
     --variant $ARM-specforge --out-dir "$WORK/bench" 2> "$LOGS/bench_plan.log") \
     && timeout -k 10 "$(cap 150 12)" draftlab serve-bench --plan "$plan" --no-progress > "$LOGS/serve_bench.log" 2>&1
   rc=$?

@@ -1,19 +1,19 @@
 #!/usr/bin/env python
-"""`specforge train` on a machine without CUDA: a rehearsal of benchmarks/gpu_specforge.sh, never the GPU run.
+"""`specforge train` on a machine without CUDA: a rehearsal of the specforge-keep-arm GPU job, never the GPU run.
 
 SpecForge 0.2.0's offline trainer needs an accelerator in exactly three places (found by running it on CPU
 with torch 2.13): FSDP (``training/backend.py::prepare_model``: "FSDP needs a non-CPU accelerator device"),
 flex attention's backward (``modeling/draft/llama3_eagle.py``: "FlexAttention does not support backward on
 CPU") and its Triton loss kernel (``core/loss.py::LogSoftmaxLoss``: no active Triton driver). The first two
 are settings (``training.fsdp_sharding=NO_SHARD`` -> DDP over gloo, ``training.attention_backend=sdpa``),
-which ``DEVICE=cpu bash benchmarks/gpu_specforge.sh`` passes; this harness swaps the third for the reference
-formula in the same file (``_compute_loss``: mean over positions of -sum(mask * p * log_softmax(logits)),
+which ``DEVICE=cpu bash benchmarks/gpu/run.sh specforge-keep-arm run`` passes; this harness swaps the third for
+the reference formula in the same file (``_compute_loss``: mean over positions of -sum(mask * p * log_softmax(logits)),
 what the kernel computes) and then runs SpecForge's own CLI, so everything else (config, warm start,
 vocab mapping, offline feature reader, TargetHead, TTT loop, optimizer, checkpoint) is SpecForge's code.
 Without Triton installed (CPU CI) ``specforge.core.loss`` is that one class alone (the module imports Triton
 at the top; nothing else on this path uses it).
 
-    python benchmarks/specforge_cpu_shim.py train --config RUN.yaml training.fsdp_sharding=NO_SHARD \
+    python benchmarks/gpu/specforge_cpu_shim.py train --config RUN.yaml training.fsdp_sharding=NO_SHARD \
         training.attention_backend=sdpa
 """
 
