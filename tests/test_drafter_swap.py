@@ -102,6 +102,7 @@ def server(pair):
     _stop(httpd)
 
 
+@pytest.mark.slow  # the smoke demo pair (a real drafter that drafts)
 def test_swap_to_a_remapped_drafter_measures_as_a_fresh_launch(pair, server):
     before, plain_outs = _accept(server)
     sent = drafter_swap.swap(server, pair["remapped"], "builtin")
@@ -118,6 +119,7 @@ def test_swap_to_a_remapped_drafter_measures_as_a_fresh_launch(pair, server):
     assert swapped_outs == fresh_outs == plain_outs  # lossless whichever drafter drafts
 
 
+@pytest.mark.slow  # the smoke demo pair (a real drafter that drafts)
 def test_a_checksum_mismatch_is_refused(pair, server):
     drafter_swap.swap(server, pair["remapped"], "builtin")
     held = drafter_swap.server_checksums(server)
@@ -125,6 +127,7 @@ def test_a_checksum_mismatch_is_refused(pair, server):
         drafter_swap.compare_with_file(held, drafter_swap.drafter_tensors(pair["drafter"], "builtin"), "check")
 
 
+@pytest.mark.slow  # the smoke demo pair (a real drafter that drafts)
 def test_a_swap_with_a_request_in_flight_is_refused_and_never_mixed(pair, server):
     long_req = {"text": PROMPTS[0], "sampling_params": {"max_new_tokens": 400, "temperature": 0, "ignore_eos": True}}
     expected = ok(server, "/generate", long_req)["output_ids"]
@@ -147,6 +150,7 @@ def test_a_swap_with_a_request_in_flight_is_refused_and_never_mixed(pair, server
     drafter_swap.compare_with_file(held, drafter_swap.drafter_tensors(pair["drafter"], "builtin"), "still A")
 
 
+@pytest.mark.slow  # the smoke demo pair (a real drafter that drafts)
 def test_a_drafter_of_the_wrong_shape_is_refused_and_the_old_one_keeps_serving(pair, server):
     before, _ = _accept(server)
     with pytest.raises(drafter_swap.SwapRefused, match=r"fc.weight: shape .*launch of its own"):
@@ -159,6 +163,7 @@ def test_a_drafter_of_the_wrong_shape_is_refused_and_the_old_one_keeps_serving(p
     assert ok(server, "/end_weight_update", {})["success"]
 
 
+@pytest.mark.slow  # the smoke demo pair (a real drafter that drafts)
 def test_sglang_session_rules_and_selectors(server):
     status, reply = post(server, "/update_weights_from_tensor", {"serialized_named_tensors": ["eA=="],
                                                                  "selector": "draft"})
@@ -179,6 +184,7 @@ def test_fresh_check_refuses_beyond_the_repeat_spread():
                         [{"phase": "measure", "prompt_id": "a", "output_sha256": "y"}], "arm")
 
 
+@pytest.mark.slow  # the smoke demo pair (a real drafter that drafts)
 def test_a_payload_naming_any_other_global_is_refused(server, tmp_path):
     """The tensor payload is pickle (SGLang's format): the builtin server's unpickler allows a tensor list's
     globals only, so a payload that would call anything else is refused before it runs."""

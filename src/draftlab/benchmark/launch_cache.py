@@ -13,6 +13,7 @@ the fresh-launch reference every swap is checked against.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -34,8 +35,6 @@ def variant_key(bench: Mapping[str, Any], argv: Sequence[str], compared: Sequenc
 
 
 def _text_digest(text: str) -> str:
-    import hashlib
-
     return hashlib.sha256(text.encode()).hexdigest()
 
 

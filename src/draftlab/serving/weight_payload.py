@@ -20,9 +20,11 @@ import binascii
 import hashlib
 import io
 import pickle
+from multiprocessing.reduction import ForkingPickler
 from typing import Iterable, Mapping
 
 import torch
+import torch.multiprocessing  # registers torch's ForkingPickler reductions; the rebuild functions live there
 
 from draftlab.errors import DraftlabError
 
@@ -53,9 +55,6 @@ class SafeUnpickler(pickle.Unpickler):
 
 def serialize(named_tensors: list[tuple[str, torch.Tensor]]) -> str:
     """One rank's ``serialized_named_tensors`` entry: base64 of ForkingPickler's dump (SGLang's own bytes)."""
-    import torch.multiprocessing  # deferred: registers torch's ForkingPickler reductions
-    from multiprocessing.reduction import ForkingPickler
-
     # file_system: a CPU storage travels as a shared-memory name any process of this host can open; the
     # default (file descriptors through this process's resource sharer) authenticates with a key that
     # only this process's own children hold, so an unrelated server could not read it
@@ -73,7 +72,6 @@ def deserialize(entry: str) -> list[tuple[str, torch.Tensor]]:
         raw = base64.b64decode(entry, validate=True)
     except (binascii.Error, ValueError):
         raise DraftlabError("serialized_named_tensors: an entry is not valid base64") from None
-    import torch.multiprocessing  # noqa: F401 - deferred: the rebuild functions live there
     try:
         obj = SafeUnpickler(io.BytesIO(raw)).load()
     except (pickle.UnpicklingError, EOFError, OSError, ValueError, TypeError, AttributeError) as exc:
