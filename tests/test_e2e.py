@@ -245,7 +245,9 @@ def _rules_by_env() -> dict[str, dict[str, object]]:
     "scripts": script file names}, read from workflow/rules/*.smk."""
     rules = {}
     for smk in sorted((ROOT / "workflow" / "rules").glob("*.smk")):
-        text = smk.read_text()
+        # the launch rules are generated per launch (`rule:` with `name: _launch.rule_name`): serve_launch here
+        text = re.sub(r"^( *)rule:\s*\n\s*name:\s*\n\s*_launch\.rule_name\s*$", r"\1rule serve_launch:",
+                      smk.read_text(), flags=re.M)
         for m in re.finditer(r"^ *rule (\w+):\n(.*?)(?=^ *rule \w+:|\Z)", text, re.S | re.M):
             body = m.group(2)
             env = re.search(r"^\s+conda:\s+\"[./]*envs/([\w-]+\.yaml)\"", body, re.M)
