@@ -24,15 +24,10 @@ CANARY = "hf_CANARYreliability0123456789abcdef"
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    from factories import tiny_drafter_config, write_drafter
-    from tiny_models import tiny_target
-
-    from draftlab.models.target import read_config
+    from tiny_models import tiny_pair
 
     root = tmp_path_factory.mktemp("models")
-    target = tiny_target(root / "target")
-    drafter = write_drafter(root / "drafter", tiny_drafter_config(read_config(target)))
-    return target, drafter
+    return tiny_pair(root / "target", root / "drafter")
 
 
 def _override(workdir: Path, text: str) -> Path:

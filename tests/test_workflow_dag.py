@@ -127,7 +127,7 @@ def test_kimi_dag_on_gpu8_prints_real_sglang_and_training_commands(tmp_path):
     gen = [l for l in text.splitlines() if "draftlab generate-data " in l]
     assert len(gen) == 1 and "--prompts data/kimi-k25-prompts.jsonl" in gen[0] and "--concurrency 128" in gen[0]
     assert gen[0].strip().startswith("# then answers the fine-tune prompts through the same server")
-    assert gen[0].rstrip().endswith("--url {url}")
+    assert gen[0].rstrip().endswith("--url '{url}'")
     plain = next(b for b in job_blocks(text) if re.search(r"^rule launch_plain:", b.strip()))
     assert "results/kimi-k25/data/generated.jsonl" in plain and re.search(r"resources: [^\n]*\bgpu=8\b", plain)
     assert "python -m sglang.launch_server --model-path results/kimi-k25/models/target/model --tp-size 8 " in plain
@@ -310,7 +310,7 @@ def test_demo_gpu_dag_on_gpu1_runs_every_stage_on_the_one_gpu(tmp_path):
                for l in lines)
     # the fine-tune data: the builtin server on the GPU answers 64 prompts at a time
     gen = next(l for l in lines if "draftlab generate-data " in l)
-    assert "--concurrency 64" in gen and "--url {url}" in gen
+    assert "--concurrency 64" in gen and "--url '{url}'" in gen
     plain = next(l for l in lines if "draftlab serve-launch --plan results/demo-gpu/launch/plain/" in l)
     assert plain.split(" -- ")[1].startswith("python -m draftlab.cli serve --target results/demo-gpu/models/target/model "
                                             "--device cuda --max-batch-size 64 ")

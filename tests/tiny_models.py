@@ -102,3 +102,13 @@ def tiny_deepseek_v3_target(folder: Path, *, num_layers: int = 6, vocab_size: in
     torch.manual_seed(seed)
     DeepseekV3ForCausalLM(cfg).save_pretrained(str(folder))
     return Path(folder)
+
+
+def tiny_pair(target_dir: Path, drafter_dir: Path) -> tuple[Path, Path]:
+    """A random tiny target (with tokenizer and chat template) and an EAGLE-3 drafter that fits it."""
+    from factories import tiny_drafter_config, write_drafter
+
+    from draftlab.models.target import read_config
+
+    target = tiny_target(target_dir)
+    return target, write_drafter(drafter_dir, tiny_drafter_config(read_config(target)))

@@ -20,16 +20,17 @@ if DEMO:
             size=S.size,
             device=S.demo.device,
         shell:
-            "draftlab demo-models --out {params.out} --size {params.size} --threads {threads}"
-            " --device {params.device} --json"
+            "draftlab demo-models --out {params.out:q} --size {params.size:q} --threads {threads}"
+            " --device {params.device:q} --json"
             # stage lines and progress on the terminal too (a 5-minute job should not be silent); the JSON
             # goes beside the log, not into the demo folder, until draftlab has written the folder
-            " > {log}.json 2> >(tee {log} >&2) && mv {log}.json {output.demo}"
+            " > {log:q}.json 2> >(tee {log:q} >&2) && mv {log:q}.json {output.demo:q}"
 
 
 rule resolve_target:
     input:
         get_demo(),
+        local=get_local_source_files("target"),
     output:
         model=L.target_record,
     log:
@@ -42,12 +43,13 @@ rule resolve_target:
         source=get_target_source(),
         link=lambda wildcards, output: model_dir(output.model),
     shell:
-        "draftlab resolve-target {params.source} --link {params.link} --out {output.model} > {log} 2>&1"
+        "draftlab resolve-target {params.source} --link {params.link:q} --out {output.model:q} > {log:q} 2>&1"
 
 
 rule acquire:
     input:
         get_demo(),
+        local=lambda wc: get_local_source_files(wc.role),
     output:
         acquire=L.acquire_record("{role}"),
         summary=L.acquire_summary("{role}"),
@@ -61,4 +63,4 @@ rule acquire:
         source=lambda wc: get_source_args(wc.role),
         out=lambda wildcards, output: os.path.dirname(output.acquire),
     shell:
-        "draftlab acquire {params.source} --out {params.out} --summary {output.summary} > {log} 2>&1"
+        "draftlab acquire {params.source} --out {params.out:q} --summary {output.summary:q} > {log:q} 2>&1"

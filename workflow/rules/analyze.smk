@@ -20,7 +20,7 @@ rule inspect:
             else os.path.dirname(input.model)
         ),
     shell:
-        "draftlab inspect {params.path} --out {output.json} --summary {output.md} > {log} 2>&1"
+        "draftlab inspect {params.path:q} --out {output.json:q} --summary {output.md:q} > {log:q} 2>&1"
 
 
 rule patch_config:
@@ -39,8 +39,8 @@ rule patch_config:
         target=lambda wildcards, input: model_dir(input.target),
         out=lambda wildcards, output: os.path.dirname(output.patch),
     shell:
-        "draftlab patch-config --drafter {params.drafter} --target {params.target} --out {params.out}"
-        " --summary {output.md} > {log} 2>&1"
+        "draftlab patch-config --drafter {params.drafter:q} --target {params.target:q} --out {params.out:q}"
+        " --summary {output.md:q} > {log:q} 2>&1"
 
 
 rule compare:
@@ -61,7 +61,7 @@ rule compare:
         a=lambda wildcards, input: os.path.dirname(input.a),
         b=lambda wildcards, input: os.path.dirname(input.b),
     shell:
-        "draftlab compare {params.a} {params.b} --out {output.json} --summary {output.md} > {log} 2>&1"
+        "draftlab compare {params.a:q} {params.b:q} --out {output.json:q} --summary {output.md:q} > {log:q} 2>&1"
 
 
 rule doctor:
@@ -83,9 +83,9 @@ rule doctor:
         algorithm=S.doctor.algorithm,
         backend=S.serve.backend,
     shell:
-        "draftlab doctor --drafter {params.drafter} --target {params.target}"
-        " --algorithm {params.algorithm} --backend {params.backend} --out {output.json}"
-        " --summary {output.md} > {log} 2>&1"
+        "draftlab doctor --drafter {params.drafter:q} --target {params.target:q}"
+        " --algorithm {params.algorithm:q} --backend {params.backend:q} --out {output.json:q}"
+        " --summary {output.md:q} > {log:q} 2>&1"
 
 
 rule d2t_diff:
@@ -103,7 +103,7 @@ rule d2t_diff:
     params:
         drafter=lambda wildcards, input: os.path.dirname(input.drafter),
     shell:
-        "draftlab d2t diff {params.drafter} {input.mapping} --out {output.json} --summary {output.md} > {log} 2>&1"
+        "draftlab d2t diff {params.drafter:q} {input.mapping:q} --out {output.json:q} --summary {output.md:q} > {log:q} 2>&1"
 
 
 rule d2t_coverage:
@@ -121,5 +121,5 @@ rule d2t_coverage:
     params:
         drafter=lambda wildcards, input: os.path.dirname(input.drafter),
     shell:
-        "draftlab d2t coverage --drafter {params.drafter} --tokens {input.tokens} --out {output.json}"
-        " --summary {output.md} > {log} 2>&1"
+        "draftlab d2t coverage --drafter {params.drafter:q} --tokens {input.tokens:q} --out {output.json:q}"
+        " --summary {output.md:q} > {log:q} 2>&1"

@@ -79,6 +79,15 @@ def get_target_source():
     return get_source_args("target")
 
 
+def get_local_source_files(section):
+    """The files of `section`'s local model folder (none for hf:): an edit in place reruns the job that links
+    or records it, and what depends on it."""
+    s = getattr(S, section)
+    return jobs.local_source_files(
+        s.model_path or s.source if section == "target" else s.source
+    )
+
+
 def model_dir(input_file):
     """The model folder next to a resolve-model record (`.../models/target/model.json` -> `.../model`)."""
     return os.path.join(os.path.dirname(input_file), "model")
@@ -155,7 +164,12 @@ def get_launch_inputs(launch, wildcards):
     """The launch's plan, the target, each variant's drafter and doctor report; the plain launch's prompts
     and the gate (it runs after it) when it generates data; an arms launch's plain-decoding results (the outputs every swapped
     bench must equal)."""
-    inputs = {"plan": L.launch_plan(launch.id), "target": L.target_record}
+    inputs = {
+        "plan": L.launch_plan(launch.id),
+        "target": L.target_record,
+        "bench_prompts": jobs.bench_prompt_files(S),  # an edit in place of one measures again
+        "extra": jobs.extra_arg_files(S.serve.extra_args),
+    }
     drafted = [v for v in launch.variants if Variant(v).has_drafter]
     inputs["drafters"] = [L.drafter_marker(v) for v in drafted]
     inputs["doctor"] = [L.doctor(v) for v in drafted]
@@ -253,7 +267,7 @@ def get_report_args(wildcards, input):
         if files is None or (key == "data_stats" and not files):
             continue
         files = [files] if isinstance(files, str) else list(files)
-        parts.append(" ".join([flag] + files))
+        parts.append(shlex.join([flag] + files))
     return " ".join(parts)
 
 
@@ -325,6 +339,8 @@ def get_generate_inputs(wildcards):
         )
     elif S.data.prompts:
         inputs["prompts"] = prompts
+    if S.data.engine == "server":
+        inputs["extra"] = jobs.extra_arg_files(S.serve.extra_args)
     return inputs
 
 

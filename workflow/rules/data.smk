@@ -47,7 +47,7 @@ if GENERATE_HERE:
         params:
             args=get_generate_args,
         shell:
-            "draftlab generate-data {params.args} > {log.main} 2>&1"
+            "draftlab generate-data {params.args} > {log.main:q} 2>&1"
 
 
 rule tokenize:
@@ -70,8 +70,8 @@ rule tokenize:
         trust=get_trust_remote_code(),
         data_settings=get_data_settings,  # a function: the command holds a literal `{url}`
     shell:
-        "draftlab tokenize --target {params.target} --data {params.data} --out {output.tokens}"
-        " --max-length {params.max_length} {params.trust} > {log} 2>&1"
+        "draftlab tokenize --target {params.target:q} --data {params.data:q} --out {output.tokens:q}"
+        " --max-length {params.max_length:q} {params.trust:q} > {log:q} 2>&1"
 
 
 rule vocab_mapping:

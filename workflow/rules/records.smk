@@ -37,4 +37,4 @@ rule records_merge:
         "../../envs/analysis.yaml"
     shell:
         # the global tables are in results/ (--global-dir's default), beside every experiment's folder
-        "draftlab records-merge --merge {input.csv} --out {output.receipt} > {log} 2>&1"
+        "draftlab records-merge --merge {input.csv:q} --out {output.receipt:q} > {log:q} 2>&1"

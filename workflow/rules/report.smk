@@ -17,15 +17,17 @@ rule breakeven:
     conda:
         "../../envs/analysis.yaml"
     params:
-        drafters=lambda wildcards, input: " ".join(
-            f"--drafter {v}={path}" for v, path in zip(get_drafted(), input.drafters)
+        drafters=lambda wildcards, input: shlex.join(
+            arg
+            for v, path in zip(get_drafted(), input.drafters)
+            for arg in ("--drafter", f"{v}={path}")
         ),
-        target_tps=" ".join(str(t) for t in S.breakeven.target_tps),
+        target_tps=shlex.join(str(t) for t in S.breakeven.target_tps),
         num_steps=lambda wildcards: SPECS[wildcards.spec].num_steps,
     shell:
-        "draftlab breakeven --baseline {input.baseline} {params.drafters}"
-        " --target-tps {params.target_tps} --num-steps {params.num_steps}"
-        " --out {output.standing} > {log} 2>&1"
+        "draftlab breakeven --baseline {input.baseline:q} {params.drafters}"
+        " --target-tps {params.target_tps} --num-steps {params.num_steps:q}"
+        " --out {output.standing:q} > {log:q} 2>&1"
 
 
 rule report:
@@ -85,9 +87,9 @@ rule report:
             os.path.dirname(output.summary)
         ),
         out_dir=lambda wildcards, output: os.path.dirname(output.summary),
-        target_tps=" ".join(str(t) for t in S.breakeven.target_tps),
+        target_tps=shlex.join(str(t) for t in S.breakeven.target_tps),
         inputs=get_report_args,
     shell:
         # every file the report reads is an input above, named on this line after its flag: nothing is globbed
-        "draftlab report --exp-dir {params.exp_dir} --out-dir {params.out_dir}"
-        " --target-tps {params.target_tps} {params.inputs} > {log} 2>&1"
+        "draftlab report --exp-dir {params.exp_dir:q} --out-dir {params.out_dir:q}"
+        " --target-tps {params.target_tps} {params.inputs} > {log:q} 2>&1"

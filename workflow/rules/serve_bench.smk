@@ -68,7 +68,7 @@ for _launch in LAUNCHES:
             # a function: the note holds the literal `{url}` of the generate-data command
             note=functools.partial(get_launch_note, _launch),
         shell:
-            "draftlab serve-launch --plan {input.plan} -- {params.command} > {log.bench} 2>&1{params.note}"
+            "draftlab serve-launch --plan {input.plan:q} -- {params.command} > {log.bench:q} 2>&1{params.note}"
 
 
 checkpoint probe_gate:
@@ -86,4 +86,4 @@ checkpoint probe_gate:
     params:
         min_accept_length=S.gate.min_accept_length,
     shell:
-        "draftlab probe-gate {input} --min-accept-length {params.min_accept_length} --out {output.gate} > {log} 2>&1"
+        "draftlab probe-gate {input:q} --min-accept-length {params.min_accept_length:q} --out {output.gate:q} > {log:q} 2>&1"

@@ -35,6 +35,7 @@ rule train:
         mapping=L.vocab_mapping,
         data=get_train_data_input(),
         merged=L.config_json,
+        extra=jobs.extra_arg_files(S.train.extra_args),
     output:
         run=directory(L.train_dir("{arm}")),
     log:
@@ -56,7 +57,7 @@ rule train:
         settings=get_train_settings,
     shell:
         (
-            "{params.command} > {log} 2>&1{params.capture}"
+            "{params.command} > {log:q} 2>&1{params.capture}"
             if S.train.backend == "specforge"
-            else "{params.command} > {log} 2>&1"
+            else "{params.command} > {log:q} 2>&1"
         )

@@ -13,9 +13,11 @@ import json
 import os
 import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
 from draftlab.benchmark.bench_plan import build_plan
+from draftlab.benchmark.bench_prompts import default_prompts_path
 from draftlab.experiment import launches
 from draftlab.experiment.layout import Layout
 from draftlab.settings.model import Settings, Spec
@@ -265,9 +267,10 @@ def specforge_capture_note(settings: Settings, layout: Layout, arm: str) -> str:
         return ""
     deployment = dict(settings.config["train"].get("specforge", {}).get("deployment") or {})
     if deployment.get("managed_local"):
-        return (f"\n# train {arm} (SpecForge {specforge.SPECFORGE_VERSION}, managed_local): SpecForge starts Mooncake "
-                f"and sglang {specforge.SGLANG_CAPTURE_VERSION} capture servers patched by "
-                f"{specforge.PATCH_SCRIPT} itself; that patch must be applied in this env")
+        return _comment_lines(
+            f"\n# train {arm} (SpecForge {specforge.SPECFORGE_VERSION}, managed_local): SpecForge starts Mooncake "
+            f"and sglang {specforge.SGLANG_CAPTURE_VERSION} capture servers patched by "
+            f"{specforge.PATCH_SCRIPT} itself; that patch must be applied in this env")
     model: dict = {"target_model_path": layout.target_model,
                    "trust_remote_code": bool(settings.target.trust_remote_code)}
     drafter_cfg = os.path.join(layout.patched, "config.json")
@@ -285,8 +288,16 @@ def specforge_capture_note(settings: Settings, layout: Layout, arm: str) -> str:
     if ids:
         setup[-1] += f" {ids}"
     urls = ", ".join(deployment.get("server_urls") or []) or "none set"
-    return (f"\n# train {arm} with SpecForge {specforge.SPECFORGE_VERSION}; its capture host ({urls}) runs, before "
-            "this job (the job's specforge-preflight asks it):\n#   " + "\n#   ".join(setup))
+    return _comment_lines(f"\n# train {arm} with SpecForge {specforge.SPECFORGE_VERSION}; its capture host ({urls}) "
+                          "runs, before this job (the job's specforge-preflight asks it):\n#   " + "\n#   ".join(setup))
+
+
+def _comment_lines(note: str) -> str:
+    """``note`` with every line a bash comment: a config value holding a line break (a server URL, a
+    path) would otherwise end the comment and run the rest of the value as a command."""
+    lines = note.replace("\r\n", "\n").split("\n")
+    return "\n".join(line if not line or line.startswith("#") else "#   " + " ".join(line.splitlines())
+                     for line in lines)
 
 
 def train_shell(settings: Settings, layout: Layout, arm: str) -> str:
@@ -306,3 +317,30 @@ def static_summaries(settings: Settings, layout: Layout, drafted_now: list[str])
             + [layout.compare(a, b, "md") for a, b in pairs]
             + [layout.d2t_diff("md"), layout.d2t_coverage("md")]
             + [layout.doctor(v, "md") for v in drafted_now])
+
+
+# --- files a job reads that no rule writes ---------------------------------------------------------
+
+
+def bench_prompt_files(settings: Settings) -> list[str]:
+    """Every prompt file the clients read (a client without ``prompts``: the shipped set): inputs of each
+    serve_bench job, so a file edited in place is measured again. A user file not here yet (a dry run on
+    a laptop) is left out; the bench job then fails naming it."""
+    files = [c.prompts or str(default_prompts_path()) for c in settings.bench.clients]
+    return sorted({f for f in files if os.path.isfile(f)})
+
+
+def local_source_files(source: str | None) -> list[str]:
+    """The files at the top of a local model folder (config, tokenizer, weights), inputs of the job that
+    links or records it, so an edit in place reruns it and what depends on it; none for an hf: source,
+    a repo id or a folder not here."""
+    if not source or source.startswith("hf:") or not os.path.isdir(source):
+        return []
+    return sorted(str(p) for p in Path(source).iterdir() if p.is_file() and not p.name.startswith("."))
+
+
+def extra_arg_files(args) -> list[str]:
+    """The files that ``extra_args`` name (``--chat-template tmpl.jinja``, ``--flag=path/file``): inputs of
+    the jobs that pass them on, so a template edited in place is served again."""
+    values = [a.split("=", 1)[1] if a.startswith("-") and "=" in a else a for a in map(str, args)]
+    return sorted({v for v in values if ("/" in v or "." in v) and os.path.isfile(v)})

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shlex
 from typing import Any
 
 from draftlab.experiment.layout import Layout
@@ -143,13 +144,14 @@ def describe(launch: Launch, settings: Settings, generate_argv: list[str] | None
              + (f", then swaps in {', '.join(rest)}" if rest else "")]
     if launch.generate:
         lines.append("then answers the fine-tune prompts through the same server: "
-                     + " ".join(generate_argv or ["draftlab", "generate-data", "--url", "{url}"]))
+                     + shlex.join(generate_argv or ["draftlab", "generate-data", "--url", "{url}"]))
     if rest:
         rule = swap_rule(settings)
         lines.append(f"swap rule ({rule['backend']}): {rule['rule']}; decided by {rule['decided_by']}")
         lines.append(f"trust: drafter checksum before each bench; {first} measured again after the swaps and "
                      "compared with its fresh-launch accept length")
-    return "".join(f"\n# {line}" for line in lines)
+    # comment lines bash skips: a line break inside a value (a path, a template kwarg) must not end the comment
+    return "".join("\n# " + line.replace("\r", "\\r").replace("\n", "\\n") for line in lines)
 
 
 def launch_outputs(layout: Layout, launch: Launch, clients) -> dict[str, list[str]]:

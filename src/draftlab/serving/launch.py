@@ -5,7 +5,8 @@ this module does the boring things carefully: run the description's command
 (:meth:`draftlab.serving.server_spec.ServerSpec.argv`, the only place it is spelled), refuse a port that
 someone else holds, refuse GPUs that other processes occupy, start the server in its own process
 group with output to a log file, poll health until a deadline while watching for an early exit,
-quote the log tail on failure, and always tear the whole group down (SIGTERM, then SIGKILL).
+quote the log tail on failure, and always tear the whole group down (SIGTERM, then SIGKILL), also when
+this process is killed without a chance to (:mod:`draftlab.serving.parent_watch`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import psutil
 
 from draftlab.errors import DraftlabError
 from draftlab import http_client
+from draftlab.serving.parent_watch import death_signal_preexec, watch_group
 from draftlab.serving.server_spec import BACKENDS, ServerSpec, server_fingerprint  # noqa: F401 - launch's input, re-exported
 LISTEN_RE = re.compile(r"draftlab-serve listening on http://(\S+):(\d+)\s*$", re.M)
 LOG_TAIL_LINES = 50
@@ -246,13 +248,19 @@ def running_server(spec: ServerSpec, log_path: str | os.PathLike, *,
     with _sigterm_raises(), open(log_path, "wb") as log:
         log.write(("# " + " ".join(_shell_quote(a) for a in argv) + "\n").encode())
         log.flush()
+        # the server dies with this process however it dies (parent_watch): the parent-death signal on
+        # its leader, and a watch that ends its whole group when this process is gone
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
+                                env=env, start_new_session=True, preexec_fn=death_signal_preexec())
+        watch = None
         try:
+            watch = watch_group(proc.pid, spec.grace_s)
             url = _wait_healthy(spec, proc, port, log_path, say)
             yield RunningServer(url=url, pid=proc.pid, spec=spec, log_path=log_path, proc=proc)
         finally:
             stop_group(proc, spec.grace_s)
+            if watch is not None:
+                watch.release()
 
 
 def _shell_quote(a: str) -> str:

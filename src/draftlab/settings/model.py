@@ -373,6 +373,21 @@ class Settings:
         ids = [s.id for s in self.speculative]
         if len(set(ids)) != len(ids):
             raise DraftlabError(f"{self.source}: key 'speculative': settings repeat ({', '.join(ids)})")
+        self._check_paths()
+
+    def _check_paths(self) -> None:
+        """A path, source or revision never holds a control character (a line break, a tab, NUL): no file
+        name or revision needs one, and a line break would end a shell line or a log record."""
+        named = {"demo.out": self.demo.out, "data.path": self.data.path, "data.prompts": self.data.prompts,
+                 "hub.cache_dir": self.hub.cache_dir, "target.model_path": self.target.model_path}
+        for section in ("target", "drafter", "reference"):
+            named[f"{section}.source"] = getattr(self, section).source
+            named[f"{section}.revision"] = getattr(self, section).revision
+        named.update({f"bench.clients[{i}].prompts": c.prompts for i, c in enumerate(self.bench.clients)})
+        for key, value in named.items():
+            if value is not None and any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+                raise DraftlabError(f"{self.source}: key {key!r}: value {value!r} holds a control character (a line "
+                                    "break, tab or NUL); expected a path or name without one")
 
     # --- names derived from the settings ------------------------------------------------------
 
