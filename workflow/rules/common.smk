@@ -167,9 +167,8 @@ def get_launch_inputs(launch, wildcards):
     inputs = {
         "plan": L.launch_plan(launch.id),
         "target": L.target_record,
-        "bench_prompts": jobs.bench_prompt_files(
-            S
-        ),  # an edit in place of one measures again
+        # a client's prompt file edited in place measures again
+        "bench_prompts": jobs.bench_prompt_files(S),
         "extra": jobs.extra_arg_files(S.serve.extra_args),
     }
     drafted = [v for v in launch.variants if Variant(v).has_drafter]
