@@ -56,6 +56,7 @@ include: "workflow/rules/acquire.smk"
 include: "workflow/rules/analyze.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/serve_bench.smk"
+include: "workflow/rules/capture.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/records.smk"
 include: "workflow/rules/report.smk"
@@ -65,6 +66,11 @@ rule all:
     default_target: True
     input:
         get_final_outputs(),
+
+
+onstart:
+    # Before any job (GPU work included) of a real run: a one-host SpecForge capture needs its checkout.
+    check_capture_ready()
 
 
 onsuccess:

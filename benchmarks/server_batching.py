@@ -41,7 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-COUNTERS = ("completion_tokens", "spec_verify_ct", "spec_accept_histogram", "spec_accept_by_position",
+COUNTERS = ("completion_tokens", "spec_verify_ct", "spec_correct_drafts_histogram", "spec_num_correct_drafts",
             "finish_reason")
 
 

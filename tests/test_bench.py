@@ -276,8 +276,10 @@ def test_every_sglang_naming_of_draft_counts(keys):
 
 
 def test_draft_plus_verify_time_is_preferred_for_cycle_time():
-    # draftlab's builtin server: 5 ms per cycle, and acceptance per draft position
-    extra = lambda c, v: {"draft_time": 0.001 * v, "verify_time": 0.004 * v, "spec_accept_by_position": [v, v // 2]}
+    # draftlab's builtin server: 5 ms per cycle (its draftlab_ times), and acceptance per draft position from
+    # SGLang's histogram (every verify accepted at least one draft, half of them two)
+    extra = lambda c, v: {"draftlab_draft_time": 0.001 * v, "draftlab_verify_time": 0.004 * v,
+                          "spec_correct_drafts_histogram": [0, v - v // 2, v // 2]}
     with ScriptedServer(extra_meta=extra, delay=0.02) as srv:
         res = run_benchmark(srv.url, PROMPTS, max_new_tokens=128, repeats=1, warmup=0, progress=False, measure_ttft=False)
     assert res.summary["cycle_ms"] == pytest.approx(5.0)
@@ -470,7 +472,7 @@ def test_cli_writes_json_and_csv(tmp_path, capsys):
     }
     path = default_prompts_path()
     assert data["prompt_set"] == {
-        "path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "count": 5, "available": 42,
+        "path": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "count": 5, "available": 49,
         "sample": "stratified, seed 0", "categories": {"chat": 1, "code": 1, "math": 1, "short": 1, "long": 1},
     }
     assert data["config"]["limit"] == 5 and data["config"]["sample_seed"] == 0
@@ -581,7 +583,13 @@ def test_builtin_server_speculative_run(builtin_servers, tmp_path):
     assert len(s["accepted_per_position_rate"]) == 3
     assert data["server"]["speculative_algorithm"] == "EAGLE3"
     assert data["server"]["speculative_num_steps"] == 3
-    assert s["ttft_s_median"] is None  # the builtin server does not stream: no invented TTFT
+    # issue 40: the builtin server streams, so the TTFT pass measures TTFT and inter-token latency
+    ttft = [r for r in data["rows"] if r["phase"] == "ttft"]
+    assert len(ttft) == 3 and all(0 < r["ttft_s"] < r["latency_s"] for r in ttft)
+    # one latency per token after the first event (bench_serving's count: an event may bring several)
+    assert 0 < sum(len(r["itl_s"]) for r in ttft) == s["itl_count"] <= sum(r["completion_tokens"] - 1 for r in ttft)
+    assert 0 < s["ttft_s_p50"] <= s["ttft_s_p90"] <= s["ttft_s_p99"]
+    assert 0 < s["itl_s_p50"] <= s["itl_s_p90"] <= s["itl_s_p99"]
 
 
 def test_builtin_server_without_drafter_trips_the_guard(builtin_servers, tmp_path, capsys):

@@ -50,6 +50,7 @@ RULE_COMMANDS = {
     "doctor": ("doctor", "draftlab.static.doctor"),
     "generate_data": ("generate-data", "draftlab.datagen.generate_data"),
     "tokenize": ("tokenize", "draftlab.training.tokenize"),
+    "leak_check": ("leak-check", "draftlab.benchmark.leak_check"),
     "serve_launch": ("serve-launch", "draftlab.benchmark.serve_launch"),  # the launch_<id> rules, one per launch
     "probe_gate": ("probe-gate", "draftlab.benchmark.probe_gate"),
     "breakeven": ("breakeven", "draftlab.benchmark.breakeven"),

@@ -97,16 +97,21 @@ def _kimi_inputs(d: Path) -> None:
 
 def _segments(shell: str) -> list[list[str]]:
     """The commands ``CMD && CMD ...`` of one train job's shell line (from its first ``draftlab``)."""
-    shell = shell[shell.index("draftlab specforge-command"):].split(" > ")[0]
+    shell = shell[shell.index("draftlab specforge-command"):].split(" > ")[0].removesuffix(" )")  # ( A && B ) > log
     return [shlex.split(part) for part in shell.split(" && ")]
 
 
 @pytest.fixture(scope="module")
 def kimi_runs(tmp_path_factory):
-    """{arm: (plan segments, job file, run config as written)} from the real dry run of config/kimi-k25.yaml."""
+    """{arm: (plan segments, job file, run config as written)} from the real dry run of config/kimi-k25.yaml in
+    its two-host mode (a capture host and a Mooncake master)."""
     d = copy_workflow(tmp_path_factory.mktemp("kimi"), profiles=("gpu8",))
     _kimi_inputs(d)
-    kimi = ("config/kimi-k25.yaml",)
+    # the two-host (disaggregated) mode; the one-host default: tests/test_contract_specforge_capture.py
+    (d / "two-host.yaml").write_text(yaml.safe_dump({"train": {"specforge": {"mode": "two-host", "deployment": {
+        "server_urls": ["http://capture-host:30000"], "mooncake_metadata_server": "http://capture-host:8080/metadata",
+        "mooncake_master_server_addr": "capture-host:50051", "mooncake_protocol": "tcp"}}}}))
+    kimi = ("config/kimi-k25.yaml", "two-host.yaml")
     for seeded in (False, True):  # up to the probe gate (a checkpoint), then past it with the gate open
         plan = snakemake(d, *(SEEDED_DRY_RUN if seeded else []), "--profile", "gpu8", "-n", "-p", "all",
                          configfiles=kimi, env=_env())

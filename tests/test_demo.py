@@ -172,4 +172,4 @@ def test_a_build_talks_one_line_per_stage(tmp_path, capfd):
     for stage in ("tokenizer", "target_v1", "target_v2"):
         assert f"demo-models: {stage} took" in err, stage
     rule = (Path(__file__).resolve().parents[1] / "workflow" / "rules" / "acquire.smk").read_text()
-    assert "2> >(tee {log} >&2)" in rule
+    assert "2> >(tee {log:q} >&2)" in rule

@@ -72,6 +72,10 @@ def test_full_run_produces_records_and_report(smoke):
     assert len(trained) == n_arms * n_specs * len(cfg["bench"]["clients"])
     assert (trained.status == "ok").all() and trained.val_acc_per_step.notna().all()
     assert "TTT per-step" in md and "| finetune-remap |" in md and "skipped" not in md
+    # issue 40: the builtin server streams, so every arm's record and the report carry TTFT and ITL percentiles
+    for col in ("ttft_s_p50", "ttft_s_p90", "ttft_s_p99", "itl_s_p50", "itl_s_p90", "itl_s_p99"):
+        assert (records[col] > 0).all(), col
+    assert "## Latency as users measure it (streamed)" in md and "No streamed requests" not in md
     # the fine-tune data: the target's own answers through its builtin server, every prompt answered
     stats = json.loads((res / "data" / "generate-stats.json").read_text())
     rows = (res / "data" / "generated.jsonl").read_text().splitlines()

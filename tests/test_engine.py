@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from draftlab.engine.core import Engine, _cache_kwarg, crop_cache, meta_info
+from draftlab.engine.core import Engine, _cache_kwarg, crop_cache
+from draftlab.serving.sglang_meta import meta_info
 from draftlab.errors import DraftlabError
 from draftlab.models.eagle3 import DrafterCache, Eagle3Drafter, init_weights
 from draftlab.models.target import aux_layer_ids_for, load_target, read_config, target_features
@@ -151,16 +152,18 @@ def test_counters_follow_sglang_semantics(world, k):
         assert res.spec_accept_length == pytest.approx(res.completion_tokens / res.spec_verify_ct)
         assert res.draft_tokens <= k * res.spec_verify_ct
         assert res.draft_time > 0 and res.verify_time > 0 and res.prefill_time > 0
-        meta = meta_info(res)
+        meta = meta_info(res, "r", num_draft_tokens=k + 1)
         assert meta["spec_verify_ct"] == res.spec_verify_ct
         assert meta["spec_accept_length"] == pytest.approx(NEW / res.spec_verify_ct)
+        assert meta["spec_num_proposed_drafts"] == k * res.spec_verify_ct  # SGLang's rule, even for a short last cycle
+        assert meta["spec_num_correct_drafts"] == sum(res.accept_by_position)
 
 
 def test_plain_counters_have_no_speculation(world):
     res = Engine(world["v1"], None, eos_token_ids=()).generate([5, 6, 7], 10)
     assert res.completion_tokens == 10 and res.spec_verify_ct == 0 and res.spec_accept_length is None
     assert res.verify_calls == 9  # one prefill + 9 single-token decode steps
-    meta = meta_info(res)
+    meta = meta_info(res, "r", num_draft_tokens=1)
     assert "spec_verify_ct" not in meta and "spec_accept_length" not in meta
     assert meta["completion_tokens"] == 10
 

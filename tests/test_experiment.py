@@ -135,10 +135,17 @@ def test_specforge_prepare_is_handed_the_merged_config_the_run_wrote():
     """Issue 14: the prepare step got only the last --configfile; it must read results/<exp>/config.json."""
     s = Settings.load(KIMI)
     layout = Layout(s.experiment)
-    prepare, check, train, imp = jobs.train_commands(s, layout, "finetune-keep")
+    # one host (the default since issue 34): the run config over the one capture, no capture server to ask
+    prepare, train, imp = jobs.train_commands(s, layout, "finetune-keep")
     assert prepare[:4] == ["draftlab", "specforge-command", "--config", layout.config_json]
-    assert check[:2] == ["draftlab", "specforge-preflight"] and train[:2] == ["specforge", "train"]
+    assert prepare[prepare.index("--capture") + 1] == layout.capture_record and train[:2] == ["specforge", "train"]
     assert "--expect-steps" in imp and imp[imp.index("--expect-steps") + 1] == str(s.train.steps)
+    # two hosts: the capture servers and the Mooncake master are asked before training
+    two = deep_merge(read_yaml(KIMI), {"train": {"specforge": {"mode": "two-host", "deployment": {
+        "server_urls": ["http://capture-host:30000"]}}}})
+    prepare, check, train, imp = jobs.train_commands(Settings.load(two, "kimi two-host"), layout, "finetune-keep")
+    assert prepare[:4] == ["draftlab", "specforge-command", "--config", layout.config_json] and "--capture" not in prepare
+    assert check[:2] == ["draftlab", "specforge-preflight"] and train[:2] == ["specforge", "train"]
 
 
 def test_generate_command_follows_the_data_engine():

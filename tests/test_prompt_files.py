@@ -260,7 +260,7 @@ def test_limit_in_a_run_records_the_sample(tmp_path):
     with ScriptedServer() as srv:
         res = run_benchmark(srv.url, "default", max_new_tokens=128, repeats=1, warmup=0, progress=False, measure_ttft=False, limit=6)
     assert {r["category"] for r in res.rows} == {"chat", "code", "math", "reasoning", "short", "long"}
-    assert res.prompt_set["count"] == 6 and res.prompt_set["available"] == 42
+    assert res.prompt_set["count"] == 6 and res.prompt_set["available"] == 49
     assert res.prompt_set["sample"] == "stratified, seed 0"
     assert res.prompt_set["categories"] == {c: 1 for c in ("chat", "code", "math", "reasoning", "short", "long")}
 

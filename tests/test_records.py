@@ -33,7 +33,10 @@ def _bench(path: Path, tps: list[float], accept: float | None, cycle_ms: float |
     summary = {"requests": 8, "repeats": len(tps), "total_completion_tokens": 384, "total_verify_ct":
                round(384 / accept) if accept else None, "output_tps_median": med, "output_tps_mean": sum(tps) / len(tps),
                "output_tps_ci95": [min(tps), max(tps)], "accept_length": accept, "cycle_ms": cycle_ms,
-               "cycle_time_source": cycle_source if cycle_ms is not None else None, "ttft_s_median": 0.05, "latency_s_median": 0.4, "speculation_active": accept is not None}
+               "cycle_time_source": cycle_source if cycle_ms is not None else None, "ttft_s_median": 0.05, "latency_s_median": 0.4, "speculation_active": accept is not None,
+               # issue 40: the streamed pass's percentiles (seconds)
+               "ttft_s_p50": 0.05, "ttft_s_p90": 0.08, "ttft_s_p99": 0.12, "itl_s_p50": 1 / med, "itl_s_p90": 1.5 / med,
+               "itl_s_p99": 3 / med}
     path.parent.mkdir(parents=True, exist_ok=True)
     summary["output_tps_per_repeat"] = tps
     path.write_text(json.dumps({"summary": summary, "rows": bench_rows(tps, accept, fingerprint),
@@ -132,6 +135,9 @@ def test_one_row_per_result_with_provenance(tmp_path):
     assert frame["prompts_sha256"].iloc[0] == "ab" * 32 and frame["server_fingerprint"].is_unique
     for col in ("versions", "hardware", "created_at", "backend", "row_id"):
         assert frame[col].notna().all(), col
+    # issue 40: TTFT and inter-token latency percentiles beside tok/s and accept length
+    assert row.loc["finetune-keep", "ttft_s_p90"] == 0.08 and row.loc["finetune-keep", "itl_s_p50"] == pytest.approx(
+        1 / row.loc["finetune-keep", "tps_median"])
     assert json.loads(frame["versions"].iloc[0])["torch"].startswith("2.")
 
 

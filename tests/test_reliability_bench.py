@@ -250,15 +250,20 @@ def test_server_json_of_the_wrong_shape_is_one_line_naming_the_url_and_field(tmp
     (_meta(completion=4, verify=6, spec_accept_token_num=0, spec_draft_token_num=18),
      "meta_info.spec_verify_ct 6 is above completion_tokens 4"),
     # draft and verify time longer than the request (e2e_latency 0.01 s)
-    (_meta(draft_time=0.5, verify_time=0.5), "meta_info.draft_time + verify_time 1 s is longer than e2e_latency"),
+    (_meta(draftlab_draft_time=0.5, draftlab_verify_time=0.5),
+     "meta_info.draftlab_draft_time + draftlab_verify_time 1 s is longer than e2e_latency"),
     (_meta(first_token_latency=2.0), "meta_info.first_token_latency 2 s is longer than e2e_latency"),
-    (_meta(prefill_time=0.004, draft_time=0.004, verify_time=0.06),
-     "meta_info.prefill_time + draft_time + verify_time 0.068 s is longer than e2e_latency"),
+    (_meta(draftlab_prefill_time=0.004, draftlab_draft_time=0.004, draftlab_verify_time=0.06),
+     "meta_info.draftlab_prefill_time + draftlab_draft_time + draftlab_verify_time 0.068 s is longer than "
+     "e2e_latency"),
     # the server's request time longer than the client waited for it
     (_meta(e2e_latency=50.0), "meta_info.e2e_latency 50 s is longer than the request's own time (client)"),
     (_meta(e2e_latency=-0.5), "meta_info.e2e_latency is -0.5; a duration cannot be negative"),
     (_meta(first_token_latency=-1.0), "meta_info.first_token_latency is -1.0"),
-    (_meta(verify_time="fast"), "meta_info.verify_time is 'fast'; expected a number of seconds"),
+    (_meta(draftlab_verify_time="fast"), "meta_info.draftlab_verify_time is 'fast'; expected a number of seconds"),
+    # SGLang's histogram: one entry per verify, at most num_steps + 1 entries
+    (_meta(spec_correct_drafts_histogram=[1, 1]), "spec_correct_drafts_histogram sums to 2 verifies; spec_verify_ct is 3"),
+    (_meta(spec_correct_drafts_histogram=[1, 1, 0, 0, 1]), "has 5 entries"),
 ])
 def test_impossible_times_and_cycles_are_refused_before_they_are_recorded(tmp_path, meta, needle):
     out = tmp_path / "bench.json"

@@ -66,6 +66,9 @@ def test_summary_has_every_section_and_the_decision(tmp_path):
         assert heading in md, heading
     # comparison table row: variant, tok/s [CI], accept length, val acc, speedup
     assert "| finetune-keep | s2-k1-d3 | default | 160.0 [158.0, 162.0] | 2.10 | 14.0 | 0.450 | 1.60 |" in md
+    # issue 40: latency as users measure it, per arm, beside tok/s and accept length (milliseconds)
+    assert "## Latency as users measure it (streamed)" in md
+    assert "| finetune-keep | s2-k1-d3 | default | 160.0 | 2.10 | 50.0 / 80.0 / 120.0 | 6.2 / 9.4 / 18.8 |" in md
     # break-even from the breakeven rule's standing file: 100 tok/s x 14 ms / 1000 = 1.40; 50 tok/s needs
     # 0.70 < 1 (reached without speculation); 150 needs 2.10 and 160 tok/s were measured (met); 200 not met
     assert ("| finetune-keep | s2-k1-d3 | default | 2.10 | 1.40 | above | reached without speculation (needs 0.70 "

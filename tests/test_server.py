@@ -74,9 +74,18 @@ def test_plain_and_speculative_agree_and_report_counters(servers):
     assert "spec_verify_ct" not in pm and "spec_accept_length" not in pm  # as SGLang without a drafter
     assert 1 <= sm["spec_verify_ct"] <= 11
     assert sm["spec_accept_length"] == pytest.approx(12 / sm["spec_verify_ct"])
-    assert sum(sm["spec_accept_histogram"]) == sm["spec_verify_ct"]
+    # SGLang 0.5.23's fields and rules (tokenizer_manager._calculate_spec_decoding_metrics)
+    hist = sm["spec_correct_drafts_histogram"]
+    assert sum(hist) == sm["spec_verify_ct"] and len(hist) == 4
+    assert sm["spec_num_correct_drafts"] == sum(j * n for j, n in enumerate(hist))
+    assert sm["spec_num_proposed_drafts"] == sm["spec_verify_ct"] * (4 - 1)
+    assert sm["spec_accept_rate"] == pytest.approx(sm["spec_num_correct_drafts"] / sm["spec_num_proposed_drafts"])
+    assert not {"spec_accept_token_num", "spec_draft_token_num", "spec_accept_histogram",
+                "spec_accept_by_position", "draft_time", "verify_time"} & set(sm)  # no name SGLang lacks
+    assert sm["finish_reason"] == pm["finish_reason"] == {"type": "length", "length": 12}
     # the static decoder runs a whole cycle as one function (one CUDA graph): verify_time holds it, draft_time is 0
-    assert sm["draft_time"] >= 0 and sm["verify_time"] > 0 and sm["e2e_latency"] >= sm["draft_time"] + sm["verify_time"]
+    assert sm["draftlab_draft_time"] >= 0 and sm["draftlab_verify_time"] > 0
+    assert sm["e2e_latency"] >= sm["draftlab_draft_time"] + sm["draftlab_verify_time"]
     for path in ("/get_server_info", "/server_info"):
         info = call(servers["spec"] + path)[1]
         state = info["internal_states"][0]
@@ -85,7 +94,8 @@ def test_plain_and_speculative_agree_and_report_counters(servers):
     # a draft tree (topk 3, 8 tokens verified): the same tokens, SGLang's settings reported, static slots on the CPU
     s_tree, tree = call(servers["tree"] + "/generate", req)
     assert s_tree == 200 and tree["output_ids"] == plain["output_ids"]
-    assert sum(tree["meta_info"]["spec_accept_histogram"]) == tree["meta_info"]["spec_verify_ct"]
+    assert sum(tree["meta_info"]["spec_correct_drafts_histogram"]) == tree["meta_info"]["spec_verify_ct"]
+    assert tree["meta_info"]["spec_num_proposed_drafts"] == tree["meta_info"]["spec_verify_ct"] * (8 - 1)
     tree_info = call(servers["tree"] + "/get_server_info")[1]
     assert {k: tree_info[k] for k in ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
                                       "static_cache", "cuda_graph")} == {
@@ -112,11 +122,11 @@ def test_input_ids_batch_and_stop_token(servers):
     stopped = call(url, {"input_ids": [5, 6, 7],
                          "sampling_params": {"max_new_tokens": 8, "ignore_eos": True, "stop_token_ids": [stop]}})[1]
     assert stopped["output_ids"] == ids[: ids.index(stop) + 1]
-    assert stopped["meta_info"]["finish_reason"]["type"] == "stop"
+    assert stopped["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
 
 
 META = ("prompt_tokens", "completion_tokens", "finish_reason", "spec_verify_ct", "spec_accept_length",
-        "spec_accept_token_num", "spec_draft_token_num", "spec_accept_histogram", "spec_accept_by_position")
+        "spec_accept_rate", "spec_num_correct_drafts", "spec_num_proposed_drafts", "spec_correct_drafts_histogram")
 
 
 @pytest.mark.parametrize("name", ["plain", "spec", "tree"])
@@ -151,7 +161,7 @@ def test_concurrent_requests_are_batched_and_each_equals_its_answer_alone(starte
 def test_openai_completions_with_usage(servers):
     status, out = call(servers["spec"] + "/v1/completions",
                        {"model": "x", "prompt": "The quick brown", "max_tokens": 6, "temperature": 0, "ignore_eos": True})
-    assert status == 200 and out["object"] == "text_completion"
+    assert status == 200 and out["object"] == "text_completion" and out["model"] == "x"  # echoed, as SGLang does
     assert out["usage"]["completion_tokens"] == 6
     assert out["usage"]["total_tokens"] == out["usage"]["prompt_tokens"] + 6
     gen = call(servers["plain"] + "/generate", {"text": "The quick brown",

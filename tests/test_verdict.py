@@ -84,8 +84,10 @@ def test_no_winner_while_the_runner_up_is_not_separated():
     last = d["lines"][-1]
     assert "speculation beats plain decoding" in last and "cannot tell `finetune-keep` at s2-k1-d3 from the " \
            "runner-up `probe` at s2-k1-d3" in last and "head to head" in last and "What would tell: about" in last
-    assert recommendation(d, rows[0], None) == {"winner": None, "verdict": "cannot-tell",
-                                                "reason": last.replace("**", "").replace("`", "")}
+    rec = recommendation(d, rows[0], None)
+    assert {k: rec[k] for k in ("winner", "verdict", "reason")} == {
+        "winner": None, "verdict": "cannot-tell", "reason": last.replace("**", "").replace("`", "")}
+    assert set(rec) == {"winner", "verdict", "reason", "deploy"}  # issue 38: the deploy block is new
 
 
 def test_an_interval_that_holds_one_cannot_tell_and_says_how_many_prompts_would():

@@ -141,32 +141,58 @@ def test_kimi_dag_on_gpu8_prints_real_sglang_and_training_commands(tmp_path):
         assert flag in probe, flag
     baseline = next(l for l in launches if "launch/plain/" in l)
     assert "--speculative" not in baseline and "--tp-size 8" in baseline
+    # one host (issue 34): no capture host, no Mooncake; the features are captured once, under torchrun on the
+    # whole host (SpecForge's scripts/prepare_hidden_states.py, --tp-size 8), with the disk estimate in the plan
+    assert not re.search(r"capture-host|mooncake|specforge-preflight|disaggregated", text, re.I)
+    assert job_counts(after.stdout)["capture"] == 1
+    cap = next(b for b in job_blocks(after.stdout) if "rule capture:" in b)
+    assert re.search(r"output: results/kimi-k25/capture/capture.json", cap)
+    run = next(l for l in cap.splitlines() if "torchrun" in l)
+    assert re.search(r"DATA=\$\(draftlab capture-preflight --engine specforge .*--checkout SpecForge 2>> "
+                     r"results/kimi-k25/logs/capture.log\) && torchrun --standalone --nproc_per_node 8 "
+                     r"SpecForge/scripts/prepare_hidden_states.py --strategy eagle3 ", run), run
+    for flag in ("--target-model-path results/kimi-k25/models/target/model", "--tp-size 8",
+                 "--draft-model-config results/kimi-k25/capture-state/draft_config.json", '--data-path "$DATA"',
+                 "--output-path results/kimi-k25/capture-state/features", "--chat-template kimi-k2-instruct",
+                 "--max-length 2048", "--trust-remote-code", "&& draftlab capture-record "):
+        assert flag in run, flag
+    assert re.search(r"^# capture: aux layer ids.*eagle_aux_hidden_state_layer_ids", cap, re.M)
+    assert re.search(r"^# capture: disk estimate: tokens of results/kimi-k25/data/tokens.jsonl x \(aux layers \+ 1\) "
+                     r"x hidden x dtype bytes", cap, re.M)
+    assert re.search(r"resources: .*\bgpu=8\b", cap)
     # training: SpecForge 0.2.0's own launcher on the run config the prepare step writes from the merged
-    # experiment config; the drafter config is the same file in the plan and at run time; mapping pinned
+    # experiment config, over the capture's features (local_colocated: tests/test_contract_specforge.py);
+    # the drafter config is the same file in the plan and at run time; mapping pinned
     train = [l for l in text.splitlines() if "draftlab specforge-command" in l]
-    assert len(train) == 3 and "torchrun" not in text and "train_eagle3.py" not in text
+    assert len(train) == 3 and text.count("torchrun") == 1 and "train_eagle3.py" not in text
     for l in train:
         arm = re.search(r"--out results/kimi-k25/train/([\w-]+)/drafter ", l).group(1)
         out = f"results/kimi-k25/train-state/{arm}/specforge"
-        assert re.search("(^|: )draftlab specforge-command --config results/kimi-k25/config.json "
+        assert re.search(r"(^|: |\( )draftlab specforge-command --config results/kimi-k25/config.json "
                          "--target results/kimi-k25/models/target/model "
                          "--draft-config results/kimi-k25/drafter/patched/config.json ", l.strip()), l
         assert f"--output-dir {out}" in l and "--tokens results/kimi-k25/data/tokens.jsonl" in l
-        assert f"&& draftlab specforge-preflight --job {out}/draftlab_specforge_job.json --expect-model " in l
+        assert "--capture results/kimi-k25/capture/capture.json" in l
+        assert (f"# train {arm} with SpecForge 0.2.0 on this host: data.hidden_states_path "
+                "results/kimi-k25/capture-state/features (rule capture), deployment.mode local_colocated, "
+                "trainer.nproc_per_node 8") in text
         assert f"&& specforge train --config {out}/draftlab_run.yaml &&" in l
         assert (f"&& draftlab import-specforge {out} --out results/kimi-k25/train/{arm}/drafter "
                 "--expect-mapping ") in l and "--expect-steps 20000" in l
         assert "draftlab gated" not in l  # the arm exists only because the gate opened
         assert ("--ckpt-dir results/kimi-k25/drafter/patched" in l) == (arm != "scratch")
-        pinned = "results/kimi-k25/drafter/patched" if arm == "finetune-keep" else "results/kimi-k25/data/vocab.safetensors"
+        pinned = "results/kimi-k25/drafter/patched" if arm == "finetune-keep" else "results/kimi-k25/capture/vocab.safetensors"
         assert f"--mapping {pinned} " in l
+    for block in job_blocks(after.stdout):
+        if re.search(r"^rule train:", block.strip()):
+            assert re.search(r"input: .*results/kimi-k25/capture/capture.json", block), block
     assert re.search(r"rule experiment_config:\s+output: results/kimi-k25/config.json", text)
     # the doctor report precedes every launch of a drafter; GPU jobs reserve the whole host
     probe_job = next(b for b in job_blocks(before.stdout) if "rule launch_probe_" in b)
     assert re.search(r"input: .*results/kimi-k25/static/doctor-probe\.json", probe_job)
     gpu_jobs = [b for t in (before.stdout, after.stdout) for b in job_blocks(t)
-                if re.search(r"^rule (launch_(?!plan)\w+|train):", b.strip())]
-    assert len(gpu_jobs) == 4 + 3
+                if re.search(r"^rule (launch_(?!plan)\w+|train|capture):", b.strip())]
+    assert len(gpu_jobs) == 4 + 3 + 1
     for block in gpu_jobs:
         assert re.search(r"resources: .*\bgpu=8\b", block), block
     cpu_jobs = [b for b in job_blocks(text) if re.search(r"^(local)?rule (doctor|inspect|records):", b.strip())]
@@ -217,7 +243,8 @@ def test_report_is_handed_exactly_the_configured_arms(workdir, tmp_path):
     bench = report.split("--bench ", 1)[1].split(" --", 1)[0].split()
     plans = report.split("--plans ", 1)[1].split(" >", 1)[0].split()
     assert f"{exp}/bench/baseline/plain/default.json" in bench and all("scratch" not in b for b in bench)
-    assert f"{exp}/bench/finetune-keep/s2-k1-d3/plan.json" in plans and all("baseline" not in p for p in plans)
+    # issue 38: the baseline's plan too, the plain server a plain or cannot-tell verdict's deploy block names
+    assert f"{exp}/bench/finetune-keep/s2-k1-d3/plan.json" in plans and f"{exp}/bench/baseline/plain/plan.json" in plans
     job = next(b for b in job_blocks(out) if "rule report:" in b)
     assert f"{exp}/report/recommendation.json" in job
 

@@ -8,6 +8,7 @@ Exit statuses (README "Command line", docs/RELIABILITY.md): 0 done; 1 the comman
 problems (doctor findings); 2 bad input or environment (one ``error:`` line); 3 ``train`` stopped
 by ``--stop-after`` (resumable); 70 draftlab itself crashed (one ``internal error:`` line;
 ``DRAFTLAB_TRACEBACK=1`` prints the traceback), so a crash is never read as findings; 130 interrupted.
+A full disk or a refused permission is the user's to fix: one ``error:`` line (exit 2), wherever it is met.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import traceback
 
 from draftlab import __version__
 from draftlab.errors import DraftlabError
+from draftlab.fsutil import environment_error
 
 EXIT_CRASH = 70  # EX_SOFTWARE (sysexits.h): an internal software error; 3 is train's "stopped by --stop-after"
 
@@ -34,8 +36,26 @@ COMMAND_MODULES = (  # one per layer (d2t: its own stage), in pipeline order
 )
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one ``error:`` line (exit 2) naming the command and the flag, not a
+    usage block. A number out of its declared range (``commands._common.number``) is a
+    :class:`DraftlabError` like any other bad input, so ``main`` returns 2 for it too."""
+
+    def _get_value(self, action, arg_string):
+        try:
+            return super()._get_value(action, arg_string)
+        except argparse.ArgumentError as exc:
+            if getattr(action.type, "limits", None) is None:
+                raise
+            raise DraftlabError(f"{self.prog}: {exc} (--help lists the flags)") from None
+
+    def error(self, message: str):
+        print(f"error: {self.prog}: {' '.join(message.split())} (--help lists the flags)", file=sys.stderr)
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="draftlab",
         description="Probe, fine-tune and evaluate EAGLE-3 speculative-decoding drafters.",
     )
@@ -48,8 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = argparse.Namespace(command=None)
     try:
+        args = parser.parse_args(argv)
         return int(args.func(args) or 0)
     except DraftlabError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -57,7 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except Exception as exc:  # a bug, not bad input: say so on one line, with its own status
+    except Exception as exc:  # a bug, not bad input, unless the disk or a permission refused draftlab
+        said = environment_error(exc)
+        if said is not None:
+            print(f"error: {said}", file=sys.stderr)
+            return 2
         if os.environ.get("DRAFTLAB_TRACEBACK"):
             traceback.print_exc()
         detail = " ".join(str(exc).split())[:300]

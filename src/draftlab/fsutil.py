@@ -11,7 +11,9 @@ import errno
 import fcntl
 import hashlib
 import json
+import math
 import os
+import re
 import shutil
 import stat
 import sys
@@ -69,6 +71,49 @@ def _cannot_write(path: Path, exc: OSError):
     return DraftlabError(f"{path}: cannot write this output ({exc.strerror or exc}); nothing was written there")
 
 
+def os_error(exc: BaseException) -> OSError | None:
+    """The operating system's error behind ``exc``: ``exc`` itself, or the ``(os error N)`` that
+    safetensors' writer wraps into a ``SafetensorError`` (a full disk reaches us that way)."""
+    if isinstance(exc, OSError):
+        return exc
+    found = re.search(r"\(os error (\d+)\)", str(exc)) if type(exc).__name__ == "SafetensorError" else None
+    return OSError(int(found.group(1)), os.strerror(int(found.group(1)))) if found else None
+
+
+def disk_error(exc: BaseException) -> OSError | None:
+    """The disk's own error behind ``exc`` (full, over quota, read-only, too large), else None:
+    a full disk is the user's to fix, whichever library met it."""
+    err = os_error(exc)
+    return err if err is not None and err.errno in DISK_ERRNOS else None
+
+
+def environment_error(exc: BaseException) -> str | None:
+    """The one-line message of an error of the user's disk or permissions, else None (a bug).
+
+    The last net of the CLI: a folder this user may not enter or write, or a disk that fills up,
+    wherever it meets draftlab, is named in one line, not reported as draftlab crashing."""
+    err = os_error(exc)
+    if err is None or err.errno not in (*DISK_ERRNOS, errno.EACCES, errno.EPERM):
+        return None
+    where = err.filename or "a file draftlab reads or writes"
+    if err.errno in DISK_ERRNOS:
+        return f"{where}: {err.strerror}; free space (or fix the mount) and run again"
+    return (f"{where}: {err.strerror}: this user may not read, enter or write it "
+            "(check the owner and mode of it and of its folders)")
+
+
+@contextlib.contextmanager
+def disk_errors_as(path: str | os.PathLike) -> Iterator[None]:
+    """Inside the block, a disk error (:func:`disk_error`) is the one-line user error naming ``path``."""
+    try:
+        yield
+    except Exception as exc:
+        err = disk_error(exc)
+        if err is None:
+            raise
+        raise _cannot_write(Path(path), err) from None
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it onto ``path`` only if the block succeeds.
@@ -87,12 +132,8 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     os.close(fd)
     tmp_path = Path(tmp)
     try:
-        try:
+        with disk_errors_as(path):
             yield tmp_path
-        except OSError as exc:
-            if exc.errno in DISK_ERRNOS:
-                raise _cannot_write(path, exc) from None
-            raise
         try:
             os.chmod(tmp_path, replacement_mode(path))
             os.replace(tmp_path, path)
@@ -113,7 +154,8 @@ def check_replaceable(path: str | os.PathLike, stage: str, inputs: Iterable[str 
     """Refuse to let ``stage`` replace ``path`` unless it is draftlab's own earlier output of that stage.
 
     Why: an ``--out`` that names a user's folder (or one holding the input) must never be wiped.
-    ``path`` may be absent or an empty folder; otherwise it must hold :data:`MARKER` naming ``stage``.
+    ``path`` may be absent or an empty folder (folders in it, but no file: Snakemake makes the folders of a
+    job's declared outputs before the job runs); otherwise it must hold :data:`MARKER` naming ``stage``.
     It may never equal or contain one of ``inputs``, whether or not it exists yet.
     """
     path = Path(path)
@@ -127,7 +169,7 @@ def check_replaceable(path: str | os.PathLike, stage: str, inputs: Iterable[str 
         return
     if path.is_symlink() or not path.is_dir():
         raise DraftlabError(f"{path}: exists and is not a folder draftlab wrote; refusing to replace it")
-    if not any(path.iterdir()):
+    if not any(not p.is_dir() or p.is_symlink() for p in path.rglob("*")):
         return
     owner = output_stage(path)
     if owner is None and stage in LEGACY_RECORDS and (path / LEGACY_RECORDS[stage]).is_file():
@@ -178,10 +220,14 @@ def atomic_dir(path: str | os.PathLike, *, stage: str, inputs: Iterable[str | os
     inputs = tuple(inputs)
     check_replaceable(path, stage, inputs)
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
     try:
-        yield tmp
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    except OSError as exc:
+        raise _cannot_write(path, exc) from None
+    try:
+        with disk_errors_as(path):
+            yield tmp
         mark_output(tmp, stage)
         check_replaceable(path, stage, inputs)
         _open_up_private(tmp)
@@ -208,12 +254,42 @@ def write_text(path: str | os.PathLike, text: str) -> None:
         tmp.write_text(text, encoding="utf-8")
 
 
-def to_json(obj: Any) -> str:
-    return json.dumps(obj, indent=2, sort_keys=False, default=_json_default) + "\n"
+def to_json(obj: Any, where: str = "JSON output", **dumps: Any) -> str:
+    """``obj`` as JSON text; a NaN or an infinity anywhere is one user error naming its key.
+
+    Why: Python writes them as bare ``NaN``/``Infinity``, which is not JSON (jq, browsers and most
+    readers refuse the file), and a number that is not finite is never a result draftlab stands behind."""
+    try:
+        return json.dumps(obj, **{"indent": 2, **dumps}, default=_json_default, allow_nan=False) + "\n"
+    except ValueError:
+        found = _non_finite(obj)
+        if found is None:
+            raise
+        key, value = found
+        raise DraftlabError(f"{where}: key {key!r} is {value}, not a finite number; JSON has no NaN or "
+                            "infinity, and draftlab records no such number: nothing was written") from None
+
+
+def _non_finite(obj: Any) -> tuple[str, float] | None:
+    """(key path, value) of the first NaN or infinity in ``obj``, looking through what JSON writes."""
+    stack: list[tuple[str, Any]] = [("", obj)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                return path or "(the value)", value
+        elif isinstance(value, dict):
+            stack.extend((f"{path}.{k}" if path else str(k), v) for k, v in value.items())
+        elif isinstance(value, (list, tuple)):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(value))
+        elif not isinstance(value, (str, int, bool, type(None))):
+            with contextlib.suppress(TypeError):
+                stack.append((path, _json_default(value)))
+    return None
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
-    write_text(path, to_json(obj))
+    write_text(path, to_json(obj, str(path)))
 
 
 def open_regular(path: str | os.PathLike, what: str) -> int:

@@ -11,7 +11,6 @@ huggingface_hub is imported inside functions: ``draftlab inspect DIR`` never pay
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import shutil
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import sha256_file
+from draftlab.fsutil import sha256_file, to_json
 
 HF_PREFIX = "hf:"
 _REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -157,7 +156,7 @@ def publish_to_cache(
     trees = repo_dir / "trees" / f"{commit}.json"
     trees.parent.mkdir(parents=True, exist_ok=True)
     tree_doc = {"format_version": 1, "files": {rel: entries[rel] for rel in sorted(entries)}}
-    _write_small(trees, json.dumps(tree_doc, indent=1))
+    _write_small(trees, to_json(tree_doc, str(trees), indent=1).rstrip("\n"))
     ref = repo_dir / "refs" / revision_name
     ref.parent.mkdir(parents=True, exist_ok=True)
     _write_small(ref, commit)  # huggingface_hub reads refs without stripping: no newline

@@ -10,7 +10,7 @@ code) or :func:`plain` (a terminal line); the HTML report honours the same backs
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Sequence
 
 MAX_CHARS = 200
 # C0/C1 controls, DEL, and the Unicode line/paragraph separators: each would end or hide a line.
@@ -44,3 +44,9 @@ def code(value: Any, limit: int = MAX_CHARS) -> str:
 def unescape_md(text: str) -> str:
     """The text :func:`md` escaped, as it was (what a reader of the rendered Markdown sees)."""
     return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", text)
+
+
+def md_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """A Markdown table; every body cell escaped, since cells carry names and messages read from files."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return lines + ["| " + " | ".join(md(c, 1000) for c in r) + " |" for r in rows]

@@ -6,6 +6,9 @@ if DEMO:
     rule demo_models:
         output:
             demo=demo_record(DEMO_DIR),
+            # the v2 slice split: generate_data's default prompts and the bench's held-out in-domain prompts
+            finetune_prompts=demo_finetune_prompts(DEMO_DIR),
+            bench_prompts=demo_bench_prompts(DEMO_DIR),
         log:
             L.log("demo_models.log"),
         benchmark:

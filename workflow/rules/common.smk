@@ -5,10 +5,19 @@ import functools
 import json
 import os
 import shlex
+import sys
 
+from draftlab.errors import DraftlabError
+from draftlab.benchmark.bench_prompts import default_prompts_path
 from draftlab.benchmark.probe_gate import gate_open
 from draftlab.experiment import jobs, launches, variants
-from draftlab.experiment.layout import Layout, demo_hub_cache, demo_record
+from draftlab.experiment.layout import (
+    Layout,
+    demo_bench_prompts,
+    demo_finetune_prompts,
+    demo_hub_cache,
+    demo_record,
+)
 from draftlab.settings.model import Settings
 from draftlab.experiment.variants import Variant
 
@@ -24,12 +33,14 @@ DEMO = S.demo.enabled
 DEMO_DIR = S.demo_dir
 SERVER_GPUS = S.serve.job_gpus
 TRAIN_GPUS = S.train_gpus
-# The train rule's conda env (relative to workflow/rules): SpecForge's exact pins, or the builtin trainer's.
-TRAIN_ENV = (
+# The capture rule's env: SpecForge's (its script, torchrun, SGLang 0.5.14), or the builtin trainer's for a
+# draftlab dump; and the GPUs it holds alone.
+CAPTURE_ENV = (
     "../../envs/specforge.yaml"
-    if S.train.backend == "specforge"
+    if S.train.specforge.capture == "specforge"
     else "../../envs/training.yaml"
 )
+CAPTURE_GPUS = jobs.capture_gpus(S)
 DEMO_GPUS = 1 if S.demo.device.startswith("cuda") else 0
 
 
@@ -122,6 +133,23 @@ def get_plan(wildcards):
 LAUNCHES = launches.launches(S)
 
 
+def get_in_domain_prompts():
+    """Every client's in_domain prompt file (the demo's is rule demo_models' output; a user file not here yet
+    is left out with a warning, and the bench fails naming it)."""
+    files = []
+    for c in S.bench.clients:
+        path = jobs.in_domain_prompts(S, c)
+        if path is None or path in files:
+            continue
+        if c.in_domain != "demo" and not os.path.exists(path):
+            logger.warning(
+                f"bench.clients in_domain {path} does not exist here; serve_bench will fail until it does"
+            )
+            continue
+        files.append(path)
+    return files
+
+
 @functools.cache
 def _launch_plan(launch_id):
     return jobs.launch_plan(S, L, launch_id)
@@ -167,8 +195,9 @@ def get_launch_inputs(launch, wildcards):
     inputs = {
         "plan": L.launch_plan(launch.id),
         "target": L.target_record,
-        # a client's prompt file edited in place measures again
+        # a client's prompt files edited in place measure again
         "bench_prompts": jobs.bench_prompt_files(S),
+        "in_domain": get_in_domain_prompts(),
         "extra": jobs.extra_arg_files(S.serve.extra_args),
     }
     drafted = [v for v in launch.variants if Variant(v).has_drafter]
@@ -238,7 +267,8 @@ def get_report_inputs(wildcards):
         # per-request rows: paired speedups, per-category results, chain predictions
         "bench": L.bench_results(servers, CLIENTS),
         # the servers' plans: the recommendation's launch command comes from the same builder
-        "plans": [L.bench_plan(v, s) for v, s in servers if Variant(v).has_drafter],
+        # the baseline's too: a plain verdict's deploy block names its launch command
+        "plans": [L.bench_plan(v, s) for v, s in servers],
     }
 
 
@@ -253,6 +283,7 @@ REPORT_FLAGS = (
     ("coverage", "--d2t-coverage"),
     ("static_md", "--static-md"),
     ("data_stats", "--data-stats"),
+    ("leak_check", "--leak-check"),
     ("bench", "--bench"),
     ("plans", "--plans"),
 )
@@ -323,6 +354,22 @@ def get_prompts_input():
     return []
 
 
+def get_leak_check_inputs(wildcards):
+    """The files rule leak_check compares, as tracked inputs (the shipped set by its path in the package);
+    a user file not here yet is left out, and the check fails naming it."""
+    files = jobs.leak_check_files(S, L)
+    bench = [
+        str(default_prompts_path()) if f == "default" else f
+        for f in files["bench"]
+        if f == "default" or f in get_in_domain_prompts() or os.path.exists(f)
+    ]
+    made = [L.generated_data] + (
+        [jobs.generate_prompts(S)] if DEMO and not S.data.prompts else []
+    )
+    data = [f for f in files["data"] if f in made or os.path.exists(f)]
+    return {"bench": bench, "data": data}
+
+
 def get_generate_inputs(wildcards):
     """The target, the prompt file (a user file not here yet is left out with a warning, as data.path
     is), the demo build and, with the server engine, the server spec."""
@@ -338,7 +385,7 @@ def get_generate_inputs(wildcards):
         logger.warning(
             f"data.prompts {prompts} does not exist here; generate_data will fail until it does"
         )
-    elif S.data.prompts:
+    elif S.data.prompts or DEMO:  # the demo's: rule demo_models writes them
         inputs["prompts"] = prompts
     if S.data.engine == "server":
         inputs["extra"] = jobs.extra_arg_files(S.serve.extra_args)
@@ -380,12 +427,62 @@ def get_training_settings(wildcards=None):
 def get_train_settings(wildcards):
     """SpecForge reads its settings from the merged config file, not the command line: this params
     value makes a change of them rerun the arm."""
-    return get_training_settings() if S.train.backend == "specforge" else ""
+    return (
+        get_training_settings()
+        if S.train.arm_backend(wildcards.arm) == "specforge"
+        else ""
+    )
 
 
 def get_train_shell(wildcards):
     """The training commands of one arm (the job exists only when the probe gate opened)."""
     return jobs.train_shell(S, L, wildcards.arm)
+
+
+def get_train_env(wildcards):
+    """An arm's conda env: SpecForge's for a SpecForge arm, the builtin trainer's otherwise."""
+    if S.train.arm_backend(wildcards.arm) == "specforge":
+        return "../../envs/specforge.yaml"
+    return "../../envs/training.yaml"
+
+
+def get_train_capture_input(wildcards):
+    """A SpecForge arm of the one-host path reads the one capture (its record names the features)."""
+    if S.train.captures and S.train.arm_backend(wildcards.arm) == "specforge":
+        return [L.capture_record, L.capture_mapping]
+    return []
+
+
+def _plans_gpu_work():
+    """Whether the jobs this run will run include the capture or any job that holds a GPU."""
+    for job in workflow.dag.needrun_jobs():
+        res = job.resources
+        if job.rule.name == "capture" or any(
+            int(res.get(k) or 0) > 0 for k in ("gpu", "gpu_share")
+        ):
+            return True
+    return False
+
+
+def check_capture_ready():
+    """The Snakefile's onstart (a real run, before any job): a one-host SpecForge capture's checkout must hold
+    SpecForge's script at its v0.2.0 release; else one error line and exit 2, before any GPU work (a run of
+    CPU jobs only, e.g. the merged config, is let through)."""
+    if not S.train.captures or not _plans_gpu_work():
+        return
+    try:
+        jobs.check_capture_ready(S)
+    except DraftlabError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def get_capture_shell(wildcards):
+    return jobs.capture_shell(S, L, L.log("capture.log"))
+
+
+def get_capture_note(wildcards):
+    return jobs.capture_note(S, L)
 
 
 def get_train_capture_note(wildcards):

@@ -93,3 +93,20 @@ rule vocab_mapping:
         draft_vocab_size=S.data.draft_vocab_size,
     script:
         "../scripts/vocab_mapping.py"
+
+
+rule leak_check:
+    """No bench prompt in the fine-tune data: a leak is refused in one line; the report needs the record."""
+    input:
+        unpack(get_leak_check_inputs),
+    output:
+        record=L.leak_check,
+    log:
+        L.log("leak_check.log"),
+    conda:
+        "../../envs/analysis.yaml"
+    params:
+        bench=lambda wildcards: jobs.leak_check_files(S, L)["bench"],
+        data=lambda wildcards: jobs.leak_check_files(S, L)["data"],
+    shell:
+        "draftlab leak-check --bench {params.bench:q} --data {params.data:q} --out {output.record:q} > {log:q} 2>&1"

@@ -42,6 +42,7 @@ rule report:
         compare=get_compare_outputs(),
         inspect=[L.inspect(w) for w in ["target", "drafter"]],
         data_stats=[L.generate_stats] if S.data.generated else [],
+        leak_check=L.leak_check,
     output:
         # snakemake --report shows PNG and HTML inline, Markdown/CSV/JSON only as dead data: links,
         # so what a person reads there is HTML (rendered from the Markdown) with captions

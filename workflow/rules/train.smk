@@ -25,8 +25,10 @@ rule experiment_config:
         "../scripts/experiment_config.py"
 
 
-# A SpecForge arm's capture-host setup follows its command as comment lines (`-n -p` prints them, bash
-# skips them); only SpecForge arms get the param, so a builtin arm's params stay as they were (no rerun).
+# A two-host SpecForge arm's capture-host setup follows its command as comment lines (`-n -p` prints them,
+# bash skips them); only SpecForge configs get the param, so a builtin arm's params stay as they were (no
+# rerun). A one-host SpecForge arm reads the one capture (workflow/rules/capture.smk). A SpecForge arm's
+# commands (joined by &&) all log to the arm's log: the redirect takes the whole group.
 rule train:
     input:
         target=L.target_record,
@@ -35,6 +37,7 @@ rule train:
         mapping=L.vocab_mapping,
         data=get_train_data_input(),
         merged=L.config_json,
+        capture=get_train_capture_input,
         extra=jobs.extra_arg_files(S.train.extra_args),
     output:
         run=directory(L.train_dir("{arm}")),
@@ -43,21 +46,17 @@ rule train:
     benchmark:
         L.benchmark("train", "{arm}.tsv")
     conda:
-        TRAIN_ENV
+        get_train_env
     threads: 2
     resources:
         **gpu_resources(TRAIN_GPUS, shared=True),
     params:
-        **(
-            {"capture": get_train_capture_note}
-            if S.train.backend == "specforge"
-            else {}
-        ),
+        **({"capture": get_train_capture_note} if S.train.uses_specforge else {}),
         command=get_train_shell,
         settings=get_train_settings,
     shell:
         (
-            "{params.command} > {log:q} 2>&1{params.capture}"
-            if S.train.backend == "specforge"
+            "( {params.command} ) > {log:q} 2>&1{params.capture}"
+            if S.train.uses_specforge
             else "{params.command} > {log:q} 2>&1"
         )

@@ -30,11 +30,13 @@ from typing import Any, Callable, Sequence
 from draftlab.benchmark.bench_checks import Plausibility, check_same_server
 from draftlab.benchmark.bench_client import _Client, _metrics_delta, _vllm_metrics
 from draftlab.benchmark.bench_prompts import (Prompt, default_prompts_path, file_sha256,  # noqa: F401 - the bench API
-                                              load_prompts, resolve_prompts_path, stratified_sample)
-from draftlab.benchmark.bench_summary import (VERIFY_CYCLE_SOURCES, _is_unverified,  # noqa: F401 - the bench API
+                                              load_prompt_files, load_prompts, resolve_prompts_path,
+                                              stratified_sample)
+from draftlab.benchmark.bench_summary import (PERCENTILES, VERIFY_CYCLE_SOURCES, _is_unverified,  # noqa: F401 - the bench API
                                               is_verify_cycle, summarize)
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import atomic_path, write_json
+from draftlab.http_client import HTTPStatusError
 from draftlab.serving.server_info import server_info, served_model  # noqa: F401 - also this module's API
 
 APIS = ("sglang", "vllm")
@@ -119,7 +121,7 @@ def _guard_vllm(delta: dict | None, n: int) -> None:
 
 def run_benchmark(
     url: str,
-    prompts: str | Path | Sequence[Prompt],
+    prompts: str | Path | Sequence[Prompt] | Sequence[str | Path],
     *,
     api: str = "sglang",
     max_new_tokens: int = 64,  # the model's bench.clients default (a test keeps them equal)
@@ -167,7 +169,7 @@ def run_benchmark(
     checks = Plausibility.from_server_info(max_new_tokens, settings, num_steps, num_draft_tokens)
     client = _Client(url, api, max_new_tokens, ignore_eos, request_timeout_s, model, checks)
     total = warmup + repeats * len(prompt_list) + (len(prompt_list) if measure_ttft else 0)
-    run = _Run(client, total, progress, on_row)
+    run = _Run(client, total, progress, on_row, prompt_set["path"])
     try:
         run.warmup(prompt_list, warmup, guard=require_speculation and api == "sglang")
         before = _vllm_metrics(url, request_timeout_s) if api == "vllm" else None
@@ -227,13 +229,15 @@ def _checked_args(url: str, api: str, *, max_new_tokens: int, repeats: int, warm
     return url
 
 
-def _prompt_set(prompts: str | Path | Sequence[Prompt], category: str | None, limit: int | None,
+def _prompt_set(prompts: str | Path | Sequence[Prompt] | Sequence[str | Path], category: str | None, limit: int | None,
                 sample_seed: int) -> tuple[list[Prompt], dict[str, Any]]:
     """The prompts to send (a stratified sample when ``limit``) and the record of where they came from."""
     if isinstance(prompts, (str, Path)):
         prompt_path = resolve_prompts_path(prompts)
         prompt_list = load_prompts(prompt_path, category)
         prompt_set = {"path": str(prompt_path), "sha256": file_sha256(prompt_path)}
+    elif prompts and all(isinstance(p, (str, Path)) for p in prompts):
+        prompt_list, prompt_set = load_prompt_files(prompts, category)
     else:
         prompt_list = list(prompts)
         blob = "\n".join(json.dumps([p.id, p.category, p.text]) for p in prompt_list).encode()
@@ -253,10 +257,11 @@ class _Run:
     """The requests of one run and their rows: the warm-up, the timed passes, the TTFT requests."""
 
     def __init__(self, client: _Client, total: int, progress: bool,
-                 on_row: Callable[[dict[str, Any]], None] | None):
+                 on_row: Callable[[dict[str, Any]], None] | None, source: str | None = None):
         from tqdm import tqdm  # noqa: PLC0415  # deferred: tqdm (~100 ms), only when a run starts
 
         self.client = client
+        self.source = source or "the prompt set"
         self.on_row = on_row
         self.bar = tqdm(total=total, desc="bench", unit="req", file=sys.stderr, disable=not progress)
         self.lock = threading.Lock()
@@ -270,7 +275,13 @@ class _Run:
             self.on_row(row)
 
     def one(self, prompt: Prompt, phase: str, repeat: int | None, stream: bool = False) -> dict[str, Any]:
-        raw = self.client.generate(prompt, stream=stream)
+        try:
+            raw = self.client.generate(prompt, stream=stream)
+        except HTTPStatusError as exc:  # a 4xx refuses this prompt (too long for the context...): say which
+            if not 400 <= exc.status < 500:
+                raise
+            raise DraftlabError(f"{self.source}: prompt {prompt.id!r} ({len(prompt.text)} characters) refused by "
+                                f"the server: {exc}") from None
         verify = raw.get("verify_ct")
         row = {
             "phase": phase,
@@ -279,8 +290,9 @@ class _Run:
             "category": prompt.category,
             **{k: raw.get(k) for k in CSV_COLUMNS if k in raw},
         }
-        if raw.get("accept_by_position") is not None:  # JSON only; the CSV keeps scalar columns
-            row["accept_by_position"] = raw["accept_by_position"]
+        for key in ("accept_by_position", "itl_s"):  # JSON only; the CSV keeps scalar columns
+            if raw.get(key) is not None:
+                row[key] = raw[key]
         if raw.get("output_sha256"):  # JSON only: what serve-launch compares with plain decoding's answers
             row["output_sha256"] = raw["output_sha256"]
         row["cycle_ms"] = (
@@ -350,6 +362,10 @@ def _cycle_label(summary: dict[str, Any]) -> str:
     return f"end-to-end time per verify step (from {summary.get('cycle_time_source')}: prefill and queueing included)"
 
 
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else 1000.0 * seconds
+
+
 def human_summary(result: BenchResult) -> str:
     """A few lines for a person at a terminal."""
     s = result.summary
@@ -362,8 +378,9 @@ def human_summary(result: BenchResult) -> str:
         f"requests: {s['requests']} ({s['repeats']} repeats), completion tokens: {s['total_completion_tokens']}",
         f"output tok/s: median {f(s['output_tps_median'])}"
         + (f" (95% CI {ci[0]:.2f}..{ci[1]:.2f})" if ci else ""),
-        f"accept length: {f(s['accept_length'])}  {_cycle_label(s)}: {f(s['cycle_ms'])} ms  "
-        f"TTFT median: {f(s['ttft_s_median'], '{:.3f}')} s",
+        f"accept length: {f(s['accept_length'])}  {_cycle_label(s)}: {f(s['cycle_ms'])} ms",
+        "streamed: TTFT p50/p90/p99 " + "/".join(f(s.get(f"ttft_s_p{q}"), "{:.3f}") for q in PERCENTILES)
+        + " s, ITL p50/p90/p99 " + "/".join(f(_ms(s.get(f"itl_s_p{q}")), "{:.1f}") for q in PERCENTILES) + " ms",
         f"speculation active: {s['speculation_active']}",
     ]
     lines += [f"warning: {w}" for w in s.get("warnings", [])]

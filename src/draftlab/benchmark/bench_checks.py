@@ -9,7 +9,8 @@ Bounds, with SGLang's semantics (``spec_verify_ct`` counts target verify passes;
 of a request comes from the prefill, not from a verify):
 
 - every count >= 0, every time a finite number >= 0;
-- times nest: ``prefill_time + draft_time + verify_time`` and ``first_token_latency`` within ``e2e_latency`` (the
+- times nest: the builtin server's ``draftlab_prefill_time + draftlab_draft_time + draftlab_verify_time`` and
+  ``first_token_latency`` within ``e2e_latency`` (the
   request as the server timed it), and that within the request as the client timed it (plus
   ``TIME_SLACK_S``): no part of a request lasts longer than the request;
 - ``spec_verify_ct <= completion_tokens``: every verify pass emits at least one token, so the
@@ -49,7 +50,9 @@ from typing import Any
 from draftlab.errors import DraftlabError
 
 COUNT_KEYS = ("prompt_tokens", "completion_tokens", "spec_verify_ct")
-TIME_KEYS = ("e2e_latency", "draft_time", "verify_time", "prefill_time", "first_token_latency")
+TIME_KEYS = ("e2e_latency", "draftlab_draft_time", "draftlab_verify_time", "draftlab_prefill_time",
+             "first_token_latency")
+SPLIT_KEYS = ("draftlab_prefill_time", "draftlab_draft_time", "draftlab_verify_time")
 TIME_SLACK_S = 0.05  # clock granularity between the server's timing and the client's
 
 
@@ -131,16 +134,40 @@ class Plausibility:
             if accepted is not None and verify is not None and t is not None and accepted > verify * t:
                 raise DraftlabError(f"{where}: meta_info.{acc_key} {accepted} is above spec_verify_ct {verify} x "
                                     f"{t} tokens per verify ({self._settings_text()}) = {verify * t}")
+        self._check_histogram(meta, where, verify)
+        self._check_by_position(meta, where, verify)
+
+    def _check_by_position(self, meta: dict[str, Any], where: str, verify: int | None) -> None:
+        """``spec_accept_by_position`` (the builtin server's before issue 40; still read): each count <=
+        ``spec_verify_ct``, at most ``num_steps`` positions."""
         by_pos = meta.get("spec_accept_by_position")
-        if isinstance(by_pos, list):
-            for i, value in enumerate(by_pos):
-                n = _count(where, f"meta_info.spec_accept_by_position[{i}]", value, required=True)
-                if verify is not None and n is not None and n > verify:
-                    raise DraftlabError(f"{where}: meta_info.spec_accept_by_position[{i}] {n} is above "
-                                        f"spec_verify_ct {verify}")
-            if self.num_steps is not None and len(by_pos) > self.num_steps:
-                raise DraftlabError(f"{where}: meta_info.spec_accept_by_position has {len(by_pos)} positions; "
-                                    f"speculative_num_steps is {self.num_steps}")
+        if not isinstance(by_pos, list):
+            return
+        for i, value in enumerate(by_pos):
+            n = _count(where, f"meta_info.spec_accept_by_position[{i}]", value, required=True)
+            if verify is not None and n is not None and n > verify:
+                raise DraftlabError(f"{where}: meta_info.spec_accept_by_position[{i}] {n} is above "
+                                    f"spec_verify_ct {verify}")
+        if self.num_steps is not None and len(by_pos) > self.num_steps:
+            raise DraftlabError(f"{where}: meta_info.spec_accept_by_position has {len(by_pos)} positions; "
+                                f"speculative_num_steps is {self.num_steps}")
+
+    def _check_histogram(self, meta: dict[str, Any], where: str, verify: int | None) -> None:
+        """SGLang's ``spec_correct_drafts_histogram``: entry j counts the verifies that accepted exactly j
+        drafts, so its entries sum to ``spec_verify_ct`` and it has at most ``num_steps + 1`` entries."""
+        hist = meta.get("spec_correct_drafts_histogram")
+        if isinstance(hist, list) and len(hist) == 1 and isinstance(hist[0], list):
+            hist = hist[0]  # a batch-shaped answer to one prompt
+        if not isinstance(hist, list):
+            return
+        counts = [_count(where, f"meta_info.spec_correct_drafts_histogram[{i}]", v, required=True)
+                  for i, v in enumerate(hist)]
+        if verify is not None and sum(counts) != verify:
+            raise DraftlabError(f"{where}: meta_info.spec_correct_drafts_histogram sums to {sum(counts)} verifies; "
+                                f"spec_verify_ct is {verify}")
+        if self.num_steps is not None and len(counts) > self.num_steps + 1:
+            raise DraftlabError(f"{where}: meta_info.spec_correct_drafts_histogram has {len(counts)} entries "
+                                f"(0..{len(counts) - 1} drafts accepted); speculative_num_steps is {self.num_steps}")
 
     @staticmethod
     def _check_times(meta: dict[str, Any], where: str, latency_s: float | None) -> None:
@@ -154,7 +181,7 @@ class Plausibility:
             if value < 0:
                 raise DraftlabError(f"{where}: meta_info.{key} is {value!r}; a duration cannot be negative")
             times[key] = float(value)
-        parts = [(k, times[k]) for k in ("prefill_time", "draft_time", "verify_time") if k in times]
+        parts = [(k, times[k]) for k in SPLIT_KEYS if k in times]
         inner = [(" + ".join(k for k, _ in parts), sum(v for _, v in parts))] if parts else []
         if "first_token_latency" in times:
             inner.append(("first_token_latency", times["first_token_latency"]))

@@ -17,12 +17,15 @@ from draftlab.benchmark.bench_checks import Plausibility
 from draftlab.benchmark.bench_prompts import Prompt
 from draftlab.errors import DraftlabError
 
-# Newer SGLang versions report accepted/proposed draft counts under one of these pairs.
+# SGLang reports accepted/proposed draft counts under one of these pairs: 0.5.23's first (the builtin
+# server's too), then the older versions' names, still read for a real old server (FIELD-NOTES).
 ACCEPT_COUNT_KEYS = (
-    ("spec_accept_token_num", "spec_draft_token_num"),
-    ("spec_accepted_drafts", "spec_proposed_drafts"),
     ("spec_num_correct_drafts", "spec_num_proposed_drafts"),
+    ("spec_accepted_drafts", "spec_proposed_drafts"),
+    ("spec_accept_token_num", "spec_draft_token_num"),
 )
+# draftlab's builtin server only: its own split of a request's time (SGLang reports neither)
+DRAFT_TIME, VERIFY_TIME = "draftlab_draft_time", "draftlab_verify_time"
 
 VLLM_COUNTERS = {
     "drafts": "vllm:spec_decode_num_drafts",
@@ -65,7 +68,7 @@ def at_least_counts(histogram: Any) -> list[int] | None:
     Entry j of the histogram counts the verify cycles with exactly j correct drafts (SGLang's
     ``io_struct``: "histogram[3] = 10 means 10 steps with 3 accepted tokens"); in a chain, draft i was
     accepted in every cycle with at least i correct, so position i counts sum_{j>=i} histogram[j]
-    (the builtin server's ``spec_accept_by_position``). None when absent or malformed.
+    None when absent or malformed.
     """
     if isinstance(histogram, list) and len(histogram) == 1 and isinstance(histogram[0], list):
         histogram = histogram[0]  # a batch-shaped answer to one prompt
@@ -79,24 +82,24 @@ def at_least_counts(histogram: Any) -> list[int] | None:
 
 def accept_by_position(meta: dict) -> tuple[str | None, list | None]:
     """(the field it came from, accepts per draft position) of a ``meta_info``, or (None, None)."""
-    by_pos = meta.get("spec_accept_by_position")  # draftlab's builtin server: accepts per draft position
+    by_pos = meta.get("spec_accept_by_position")  # draftlab's builtin server before issue 40 (now the histogram)
     if isinstance(by_pos, list):
         return "spec_accept_by_position", by_pos
-    counts = at_least_counts(meta.get("spec_correct_drafts_histogram"))  # SGLang 0.5.23
+    counts = at_least_counts(meta.get("spec_correct_drafts_histogram"))  # SGLang 0.5.23 and the builtin server
     return ("spec_correct_drafts_histogram", counts) if counts is not None else (None, None)
 
 
 def parse_sglang_meta(meta: dict) -> dict[str, Any]:
-    """Raw counts from an SGLang/builtin ``meta_info``, tolerating every known field naming."""
+    """Raw counts from an SGLang/builtin ``meta_info`` (one code path for both), tolerating older SGLang names."""
     accepted = proposed = None
     keys = accept_count_keys(meta)
     if keys:
         accepted, proposed = _int_or_none(meta.get(keys[0])), _int_or_none(meta.get(keys[1]))
-    draft_t, verify_t = _float_or_none(meta.get("draft_time")), _float_or_none(meta.get("verify_time"))
+    draft_t, verify_t = _float_or_none(meta.get(DRAFT_TIME)), _float_or_none(meta.get(VERIFY_TIME))
     e2e = _float_or_none(meta.get("e2e_latency"))
     first = _float_or_none(meta.get("first_token_latency"))  # SGLang with --enable-metrics
     if draft_t is not None and verify_t is not None:
-        decode, source = draft_t + verify_t, "draft_time+verify_time"
+        decode, source = draft_t + verify_t, "draft_time+verify_time"  # the builtin server's split
     elif e2e is not None and first is not None and e2e >= first:
         decode, source = e2e - first, "e2e_latency-first_token_latency"
     elif e2e is not None:
@@ -125,6 +128,37 @@ def output_digest(answer: Any) -> str | None:
         return hashlib.sha256(json.dumps(ids).encode()).hexdigest()
     text = answer.get("text")
     return hashlib.sha256(text.encode()).hexdigest() if isinstance(text, str) else None
+
+
+class Gaps:
+    """Time to first token and inter-token latencies of one stream, as SGLang's ``bench_serving`` counts them.
+
+    ``/generate`` events are cumulative: an event that brings n new tokens after a gap g adds n
+    latencies of g / n (``async_request_sglang_generate``); an OpenAI chunk with text adds one
+    latency, the gap since the previous one (``async_request_openai_completions``).
+    """
+
+    def __init__(self, start: float):
+        self.start, self.last, self.seen = start, start, 0
+        self.ttft: float | None = None
+        self.gaps: list[float] = []
+
+    def tokens_at(self, now: float, tokens: int) -> None:
+        if self.ttft is None:
+            self.ttft = now - self.start
+        elif tokens > self.seen:
+            new = tokens - self.seen
+            self.gaps.extend([(now - self.last) / new] * new)
+        else:
+            return
+        self.last, self.seen = now, tokens
+
+    def chunk_at(self, now: float) -> None:
+        if self.ttft is None:
+            self.ttft = now - self.start
+        else:
+            self.gaps.append(now - self.last)
+        self.last = now
 
 
 @dataclass
@@ -157,6 +191,7 @@ class _Client:
         url = f"{self.url}/generate"
         start = time.perf_counter()
         ttft = None
+        itl = Gaps(start)
         returned = False  # whether any output (ids or text) came back
         with http_client.request(url, payload, self.timeout) as resp:
             streamed = stream and "text/event-stream" in resp.content_type
@@ -164,10 +199,15 @@ class _Client:
                 final: Any = {}
                 for n, event in enumerate(resp.events()):
                     meta = http_client.JsonReader(event, url, f"event {n}").get("meta_info", "object", default={})
-                    if ttft is None and ((_int_or_none(meta.get("completion_tokens")) or 0) >= 1 or event.get("text")):
-                        ttft = time.perf_counter() - start
+                    tokens = max(0, _int_or_none(meta.get("completion_tokens")) or 0)
+                    if tokens > self.max_new_tokens:  # before it sizes anything (a lying count is refused)
+                        raise DraftlabError(f"{url}: event {n}: meta_info.completion_tokens {tokens} is above "
+                                            f"max_new_tokens {self.max_new_tokens}, which this benchmark asked for")
+                    if tokens >= 1 or event.get("text"):
+                        itl.tokens_at(time.perf_counter(), tokens)
                     returned = returned or bool(event.get("output_ids")) or bool(event.get("text"))
                     final = event
+                ttft = itl.ttft
             else:
                 final = resp.json()
         latency = time.perf_counter() - start
@@ -191,7 +231,7 @@ class _Client:
                                      returned=returned or bool(final.get("output_ids")) or bool(final.get("text")))
         # the whole answer's digest (serve_launch compares it with plain decoding's); a stream may end on an
         # increment, so a streamed answer has none
-        row.update(latency_s=latency, ttft_s=ttft, streamed=streamed,
+        row.update(latency_s=latency, ttft_s=ttft, itl_s=itl.gaps if streamed else None, streamed=streamed,
                    output_sha256=None if streamed else output_digest(final))
         return row
 
@@ -210,6 +250,7 @@ class _Client:
         url = f"{self.url}/v1/completions"
         start = time.perf_counter()
         ttft = None
+        itl = Gaps(start)
         usage: dict = {}
         choices: list = []
         with http_client.request(url, payload, self.timeout) as resp:
@@ -218,9 +259,10 @@ class _Client:
                 for n, event in enumerate(resp.events()):
                     ev = http_client.JsonReader(event, url, f"event {n}")
                     choices = ev.get("choices", "list", default=[])
-                    if ttft is None and choices and ev.field("choices", "list").item(0).get("text", "str"):
-                        ttft = time.perf_counter() - start
+                    if choices and ev.field("choices", "list").item(0).get("text", "str"):
+                        itl.chunk_at(time.perf_counter())
                     usage = ev.get("usage", "object") or usage
+                ttft = itl.ttft
             else:
                 answer = http_client.JsonReader(resp.json(dict), url)
                 usage = answer.get("usage", "object", default={})
@@ -245,6 +287,7 @@ class _Client:
             "decode_time_source": "client_latency",
             "latency_s": latency,
             "ttft_s": ttft,
+            "itl_s": itl.gaps if streamed else None,
             "streamed": streamed,
         }
 

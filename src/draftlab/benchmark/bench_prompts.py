@@ -52,8 +52,12 @@ def load_prompts(path: str | Path, category: str | None = None) -> list[Prompt]:
     file (``"0"``, ``"1"``, ...); its category is the record's ``category``, else ``category`` (the
     client's name in the workflow), else ``"misc"``."""
     path = resolve_prompts_path(path)
-    if not os.path.lexists(path):
-        raise DraftlabError(f"{path}: prompt file not found (use --prompts default for the shipped set)")
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        raise DraftlabError(f"{path}: prompt file not found (use --prompts default for the shipped set)") from None
+    except OSError as exc:  # a folder this user may not enter is not a missing file
+        raise DraftlabError(f"{path}: cannot read the prompt file ({exc.strerror})") from None
     prompts: list[Prompt] = []
     seen: set[str] = set()
     for p in iter_prompts(path):
@@ -73,6 +77,26 @@ def load_prompts(path: str | Path, category: str | None = None) -> list[Prompt]:
             raise DraftlabError(f"{where}: expected a non-empty user turn to send, got turns: {roles}")
         prompts.append(Prompt(pid, p.category or category or "misc", text))
     return prompts
+
+
+def load_prompt_files(paths: Sequence[str | Path], category: str | None = None) -> tuple[list[Prompt], dict]:
+    """Several prompt files benched as one set (the client's ``prompts`` and its ``in_domain`` file), in order,
+    each keeping its own categories; and the record of where they came from: ``path`` (the first, as a
+    one-file set records it), ``paths``, and ``sha256`` over the files' own hashes (results pair only on it).
+    A prompt id that two files share is refused: the per-prompt pairing keys on ids."""
+    prompts: list[Prompt] = []
+    seen: dict[str, Path] = {}
+    for raw in paths:
+        path = resolve_prompts_path(raw)
+        for p in load_prompts(path, category):
+            if p.id in seen:
+                raise DraftlabError(f"{path}: key 'id': prompt id {p.id!r} is also in {seen[p.id]}; the prompt "
+                                    "files a client benches together need distinct ids")
+            seen[p.id] = path
+            prompts.append(p)
+    resolved = [str(resolve_prompts_path(p)) for p in paths]
+    digest = hashlib.sha256("\n".join(file_sha256(p) for p in resolved).encode()).hexdigest()
+    return prompts, {"path": resolved[0], "paths": resolved, "sha256": digest}
 
 
 def stratified_sample(prompts: Sequence[Prompt], limit: int | None, seed: int = 0) -> list[Prompt]:

@@ -60,6 +60,30 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+PERCENTILES = (50, 90, 99)  # of TTFT and inter-token latency, as SGLang's bench_serving prints them
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile with linear interpolation (numpy's default, which bench_serving uses)."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def latency_percentiles(ttft_rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """``ttft_s_p50``.. over the streamed requests and ``itl_s_p50``.. over all their inter-token gaps."""
+    ttfts = [r["ttft_s"] for r in ttft_rows]
+    gaps = [g for r in ttft_rows for g in r.get("itl_s") or ()]
+    out: dict[str, float | None] = {f"ttft_s_p{q}": percentile(ttfts, q) for q in PERCENTILES}
+    out.update({f"itl_s_p{q}": percentile(gaps, q) for q in PERCENTILES})
+    out["itl_count"] = len(gaps)
+    return out
+
+
 def _is_unverified(row: dict) -> bool:
     # A request that produced at most one token finishes in prefill: no verify cycle is expected.
     return (row["completion_tokens"] or 0) > 1 and not (row.get("verify_ct") or 0) > 0
@@ -118,6 +142,7 @@ def summarize(
         "ttft_s_median": _median([r["ttft_s"] for r in ttft_rows]),
         "ttft_s_mean": statistics.fmean([r["ttft_s"] for r in ttft_rows]) if ttft_rows else None,
         "ttft_requests": len(ttft_rows),
+        **latency_percentiles(ttft_rows),
     }
 
 

@@ -47,6 +47,12 @@ def break_even_accept_length(baseline_tps: float, cycle_ms: float) -> float:
     return _positive(baseline_tps, "--baseline-tps") * _positive(cycle_ms, "--cycle-ms") / 1000.0
 
 
+def accept_length_needed(accept_length: float, speedup: float, goal: float = 1.0) -> float:
+    """The accept length a drafter measured at ``accept_length`` and a paired ``speedup`` needs for ``goal`` x
+    plain decoding at its own cycle: L x goal / S (its cycle C = 1000 L / (S X), so break-even X C / 1000 = L / S)."""
+    return _positive(accept_length, "accept length") * _positive(goal, "goal") / _positive(speedup, "speedup")
+
+
 def required_accept_length(target_tps: float, cycle_ms: float) -> float:
     """Accept length needed for ``target_tps`` at a cycle of ``cycle_ms``: T * C / 1000."""
     return _positive(target_tps, "--target-tps") * _positive(cycle_ms, "--cycle-ms") / 1000.0
@@ -154,6 +160,9 @@ def breakeven_table(
     }
     if step_acceptance is not None:
         length = expected_accept_length(step_acceptance, k)
+        if not math.isfinite(length):
+            raise DraftlabError(f"--step-acceptance {step_acceptance:g}: every draft accepted on a chain without end "
+                                "has no finite accept length; give --num-steps (K) or a P below 1")
         out["step_acceptance"] = float(step_acceptance)
         out["expected_accept_length"] = length
         out["expected_tps"] = expected_tps(length, cycle_ms)

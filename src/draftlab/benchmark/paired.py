@@ -28,6 +28,9 @@ SEED = 0
 # a host whose per-prompt timings vary more than this between repeats (median relative range) is noisy
 NOISY_SPREAD = 0.10
 _PAIR_KEYS = ("max_new_tokens", "ignore_eos", "limit")
+# a category's own paired interval needs this many prompts: a percentile bootstrap over fewer resamples a
+# handful of points and reads far narrower than the spread it hides (docs/benchmark.md)
+MIN_CATEGORY_PROMPTS = 8
 
 
 def _measured(result: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -106,7 +109,7 @@ def prompts_needed(n: int, est: float, lo: float | None, hi: float | None, again
     half = (math.log(hi) - math.log(lo)) / 2
     if effect < 1e-9:
         return None
-    return max(n, math.ceil(n * (half / effect) ** 2))
+    return max(n + 1, math.ceil(n * (half / effect) ** 2))  # an interval that holds it: more than now
 
 
 def _ratios(base: Mapping[str, Any], variant: Mapping[str, Any]) -> tuple[dict[str, float], str]:
@@ -153,9 +156,11 @@ def paired_speedup(base: Mapping[str, Any], variant: Mapping[str, Any], *, seed:
 
 def _category(variant: Mapping[str, Any], ids: list[str], ratios: list[float], seed: int,
               resamples: int) -> dict[str, Any]:
+    """One category's paired numbers; ``too_few`` (and no interval) below :data:`MIN_CATEGORY_PROMPTS`."""
     est, lo, hi = geomean_interval(ratios, seed, resamples)
-    return {"prompts": len(ids), "speedup": est, "ci95": None if lo is None else [lo, hi],
-            "accept_length": accept_length(variant, set(ids))}
+    too_few = len(ids) < MIN_CATEGORY_PROMPTS
+    return {"prompts": len(ids), "speedup": est, "ci95": None if lo is None or too_few else [lo, hi],
+            "too_few": too_few, "accept_length": accept_length(variant, set(ids))}
 
 
 def accept_length(result: Mapping[str, Any], ids: set[str] | None = None) -> float | None:

@@ -9,12 +9,14 @@ marker) instead of running.
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from draftlab.errors import DraftlabError
 from draftlab.fsutil import read_json, write_json, write_text
 
 SKIP_MARKER = "SKIPPED.json"
@@ -22,11 +24,12 @@ SKIP_MARKER = "SKIPPED.json"
 
 def gate_decision(probe_results: Sequence[str | os.PathLike], min_accept_length: float) -> dict[str, Any]:
     """Pass when the best probe accept length (bonus token included) reaches ``min_accept_length``."""
+    if isinstance(min_accept_length, bool) or not isinstance(min_accept_length, (int, float)) \
+            or not math.isfinite(min_accept_length) or min_accept_length < 1:
+        raise DraftlabError(f"--min-accept-length: expected a finite number >= 1, got {min_accept_length!r}")
     measured = []
     for path in probe_results:
-        data = read_json(path, "probe benchmark result")
-        length = (data.get("summary") or {}).get("accept_length")
-        measured.append({"result": str(path), "accept_length": length})
+        measured.append({"result": str(path), "accept_length": _accept_length(path)})
     lengths = [m["accept_length"] for m in measured if m["accept_length"] is not None]
     best = max(lengths) if lengths else None
     ok = best is not None and best >= min_accept_length
@@ -42,9 +45,35 @@ def gate_decision(probe_results: Sequence[str | os.PathLike], min_accept_length:
             "min_accept_length": float(min_accept_length), "best_accept_length": best, "measured": measured}
 
 
+def _accept_length(path: str | os.PathLike) -> float | None:
+    """A probe result's ``summary.accept_length``: null (nothing verified) or a finite number >= 1."""
+    summary = read_json(path, "probe benchmark result").get("summary")
+    if not isinstance(summary, dict):
+        raise DraftlabError(f"{path}: key 'summary': expected an object (a draftlab bench result), got {summary!r:.60}")
+    length = summary.get("accept_length")
+    if length is None:
+        return None
+    if isinstance(length, bool) or not isinstance(length, (int, float)) or not math.isfinite(length) or length < 1:
+        raise DraftlabError(f"{path}: key 'summary.accept_length': expected a finite number >= 1 (the bonus token "
+                            f"included) or null, got {length!r:.60}")
+    return float(length)
+
+
+def read_decision(gate: str | os.PathLike) -> dict[str, Any]:
+    """A ``probe-gate`` decision file: ``pass`` (true/false) and, when closed, its ``reason``."""
+    decision = read_json(gate, "probe gate decision")
+    if not isinstance(decision.get("pass"), bool):
+        raise DraftlabError(f"{gate}: key 'pass': expected true or false (a decision written by draftlab "
+                            f"probe-gate), got {decision.get('pass', 'nothing')!r:.60}")
+    if not decision["pass"] and not isinstance(decision.get("reason"), str):
+        raise DraftlabError(f"{gate}: key 'reason': expected the text of why the gate is closed, got "
+                            f"{decision.get('reason', 'nothing')!r:.60}")
+    return decision
+
+
 def gate_open(gate: str | os.PathLike) -> bool:
     """Whether the decision file of ``probe-gate`` lets the trained arms exist."""
-    return bool(read_json(gate, "probe gate decision")["pass"])
+    return read_decision(gate)["pass"]
 
 
 # --- gated jobs --------------------------------------------------------------------------------
@@ -53,7 +82,7 @@ def gate_open(gate: str | os.PathLike) -> bool:
 def gate_closed(gate: str | None = None, unless_skipped: str | None = None) -> str | None:
     """The reason a gated job must not run, or None: a closed gate, or an upstream job that skipped."""
     if gate:
-        decision = read_json(gate, "probe gate decision")
+        decision = read_decision(gate)
         if not decision["pass"]:
             return decision["reason"]
     if unless_skipped:

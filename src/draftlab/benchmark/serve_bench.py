@@ -98,7 +98,7 @@ def run_clients(url: str, plan: Mapping[str, Any], spec: ServerSpec, summary: di
     for c in plan["clients"] if clients is None else clients:
         t0 = time.time()
         result = run_benchmark(
-            url, c["prompts"] or "default", api=plan["api"], max_new_tokens=c["max_new_tokens"],
+            url, client_prompts(c), api=plan["api"], max_new_tokens=c["max_new_tokens"],
             repeats=c["repeats"], warmup=c["warmup"], concurrency=c["concurrency"], limit=c.get("limit"),
             ignore_eos=bool(c.get("ignore_eos")), require_speculation=plan["require_speculation"], progress=progress,
             **_launched_numbers(spec), expect_server=planned_server_info(launched or spec),
@@ -112,6 +112,12 @@ def run_clients(url: str, plan: Mapping[str, Any], spec: ServerSpec, summary: di
                                    "accept_length": result.summary.get("accept_length"),
                                    "output_tps_median": result.summary.get("output_tps_median")})
     return measured
+
+
+def client_prompts(client: Mapping[str, Any]) -> str | list[str]:
+    """What a client benches: its prompt file (null: the shipped set), and its ``in_domain`` file beside it."""
+    prompts = client.get("prompts") or "default"
+    return [prompts, client["in_domain"]] if client.get("in_domain") else prompts
 
 
 def _launched_numbers(spec) -> dict[str, int | None]:

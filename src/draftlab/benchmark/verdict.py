@@ -6,9 +6,14 @@ seconds per output token / the arm's, with a seeded bootstrap 95% interval over 
 (variant) stands at its best setting by that paired speedup; accept length never picks a setting or
 an arm (a long chain can accept more and still run slower than plain decoding).
 
-A winner is named only where its paired interval excludes 1.0 against the baseline *and* the paired
-comparison with the runner-up (the next arm, on the same prompts) excludes 1.0; otherwise the report
-says the run cannot tell, with the numbers and how many prompts would. Results that cannot be paired
+A winner is named only where its paired interval excludes 1.0 against the baseline *and* its paired
+comparison with every other arm (each at its best setting, on the same prompts) excludes 1.0; otherwise
+the report says the run cannot tell, names the two candidates it cannot separate (plain decoding and the
+fastest arm, or two arms) and how many prompts would. No step rests on which point estimate came first:
+two runs whose intervals agree give the same verdict, however their point estimates are ordered. An interval
+over prompts cannot see what moves a whole launch (the host's load when it ran), so each comparison also
+carries the hosts' own noise (:func:`host_noise`: how much the two servers' repeats disagree per prompt): a
+result decides only where its interval clears 1.0 by that margin; inside it the run cannot tell, every run. Results that cannot be paired
 (other prompts or budget than the baseline's) are listed and left out. Transfer vs scratch and
 fine-tuned vs probe are compared at one setting. A trained arm that learnt nothing (validation
 accuracy 0) is never the decision.
@@ -96,8 +101,33 @@ def arm_table(rows: Sequence[dict[str, Any]], client: str, bench: Bench) -> list
             p = {"paired": False, "reason": "no per-request results for the baseline or this arm", "speedup": None,
                  "prompts": 0}
         else:
-            p = pairing.paired_speedup(base_res, res)
+            p = with_margin(pairing.paired_speedup(base_res, res), max(host_noise(base_res), host_noise(res)))
         out.append({"row": r, "paired": p})
+    return out
+
+
+def host_noise(result: Mapping[str, Any] | None) -> float:
+    """How much one server's own repeats disagree on the same greedy answers (the median over prompts of
+    range / median of seconds per token, draftlab.benchmark.paired.host_stability); 0 where unmeasured
+    (one repeat). What moves a launch's speed within it moves it between launches too, which a paired
+    interval over prompts cannot see (two smoke runs on a loaded VM: 1.34x and 0.57x for one arm)."""
+    return float(pairing.host_stability(result)["prompt_spread"] or 0.0) if result else 0.0
+
+
+def with_margin(p: Mapping[str, Any], margin: float) -> dict[str, Any]:
+    """``p`` with the hosts' noise carried into the decision: ``margin``; ``clears`` (faster than 1 + margin over
+    its whole interval), ``below`` (slower than 1 / (1 + margin) over it); ``prompts_needed`` against that bound
+    (None where the speed-up sits inside the noise: no number of prompts tells there, a quieter host does)."""
+    out = dict(p, margin=margin, clears=False, below=False)
+    ci, est = p.get("ci95"), p.get("speedup")
+    if not p.get("paired") or not ci or not est:
+        return out
+    f = 1.0 + margin
+    out.update(clears=ci[0] > f, below=ci[1] < 1.0 / f)
+    if not out["clears"] and not out["below"]:
+        inside = margin > 0 and 1.0 / f <= est <= f
+        out["prompts_needed"] = None if inside else pairing.prompts_needed(p["prompts"], est, ci[0], ci[1],
+                                                                            f if est > 1 else 1.0 / f)
     return out
 
 
@@ -118,12 +148,25 @@ def head_to_head(bench: Bench, a: Mapping[str, Any], b: Mapping[str, Any]) -> di
     ra, rb = bench.get((a["variant"], a["spec_id"])), bench.get((b["variant"], b["spec_id"]))
     if ra is None or rb is None:
         return {"paired": False, "reason": "no per-request results", "speedup": None, "prompts": 0}
-    return pairing.paired_speedup(rb, ra, by_category=False)
+    return with_margin(pairing.paired_speedup(rb, ra, by_category=False), max(host_noise(ra), host_noise(rb)))
+
+
+def _within(p: Mapping[str, Any]) -> str:
+    """Why an interval does not decide: it holds 1.0, or it reaches into the band of the hosts' own noise."""
+    m = p.get("margin") or 0.0
+    if not m:
+        return "an interval that holds 1.0"
+    return f"an interval that reaches into the hosts' own noise around 1.0 ({1 / (1 + m):.2f} to {1 + m:.2f})"
 
 
 def what_would_tell(p: Mapping[str, Any]) -> str:
+    m = p.get("margin") or 0.0
+    if m > 0 and not p.get("prompts_needed") and p.get("speedup") and 1 / (1 + m) <= p["speedup"] <= 1 + m:
+        return (f"a quieter host: {p['speedup']:.2f}x sits inside the {m:.0%} these servers' own repeats disagree "
+                "by per prompt, which more prompts do not shrink (one `bench_slot`, nothing else running)")
+    noise = f"; each result must clear 1.0 by the hosts' own noise, {m:.0%} per prompt between repeats" if m else ""
     return (f"{_needed(p)} (`bench.clients[].limit` or a larger prompt file), on an otherwise idle host "
-            "(one `bench_slot`, the default)")
+            f"(one `bench_slot`, the default){noise}")
 
 
 def like_for_like(rows: Sequence[dict[str, Any]], client: str, bench: Bench,
@@ -160,7 +203,9 @@ def decide(rows: Sequence[dict[str, Any]], client: str, bench: Bench | None = No
 
     ``bench`` maps (variant, spec) to that result's bench JSON for ``client`` (per-request rows); the
     last line is the decision sentence. Also returned: ``arms`` (best setting per variant, fastest first,
-    with paired numbers), ``runner_up`` and ``versus_runner_up``.
+    with paired numbers), ``runner_up`` and ``versus_runner_up``; a cannot-tell verdict between arms or
+    against plain decoding adds ``candidates`` (two rows: the baseline's first when the question is plain
+    decoding), ``versus`` (their paired comparison) and ``prompts_needed``.
     """
     bench = bench or {}
     base = baseline_row(rows, client)
@@ -186,35 +231,45 @@ def decide(rows: Sequence[dict[str, Any]], client: str, bench: Bench | None = No
         return {**empty, "verdict": "cannot-tell",
                 "lines": lines + ["**Decision:** the run cannot tell: no drafter result pairs with the baseline's."]}
     lines += like_for_like(rows, client, bench, best)
-    top, runner = best[0], (best[1] if len(best) > 1 else None)
-    p = top["paired"]
-    res = {**empty, "arms": best, "paired": p, "runner_up": runner["row"] if runner else None}
+    p = best[0]["paired"]
+    res = {**empty, "arms": best, "paired": p, "runner_up": best[1]["row"] if len(best) > 1 else None}
     standing = "; ".join(f"{label(a['row'])} {speedup_text(a['paired'])}" for a in best)
-    ci = p.get("ci95")
-    if all(a["paired"].get("ci95") and a["paired"]["ci95"][1] < 1.0 for a in best):
+    if all(a["paired"]["below"] for a in best):
         lines.append(f"**Decision:** keep serving without speculation: every drafter, at its best setting, is slower "
                      f"than plain decoding on the same prompts ({standing}).")
         return {**res, "verdict": "plain", "lines": lines}
-    if not ci or ci[0] <= 1.0:
+    # Only intervals decide, never which point estimate came first: an arm is a candidate when its interval
+    # clears 1.0 by the hosts' own noise, and it wins only when it also clears every other arm head to head.
+    faster = [a for a in best if a["paired"]["clears"]]
+    if not faster:
+        top = best[0]
         lines.append(f"**Decision:** this run cannot tell whether speculation beats plain decoding: the fastest arm, "
-                     f"{label(top['row'])}, runs {speedup_text(p)} against the baseline on the same prompts, an "
-                     f"interval that holds 1.0 (all arms at their best setting: {standing}). What would tell: "
+                     f"{label(top['row'])}, runs {speedup_text(p)} against the baseline on the same prompts, "
+                     f"{_within(p)} (all arms at their best setting: {standing}). What would tell: "
                      f"{what_would_tell(p)}.")
-        return {**res, "verdict": "cannot-tell", "lines": lines}
-    if runner is not None:
-        h2h = head_to_head(bench, top["row"], runner["row"])
-        res["versus_runner_up"] = h2h
-        hci = h2h.get("ci95")
-        if not h2h.get("paired") or not hci or hci[0] <= 1.0:
-            lines.append(f"**Decision:** speculation beats plain decoding ({label(top['row'])} {speedup_text(p)}), but "
-                         f"this run cannot tell {label(top['row'])} from the runner-up {label(runner['row'])} "
-                         f"({speedup_text(runner['paired'])}): head to head {speedup_text(h2h)}. What would tell: "
-                         f"{what_would_tell(h2h) if h2h.get('paired') else 'results on the same prompts'}.")
-            return {**res, "verdict": "cannot-tell", "lines": lines}
-        vs = f"; {speedup_text(h2h)} over the runner-up {label(runner['row'])}, same prompts"
-    else:
-        vs = ""
-    lines.append(f"**Decision:** serve {label(top['row'])}: {speedup_text(p)} over plain decoding, paired per "
+        return {**res, "verdict": "cannot-tell", "candidates": [base, top["row"]], "versus": p,
+                "prompts_needed": p.get("prompts_needed"), "lines": lines}
+    cand = faster[0]
+    res.update(paired=cand["paired"])
+    others = [(a, head_to_head(bench, cand["row"], a["row"])) for a in best if a is not cand]
+    unresolved = [(a, h) for a, h in others if not h["clears"]]
+    if unresolved:
+        other, h2h = min(unresolved, key=lambda x: x[1].get("speedup") or 0.0)
+        lines.append(f"**Decision:** speculation beats plain decoding ({label(cand['row'])} {speedup_text(cand['paired'])}), "
+                     f"but this run cannot tell {label(cand['row'])} from the runner-up {label(other['row'])} "
+                     f"({speedup_text(other['paired'])}): head to head {speedup_text(h2h)}. What would tell: "
+                     f"{what_would_tell(h2h) if h2h.get('paired') else 'results on the same prompts'}.")
+        return {**res, "verdict": "cannot-tell", "runner_up": other["row"], "versus_runner_up": h2h,
+                "candidates": [cand["row"], other["row"]], "versus": h2h, "prompts_needed": h2h.get("prompts_needed"),
+                "lines": lines}
+    vs = ""
+    if others:
+        runner, h2h = others[0]
+        res.update(runner_up=runner["row"], versus_runner_up=h2h)
+        vs = (f"; {speedup_text(h2h)} over the runner-up {label(runner['row'])}, same prompts"
+              + (", and clear of every other arm head to head" if len(others) > 1 else ""))
+    top = cand
+    lines.append(f"**Decision:** serve {label(top['row'])}: {speedup_text(top['paired'])} over plain decoding, paired per "
                  f"prompt{vs} (median {fmt(top['row']['tps_median'], '{:.1f}')} tok/s against the baseline's "
                  f"{fmt(base['tps_median'], '{:.1f}')}, client {code(client)}).")
     return {**res, "verdict": "serve", "winner": top["row"], "lines": lines}

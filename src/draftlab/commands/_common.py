@@ -1,13 +1,57 @@
-"""Small helpers every command module shares: the ``--json`` flag, printing results, and the
-``--out`` / ``--summary`` records the static-analysis and models commands write."""
+"""Small helpers every command module shares: the ``--json`` flag, printing results, the
+``--out`` / ``--summary`` records the static-analysis and models commands write, and :func:`number`,
+the one argparse type of every numeric flag."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Any, Callable
 
 from draftlab.fsutil import to_json, write_json, write_text
+from draftlab.settings.model import schema_rules
+
+SEED = {"minimum": 0, "maximum": 2**32 - 1}  # numpy's and torch's seeds alike
+PORT = {"minimum": 0, "maximum": 65535}
+FRACTION = {"minimum": 0, "maximum": 1}
+
+
+def number(kind: type, minimum: float | None = None, maximum: float | None = None, *, above: float | None = None,
+           below: float | None = None, setting: str | None = None) -> Callable[[str], Any]:
+    """The argparse type of a numeric flag: ``kind`` (int or float), finite, within the declared range.
+
+    Why: ``--ttt-length 0`` crashed, ``--ttt-length 100000`` ran without end and ``--max-samples 0``
+    "succeeded" with nothing; every number is refused at the command line instead, in the one line the
+    parser prints. ``above``/``below`` are strict bounds; ``setting`` takes the range the settings model
+    declares for that config key (the flag and the key mean one thing)."""
+    if setting:
+        rules = schema_rules(setting)
+        minimum = rules.get("minimum", minimum)
+        maximum = rules.get("maximum", maximum)
+        above = rules.get("exclusiveMinimum", above)
+    limits = {">=": minimum, ">": above, "<=": maximum, "<": below}
+    bounds = [f"{op} {v if isinstance(v, int) else format(v, 'g')}" for op, v in limits.items() if v is not None]
+    noun = "an integer" if kind is int else "a finite number"
+    if bounds == ["> 0"]:
+        noun, bounds = ("a positive integer" if kind is int else "a positive number"), []
+    expected = " ".join(["expected", noun, " and ".join(bounds), f"(as the config's {setting})" if setting else ""])
+    expected = " ".join(expected.split())
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{expected}, got {text}") from None
+        if kind is float and not math.isfinite(value) or any((
+                minimum is not None and value < minimum, above is not None and value <= above,
+                maximum is not None and value > maximum, below is not None and value >= below)):
+            raise argparse.ArgumentTypeError(f"{expected}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__
+    parse.kind, parse.limits = kind, limits  # for the test that every numeric flag has its range
+    return parse
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-"""CLI for the benchmark layer: ``bench``, ``serve-bench``, ``probe-gate`` (alias ``gate``), ``gated``,
+"""CLI for the benchmark layer: ``bench``, ``serve-bench``, ``probe-gate`` (alias ``gate``), ``leak-check``, ``gated``,
 ``breakeven`` and its old name for the measured form, ``standing``: measure, then decide."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from draftlab.commands._common import add_json_flag, emit
+from draftlab.commands._common import FRACTION, SEED, add_json_flag, emit, number
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import read_json, write_json
 from draftlab.settings.model import schema_default
@@ -37,26 +37,26 @@ def _register_bench(sub) -> None:
                    help="prompt file ('default' = the shipped set; JSONL of text/prompt/question, MT-Bench turns, "
                    "ShareGPT conversations or OpenAI messages, .jsonl.gz read gzipped, or plain lines)")
     p.add_argument("--api", choices=("sglang", "vllm"), default="sglang", help="server protocol (builtin = sglang)")
-    p.add_argument("--max-new-tokens", type=int, default=_client_default("max_new_tokens"))
-    p.add_argument("--repeats", type=int, default=_client_default("repeats"), help="timed passes over the prompt set")
-    p.add_argument("--warmup", type=int, default=_client_default("warmup"), help="unrecorded requests before timing")
-    p.add_argument("--concurrency", type=int, default=_client_default("concurrency"), help="requests in flight at once")
-    p.add_argument("--limit", type=int, default=None,
+    p.add_argument("--max-new-tokens", type=number(int, setting="bench.clients.max_new_tokens"), default=_client_default("max_new_tokens"))
+    p.add_argument("--repeats", type=number(int, setting="bench.clients.repeats"), default=_client_default("repeats"), help="timed passes over the prompt set")
+    p.add_argument("--warmup", type=number(int, setting="bench.clients.warmup"), default=_client_default("warmup"), help="unrecorded requests before timing")
+    p.add_argument("--concurrency", type=number(int, setting="bench.clients.concurrency"), default=_client_default("concurrency"), help="requests in flight at once")
+    p.add_argument("--limit", type=number(int, setting="bench.clients.limit"), default=None,
                    help="use N prompts: a seeded sample stratified by category (at least one of each when N allows)")
-    p.add_argument("--sample-seed", type=int, default=0, help="seed of the --limit sample (default 0)")
+    p.add_argument("--sample-seed", type=number(int, **SEED), default=0, help="seed of the --limit sample (default 0)")
     p.add_argument("--category", default=None,
                    help="category of prompts whose record has none (default 'misc'; the workflow passes the client name)")
     p.add_argument("--model", default=None, help="vLLM model name (default: first of /v1/models)")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     p.add_argument("--no-ttft", action="store_true", help="skip the streaming time-to-first-token pass")
-    p.add_argument("--timeout", type=float, default=600.0,
+    p.add_argument("--timeout", type=number(float, above=0), default=600.0,
                    help="seconds for each whole request (connect, send, headers and body together)")
     p.add_argument(
         "--require-speculation",
         action="store_true",
         help="fail (and write nothing) unless the server reports speculative verification",
     )
-    p.add_argument("--num-steps", type=int, default=None,
+    p.add_argument("--num-steps", type=number(int, setting="speculative.num_steps"), default=None,
                    help="draft steps the server was launched with; bounds its answers when it does not report "
                    "them (no /server_info)")
     p.add_argument("--out", required=True, help="result JSON")
@@ -92,10 +92,20 @@ def _register_serve_bench_and_gate(sub) -> None:
 
     p = sub.add_parser("probe-gate", aliases=["gate"], help="probe gate: fine-tune only if the probe's accept length is high enough")
     p.add_argument("results", nargs="+", help="probe benchmark result JSON files")
-    p.add_argument("--min-accept-length", type=float, required=True)
+    p.add_argument("--min-accept-length", type=number(float, setting="gate.min_accept_length"), required=True)
     p.add_argument("--out", required=True)
     add_json_flag(p)
     p.set_defaults(func=_probe_gate)
+
+    p = sub.add_parser("leak-check", help="refuse fine-tune data that holds a bench prompt (rule leak_check)",
+                       description="Look for every prompt of the --bench files in every --data file (a whole "
+                                   "message, or inside one for longer prompts); a leak is refused in one line, "
+                                   "a clean check writes --out.")
+    p.add_argument("--bench", nargs="+", required=True, help="the bench's prompt files ('default' = the shipped set)")
+    p.add_argument("--data", nargs="+", required=True, help="the fine-tune data and the prompts it was generated from")
+    p.add_argument("--out", required=True, help="the check's record (JSON)")
+    add_json_flag(p)
+    p.set_defaults(func=_leak_check)
 
     p = sub.add_parser("gated", help="run a command unless the gate is closed (then write explicit skipped outputs)")
     p.add_argument("--gate", help="gate decision JSON")
@@ -118,11 +128,11 @@ def _register_breakeven(sub) -> None:
     )
     b.add_argument("--baseline", metavar="JSON", help="bench JSON of plain decoding (measured form)")
     b.add_argument("--drafter", action="append", metavar="NAME=FILE", help="bench JSON of a drafter (measured form)")
-    b.add_argument("--baseline-tps", type=float, help="plain decoding tok/s (X; calculator form)")
-    b.add_argument("--cycle-ms", type=float, help="ms per verify cycle incl. drafting (C; calculator form)")
-    b.add_argument("--num-steps", type=int, default=None, help="draft steps per cycle (K)")
-    b.add_argument("--target-tps", type=float, nargs="+", required=True, help="throughput goals (T)")
-    b.add_argument("--step-acceptance", type=float, default=None,
+    b.add_argument("--baseline-tps", type=number(float, above=0), help="plain decoding tok/s (X; calculator form)")
+    b.add_argument("--cycle-ms", type=number(float, above=0), help="ms per verify cycle incl. drafting (C; calculator form)")
+    b.add_argument("--num-steps", type=number(int, setting="speculative.num_steps"), default=None, help="draft steps per cycle (K)")
+    b.add_argument("--target-tps", type=number(float, above=0), nargs="+", required=True, help="throughput goals (T)")
+    b.add_argument("--step-acceptance", type=number(float, **FRACTION), default=None,
                    help="per-step acceptance P to forecast (calculator form)")
     b.add_argument("--out", default=None, help="write the result as JSON here")
     add_json_flag(b)
@@ -136,8 +146,8 @@ def _register_breakeven(sub) -> None:
     )
     s.add_argument("--baseline", required=True, help="bench JSON of plain decoding")
     s.add_argument("--drafter", action="append", required=True, metavar="NAME=FILE", help="bench JSON of a drafter")
-    s.add_argument("--target-tps", type=float, nargs="+", required=True)
-    s.add_argument("--num-steps", type=int, default=None, help="K, to report the implied per-step acceptance")
+    s.add_argument("--target-tps", type=number(float, above=0), nargs="+", required=True)
+    s.add_argument("--num-steps", type=number(int, setting="speculative.num_steps"), default=None, help="K, to report the implied per-step acceptance")
     s.add_argument("--out", default=None, help="write the standing as JSON here")
     add_json_flag(s)
     s.set_defaults(func=_standing)
@@ -314,6 +324,14 @@ def _probe_gate(args: argparse.Namespace) -> int:
     write_json(args.out, decision)
     print(f"probe gate: {decision['decision'].upper()}: {decision['reason']}", file=sys.stderr)
     emit(args, decision, lambda d: f"{d['decision']}: {d['reason']}")
+    return 0
+
+
+def _leak_check(args: argparse.Namespace) -> int:
+    from draftlab.benchmark.leak_check import leak_check
+
+    record = leak_check(args.bench, args.data, args.out)
+    emit(args, record, lambda r: f"leak-check: no bench prompt of {r['bench_prompts']} in the fine-tune data")
     return 0
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from draftlab.commands._common import add_json_flag, add_record_flags, emit, write_record
+from draftlab.commands._common import add_json_flag, add_record_flags, emit, number, write_record
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import write_json
 from draftlab.textsafe import code
@@ -22,8 +22,8 @@ def register(sub) -> None:
 
     p = d2t_sub.add_parser("build", help="build a mapping from token counts (SpecForge's rule)")
     p.add_argument("--tokens", required=True, help="tokens file: JSONL {input_ids, loss_mask} or .npy")
-    p.add_argument("--target-vocab-size", type=int, required=True, help="target vocabulary size V")
-    p.add_argument("--draft-vocab-size", type=int, required=True, help="draft vocabulary size M")
+    p.add_argument("--target-vocab-size", type=number(int, minimum=1), required=True, help="target vocabulary size V")
+    p.add_argument("--draft-vocab-size", type=number(int, minimum=1), required=True, help="draft vocabulary size M")
     p.add_argument("--out", required=True, help="mapping file to write (.safetensors with d2t, t2d)")
     p.add_argument("--report", help="also write the JSON report to this file")
     add_json_flag(p)

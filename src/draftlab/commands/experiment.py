@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from draftlab.commands._common import add_json_flag, emit
+from draftlab.commands._common import add_json_flag, emit, number
 from draftlab.settings.config import experiment_layers
 
 
@@ -22,7 +22,7 @@ def register(sub) -> None:
     p.add_argument("--exp-dir", required=True)
     p.add_argument("--out-dir", required=True)
     p.add_argument("--records", required=True, help="the experiment's records CSV")
-    p.add_argument("--target-tps", type=float, nargs="*", default=[],
+    p.add_argument("--target-tps", type=number(float, above=0), nargs="*", default=[],
                    help="throughput goals (kept for compatibility: the break-even section shows the goals of the "
                         "--standing files)")
     p.add_argument("--standing", nargs="*", default=[], metavar="JSON",
@@ -44,7 +44,10 @@ def register(sub) -> None:
                         "speedups and the chain predictions (default: those of the records' rows)")
     p.add_argument("--plans", nargs="*", metavar="JSON",
                    help="server plans (bench/<variant>/<spec>/plan.json) the recommendation's launch command is "
-                        "built from (default: those of the records' drafter rows)")
+                        "built from (default: those of the records' rows, the baseline's included)")
+    p.add_argument("--leak-check", metavar="JSON",
+                   help="leak-check's record (no bench prompt in the fine-tune data), shown with the data "
+                        "(default <exp-dir>/data/leak-check.json when it exists)")
     add_json_flag(p)
     p.set_defaults(func=_report)
 
@@ -73,7 +76,7 @@ def _report(args: argparse.Namespace) -> int:
     out = write_report(args.exp_dir, args.out_dir, args.records, target_tps=args.target_tps, standing=args.standing,
                        static_md=args.static_md, gate=args.gate, doctor=args.doctor, train=args.train,
                        d2t_diff=args.d2t_diff, d2t_coverage=args.d2t_coverage, data_stats=args.data_stats,
-                       bench=args.bench, plans=args.plans)
+                       bench=args.bench, plans=args.plans, leak_check=args.leak_check)
     emit(args, out, lambda o: f"report: {o['summary']}")
     return 0
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from draftlab.commands._common import add_json_flag, add_output_flags, emit, finish, fmt_bytes
+from draftlab.commands._common import SEED, add_json_flag, add_output_flags, emit, finish, fmt_bytes, number
 from draftlab.settings.model import schema_default
 from draftlab.textsafe import code, md
 
@@ -34,8 +34,8 @@ def register(sub) -> None:
                    help="smoke / default: CPU-sized; gpu: a ~110M-parameter target (build it with --device cuda)")
     p.add_argument("--device", default=schema_default("demo.device"),
                    help="cpu (default: the config's demo.device; 1 torch thread per process, reproducible) or cuda / cuda:N")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--seed", type=number(int, **SEED), default=0)
+    p.add_argument("--threads", type=number(int, minimum=1), default=1,
                    help="build stages that may run at once (>= 2: target v2 and the v1 drafter train side by "
                         "side); every process uses one torch thread, so the weights do not depend on it")
     p.add_argument("--force", action="store_true", help="rebuild even when the manifest matches")

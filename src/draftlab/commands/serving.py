@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from draftlab.commands._common import PORT, number
 from draftlab.errors import DraftlabError
 from draftlab.settings.model import schema_default
 
@@ -21,31 +22,31 @@ def register(sub) -> None:
     )
     p.add_argument("--target", required=True, help="target model folder (Hugging Face layout)")
     p.add_argument("--drafter", default=None, help="EAGLE-3 drafter folder; omit for plain decoding")
-    p.add_argument("--num-steps", type=int, default=3, help="draft steps per cycle: a chain's drafts, a tree's "
+    p.add_argument("--num-steps", type=number(int, setting="speculative.num_steps"), default=3, help="draft steps per cycle: a chain's drafts, a tree's "
                                                              "depth (default 3)")
-    p.add_argument("--topk", type=int, default=1,
+    p.add_argument("--topk", type=number(int, setting="speculative.topk"), default=1,
                    help="SGLang's --speculative-eagle-topk: branches per draft step (default 1: a chain; above 1 a "
                         "tree, decoded from the static-slot cache, eagerly on the CPU)")
-    p.add_argument("--num-draft-tokens", type=int, default=None,
+    p.add_argument("--num-draft-tokens", type=number(int, setting="speculative.num_draft_tokens"), default=None,
                    help="SGLang's --speculative-num-draft-tokens: tokens one verify reads (a chain: num-steps + 1, "
                         "the default; a tree: the pending token and its best num-draft-tokens - 1 drafts)")
     p.add_argument("--host", default=schema_default("serve.host"), help="bind address (default %(default)s)")
-    p.add_argument("--port", type=int, default=schema_default("serve.port"),
+    p.add_argument("--port", type=number(int, **PORT), default=schema_default("serve.port"),
                    help="port; 0 picks a free one and prints it (default %(default)s)")
     p.add_argument("--device", default=schema_default("serve.device"), help="cpu, cuda or cuda:N (default %(default)s)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or float64 (default: float32)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom model code in the target folder")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--health-timeout", type=float, default=20.0,
+    p.add_argument("--threads", type=number(int, minimum=1), default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--health-timeout", type=number(float, above=0), default=20.0,
                    help="seconds /health_generate waits for a busy engine before answering 503 (default 20)")
-    p.add_argument("--read-timeout", type=float, default=30.0,
+    p.add_argument("--read-timeout", type=number(float, above=0), default=30.0,
                    help="seconds a client has to send a whole request (line, headers, body); also the idle "
                         "keep-alive limit (default 30)")
-    p.add_argument("--max-batch-size", type=int, default=8,
+    p.add_argument("--max-batch-size", type=number(int, minimum=1), default=8,
                    help="requests decoded together (continuous batching; 1 serves one at a time; default 8)")
-    p.add_argument("--max-prompts-per-request", type=int, default=256,
+    p.add_argument("--max-prompts-per-request", type=number(int, minimum=1), default=256,
                    help="prompts one /generate or /v1/completions request may carry (413 above; default 256)")
-    p.add_argument("--cuda-graph-max-bs", type=int, default=None,
+    p.add_argument("--cuda-graph-max-bs", type=number(int, setting="serve.cuda_graph_max_bs"), default=None,
                    help="on CUDA: the largest batch decoded by a captured CUDA graph (SGLang's meaning; larger "
                         "batches run eagerly; 0: no graphs; default: --max-batch-size)")
     p.set_defaults(func=_serve)

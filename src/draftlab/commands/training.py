@@ -8,9 +8,10 @@ import argparse
 import dataclasses
 import json
 import shlex
+import sys
 from pathlib import Path
 
-from draftlab.commands._common import add_json_flag, emit
+from draftlab.commands._common import FRACTION, SEED, add_json_flag, emit, number
 from draftlab.errors import DraftlabError
 from draftlab.settings.model import schema_default
 from draftlab.datagen.answerers import TURN_MODES
@@ -22,7 +23,7 @@ from draftlab.training.config import default as train_default
 
 def register(sub) -> None:
     """Add this area's subcommands to the draftlab parser."""
-    for add in (_add_tokenize, _add_dump, _add_train, _add_eval, _add_generate_data, _add_specforge):
+    for add in (_add_tokenize, _add_dump, _add_train, _add_eval, _add_generate_data, _add_specforge, _add_capture):
         add(sub)
 
 
@@ -32,7 +33,7 @@ def _add_tokenize(sub) -> None:
     p.add_argument("--target", required=True, help="target model folder (its tokenizer is used)")
     p.add_argument("--data", required=True, help="JSONL conversations / {'text'} lines, or a plain text file")
     p.add_argument("--out", required=True, help="tokens.jsonl to write")
-    p.add_argument("--max-length", type=int, default=train_default("max_length"))
+    p.add_argument("--max-length", type=number(int, minimum=1), default=train_default("max_length"))
     p.add_argument("--trust-remote-code", action="store_true")
     add_json_flag(p)
     p.set_defaults(func=_tokenize)
@@ -49,8 +50,8 @@ def _add_dump(sub) -> None:
     p.add_argument("--drafter", help="drafter folder whose eagle_aux_hidden_state_layer_ids to use")
     p.add_argument("--aux-layer-ids", help="comma-separated output-of-layer ids, -1 = embeddings (default: the layers "
                    "SGLang feeds the drafter on this target, else 1,N/2-1,N-4)")
-    p.add_argument("--max-length", type=int, default=None)
-    p.add_argument("--shard-samples", type=int, default=256)
+    p.add_argument("--max-length", type=number(int, minimum=1), default=None)
+    p.add_argument("--shard-samples", type=number(int, minimum=1), default=256)
     p.add_argument("--device")
     add_json_flag(p)
     p.set_defaults(func=_dump)
@@ -76,23 +77,23 @@ def _add_train_inputs(sub) -> argparse.ArgumentParser:
     p.add_argument("--init", choices=INIT_MODES, default=train_default("init"))
     p.add_argument("--checkpoint", help="drafter folder to start from (--init checkpoint)")
     p.add_argument("--vocab-mode", choices=VOCAB_MODES, default=train_default("vocab_mode"))
-    p.add_argument("--draft-vocab-size", type=int, help="scratch without --vocab-mapping (default 32000)")
+    p.add_argument("--draft-vocab-size", type=number(int, minimum=1), help="scratch without --vocab-mapping (default 32000)")
     return p
 
 
 def _add_train_optimisation(p: argparse.ArgumentParser) -> None:
     """train's optimisation settings (the run identity --resume checks)."""
-    p.add_argument("--ttt-length", type=int, default=train_default("ttt_length"))
-    p.add_argument("--epochs", type=int, default=train_default("epochs"))
-    p.add_argument("--max-steps", type=int)
-    p.add_argument("--batch-size", type=int, default=train_default("batch_size"),
+    p.add_argument("--ttt-length", type=number(int, setting="train.ttt_length"), default=train_default("ttt_length"))
+    p.add_argument("--epochs", type=number(int, minimum=1), default=train_default("epochs"))
+    p.add_argument("--max-steps", type=number(int, minimum=1))
+    p.add_argument("--batch-size", type=number(int, setting="train.batch_size"), default=train_default("batch_size"),
                    help="per rank (default %(default)s, the config's train.batch_size)")
-    p.add_argument("--max-length", type=int, default=train_default("max_length"))
-    p.add_argument("--lr", type=float, default=train_default("lr"))
-    p.add_argument("--warmup-ratio", type=float, default=train_default("warmup_ratio"))
-    p.add_argument("--grad-clip", type=float, default=train_default("grad_clip"))
-    p.add_argument("--weight-decay", type=float, default=train_default("weight_decay"))
-    p.add_argument("--adam-betas", type=float, nargs=2, default=train_default("adam_betas"), metavar=("B1", "B2"),
+    p.add_argument("--max-length", type=number(int, minimum=1), default=train_default("max_length"))
+    p.add_argument("--lr", type=number(float, setting="train.lr"), default=train_default("lr"))
+    p.add_argument("--warmup-ratio", type=number(float, **FRACTION), default=train_default("warmup_ratio"))
+    p.add_argument("--grad-clip", type=number(float, minimum=0), default=train_default("grad_clip"))
+    p.add_argument("--weight-decay", type=number(float, minimum=0), default=train_default("weight_decay"))
+    p.add_argument("--adam-betas", type=number(float, minimum=0, below=1), nargs=2, default=train_default("adam_betas"), metavar=("B1", "B2"),
                    help="AdamW betas (default torch's, as SpecForge 0.2.0's BF16Optimizer)")
     p.add_argument("--loss-norm", choices=["positions", "valid"], default=train_default("loss_norm"),
                    help="divide each TTT step's loss by the B*T positions (SpecForge 0.2.0) or the valid ones")
@@ -102,25 +103,25 @@ def _add_train_optimisation(p: argparse.ArgumentParser) -> None:
 
 def _add_train_run(p: argparse.ArgumentParser) -> None:
     """train's run settings: seed, precision, checkpoints, resume, devices, logging."""
-    p.add_argument("--seed", type=int, default=train_default("seed"))
+    p.add_argument("--seed", type=number(int, **SEED), default=train_default("seed"))
     p.add_argument("--precision", choices=["auto", "bf16", "fp32"], default=train_default("precision"))
-    p.add_argument("--checkpoint-every", type=int, default=train_default("checkpoint_every"),
+    p.add_argument("--checkpoint-every", type=number(int, setting="train.checkpoint_every"), default=train_default("checkpoint_every"),
                    help="save a resumable checkpoint every N steps")
-    p.add_argument("--keep-checkpoints", type=int, default=train_default("keep_checkpoints"))
+    p.add_argument("--keep-checkpoints", type=number(int, minimum=1), default=train_default("keep_checkpoints"))
     p.add_argument("--resume", nargs="?", const=True, default=train_default("resume"), choices=["auto"],
                    help="continue from the latest checkpoint in the state folder (refusing other settings or "
                         "inputs); '--resume auto': continue only if that checkpoint is this same run (settings, "
                         "input files, code), else move the stale state aside and start fresh")
     p.add_argument("--state-dir", help="checkpoints and run.json (default: <out>/checkpoints); keep it outside "
                                        "--out when a workflow deletes --out after a failure")
-    p.add_argument("--val-samples", type=int, help="held-out samples for validation.json (default 5%%, <= 64)")
+    p.add_argument("--val-samples", type=number(int, minimum=0), help="held-out samples for validation.json (default 5%%, <= 64)")
     p.add_argument("--aux-layer-ids", help="comma-separated output-of-layer ids, -1 = embeddings (default: the layers "
                    "SGLang feeds the drafter on this target, else 1,N/2-1,N-4); written to the drafter config "
                    "the way SGLang reads them back")
     p.add_argument("--drafter-config", help="JSON object of drafter config overrides for --init scratch")
     p.add_argument("--device", help="auto (default: this rank's GPU if CUDA is available, else cpu), cpu, cuda or cuda:N")
     p.add_argument("--log", dest="log_file", help="append per-step JSON lines here")
-    p.add_argument("--stop-after", type=int, help="stop after N steps as if preempted (resume later)")
+    p.add_argument("--stop-after", type=number(int, minimum=1), help="stop after N steps as if preempted (resume later)")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--compile", action="store_true", help="torch.compile the TTT step (GPU throughput)")
     add_json_flag(p)
@@ -133,8 +134,8 @@ def _add_eval(sub) -> None:
     p.add_argument("--drafter", required=True)
     p.add_argument("--target", required=True)
     p.add_argument("--tokens", required=True)
-    p.add_argument("--ttt-length", type=int, default=train_default("ttt_length"))
-    p.add_argument("--max-samples", type=int)
+    p.add_argument("--ttt-length", type=number(int, setting="train.ttt_length"), default=train_default("ttt_length"))
+    p.add_argument("--max-samples", type=number(int, minimum=1))
     p.add_argument("--device")
     add_json_flag(p)
     p.set_defaults(func=_eval)
@@ -153,15 +154,15 @@ def _add_generate_data(sub) -> None:
     g.add_argument("--prompts", required=True,
                    help="JSONL (ShareGPT 'conversations', OpenAI 'messages', 'prompt' or 'text') or text, one per line")
     g.add_argument("--out", required=True, help="output JSONL of {'messages': [...]} conversations")
-    g.add_argument("--max-new-tokens", type=int, default=schema_default("data.max_new_tokens"),
+    g.add_argument("--max-new-tokens", type=number(int, setting="data.max_new_tokens"), default=schema_default("data.max_new_tokens"),
                    help="the longest answer, in tokens")
     mode = g.add_mutually_exclusive_group()
     mode.add_argument("--greedy", action="store_true", help="greedy decoding (the default)")
-    mode.add_argument("--temperature", type=float, default=None, help="sample at this temperature")
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=schema_default("train.seed"), help="prompt i is sampled under seed+i")
-    g.add_argument("--limit", type=int, default=None, help="only the first N prompts")
-    g.add_argument("--max-prompt-chars", type=int, default=schema_default("data.max_prompt_chars"),
+    mode.add_argument("--temperature", type=number(float, above=0), default=None, help="sample at this temperature")
+    g.add_argument("--top-p", type=number(float, above=0, maximum=1), default=1.0)
+    g.add_argument("--seed", type=number(int, **SEED), default=schema_default("train.seed"), help="prompt i is sampled under seed+i")
+    g.add_argument("--limit", type=number(int, setting="data.limit"), default=None, help="only the first N prompts")
+    g.add_argument("--max-prompt-chars", type=number(int, setting="data.max_prompt_chars"), default=schema_default("data.max_prompt_chars"),
                    help="skip prompts longer than this (counted in the stats)")
     g.add_argument("--turns", choices=TURN_MODES, default=schema_default("data.turns"),
                    help="multi-turn prompts: answer every user turn in order, the target's own earlier answers in "
@@ -181,16 +182,16 @@ def _add_generate_engines(g: argparse.ArgumentParser) -> None:
                        help="servers already running, of the same model, e.g. http://127.0.0.1:30000 (several "
                             "share the prompts, --concurrency requests in flight each)")
     srv.add_argument("--server-log", default=None, help="log of the launched server (default generate-data-server.log)")
-    srv.add_argument("--concurrency", type=int, default=schema_default("data.concurrency"),
+    srv.add_argument("--concurrency", type=number(int, setting="data.concurrency"), default=schema_default("data.concurrency"),
                      help="requests in flight per server")
-    srv.add_argument("--retries", type=int, default=schema_default("data.retries"),
+    srv.add_argument("--retries", type=number(int, setting="data.retries"), default=schema_default("data.retries"),
                      help="retries of a failed request before its prompt is listed as failed")
-    srv.add_argument("--request-timeout", type=float, default=1800.0, help="seconds one request may take")
-    g.add_argument("--max-failed-fraction", type=float, default=schema_default("data.max_failed_fraction"),
+    srv.add_argument("--request-timeout", type=number(float, above=0), default=1800.0, help="seconds one request may take")
+    g.add_argument("--max-failed-fraction", type=number(float, setting="data.max_failed_fraction"), default=schema_default("data.max_failed_fraction"),
                    help="fail (keeping the answers) when more prompts than this fraction failed")
     loc = g.add_argument_group("transformers engine (no --server/--url)")
     loc.add_argument("--device", default=None, help="auto, cpu, cuda or cuda:N (default: cpu)")
-    loc.add_argument("--batch-size", type=int, default=schema_default("data.batch_size"),
+    loc.add_argument("--batch-size", type=number(int, setting="data.batch_size"), default=schema_default("data.batch_size"),
                      help="greedy prompts decoded together, left-padded (a GPU wants 32-64)")
     g.add_argument("--trust-remote-code", action="store_true")
     g.add_argument("--state-dir", default=None, help="where answers are stored until the end (default: OUT.parts)")
@@ -217,6 +218,10 @@ def _add_specforge(sub) -> None:
     s.add_argument("--hidden-states", default=None,
                    help="SpecForge's offline mode: a folder of its .ckpt features (draftlab specforge-features); "
                         "data.hidden_states_path, deployment local_colocated, no capture server")
+    s.add_argument("--capture", default=None,
+                   help="the one-host capture's record (rule capture: results/<exp>/capture/capture.json): its features "
+                        "become data.hidden_states_path (local_colocated), after checking they are of this target "
+                        "and this drafter's aux ids")
     s.add_argument("--output-dir", help="SpecForge output_dir: checkpoints, run config, job file (experiment config only)")
     s.add_argument("--ckpt-dir", help="warm-start drafter folder: model.draft_checkpoint_path (experiment config only)")
     s.add_argument("--specforge-dir", default=None,
@@ -240,7 +245,7 @@ def _add_specforge(sub) -> None:
     c.add_argument("--job", required=True, help="draftlab_specforge_job.json written by specforge-command")
     c.add_argument("--expect-model", action="append", default=[],
                    help="another name the capture server's model_path may give the target (hub id, local folder)")
-    c.add_argument("--timeout", type=float, default=10.0, help="seconds per question")
+    c.add_argument("--timeout", type=number(float, above=0), default=10.0, help="seconds per question")
     add_json_flag(c)
     c.set_defaults(func=_specforge_preflight)
 
@@ -251,7 +256,7 @@ def _add_specforge(sub) -> None:
                    help="mapping pinned for the run: fail if the checkpoint's d2t differs")
     i.add_argument("--draft-config", default=None,
                    help="drafter config.json the run trained (default: the one in the run's job file)")
-    i.add_argument("--expect-steps", type=int, default=None,
+    i.add_argument("--expect-steps", type=number(int, minimum=1), default=None,
                    help="fail unless the checkpoint is at this optimizer step (train.steps)")
     add_json_flag(i)
     i.set_defaults(func=_import_specforge)
@@ -371,6 +376,11 @@ def _specforge_command(args: argparse.Namespace) -> int:
         )
         if args.hidden_states:
             job.hidden_states_path = args.hidden_states
+        if args.capture:
+            from draftlab.training.specforge import check_capture_for
+
+            rec = check_capture_for(args.capture, args.target, args.draft_config)
+            job.hidden_states_path, job.num_samples = rec["features"], int(rec["samples"])
     else:
         job = specforge.job_from_mapping(data, str(args.config))
     result = specforge.prepare(job, write=not args.dry_run)
@@ -431,4 +441,71 @@ def _import_specforge(args: argparse.Namespace) -> int:
                                draft_config=args.draft_config, expect_steps=args.expect_steps)
     emit(args, result, lambda r: f"imported {r['source']} -> {r['out']} (embeddings stripped: "
                                  f"{r['embeddings_stripped']}, mapping check: {r['mapping_check']})")
+    return 0
+
+
+def _add_capture(sub) -> None:
+    """capture-preflight, capture-record: the one-host SpecForge capture stage (rule capture)."""
+    for name, text in (("capture-preflight", "before the capture: the SpecForge checkout, the features folder, the "
+                                             "disk estimate against the free space; prints the data path handed over"),
+                       ("capture-record", "after the capture: samples, tokens, bytes, the listing's digest and the "
+                                          "corpus-derived vocab mapping, written to --out")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--engine", choices=["specforge", "draftlab"], default="specforge",
+                       help="who captured: SpecForge's prepare_hidden_states.py, or draftlab dump-hidden-states")
+        p.add_argument("--target", required=True, help="target model folder")
+        p.add_argument("--drafter", required=True, help="patched drafter folder (its config gives the aux layers)")
+        p.add_argument("--tokens", required=True, help="draftlab tokens.jsonl of the data (the disk estimate)")
+        p.add_argument("--data", required=True, help="the fine-tune conversations JSONL ({\"messages\": [...]})")
+        p.add_argument("--state", required=True, help="capture-state folder (features/ inside)")
+        p.add_argument("--chat-template", default=schema_default("train.chat_template"))
+        p.add_argument("--max-length", type=number(int, minimum=1), default=schema_default("train.max_length"))
+        p.add_argument("--checkout", default=None, help="SpecForge checkout at the v0.2.0 release")
+        if name == "capture-record":
+            p.add_argument("--out", required=True, help="the record JSON to write")
+            p.add_argument("--mapping-out", required=True, help="the corpus-derived vocab mapping to write")
+            p.add_argument("--mapping", default=None, help="draftlab engine: draftlab's vocab mapping of the data")
+        else:
+            p.add_argument("--free-bytes", type=number(int, minimum=0), default=None, help=argparse.SUPPRESS)  # tests: a full disk
+        add_json_flag(p)
+        p.set_defaults(func=_capture_preflight if name == "capture-preflight" else _capture_record)
+
+
+def _capture_plan(args: argparse.Namespace):
+    from draftlab.training.specforge import CapturePlan
+
+    return CapturePlan(engine=args.engine, target=args.target, drafter=args.drafter, tokens=args.tokens,
+                       data=args.data, state=args.state, chat_template=args.chat_template,
+                       max_length=args.max_length, checkout=args.checkout)
+
+
+def _capture_preflight(args: argparse.Namespace) -> int:
+    from draftlab.training.specforge import capture_preflight, human
+
+    r = capture_preflight(_capture_plan(args), free=args.free_bytes)
+    est = r["estimate"]
+    sf = r["specforge"]
+    lines = [f"SpecForge {sf['release']} at {sf['path']} (commit {sf['commit'] or 'unknown: not a git checkout'})"
+             if sf else "draftlab capture (dump-hidden-states), filed in SpecForge's offline format"]
+    lines += r["notes"]
+    lines.append(f"aux layer ids {r['aux_layer_ids']} (outputs of layers {r['aux_output_layers']})")
+    lines.append(f"disk estimate: {est['samples']} samples, {est['tokens']} tokens x {est['bytes_per_token']} B = "
+                 f"{human(est['bytes'])}; already captured {r['have']['samples']} files, {human(r['have']['bytes'])}; "
+                 f"needs {human(r['need_bytes'])} more, {human(r['free_bytes'])} free at {r['features']}")
+    if args.json:
+        emit(args, r, str)
+    else:
+        print("\n".join(lines), file=sys.stderr)
+        if r["data_path"]:
+            print(r["data_path"])  # the capture's --data-path ($DATA in the rule's shell)
+    return 0
+
+
+def _capture_record(args: argparse.Namespace) -> int:
+    from draftlab.training.specforge import capture_record, human
+
+    r = capture_record(_capture_plan(args), args.out, args.mapping_out, args.mapping)
+    emit(args, r, lambda r: (f"captured {r['samples']} samples, {r['tokens']} tokens, {human(r['bytes'])} in "
+                             f"{r['features']} (listing sha256 {r['listing_sha256'][:16]}); "
+                             f"{r['seconds_per_million_tokens']} s per million tokens in the last attempt"))
     return 0

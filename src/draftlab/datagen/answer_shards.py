@@ -8,8 +8,8 @@ uninterrupted run writes. The state folder holds:
   identity means the stored answers belong to another run: the folder is moved aside, never deleted.
 - ``shard-NNNNN.jsonl``: one file per attempt, one JSON line per answer ``{"id", "digest", "row",
   "prompt_tokens", "completion_tokens", "finish_reason"}``. An attempt never appends to an older
-  shard, so a line torn by a kill stays the last line of its shard and is simply not counted: that
-  prompt is answered again. Lines are flushed as they are written (a SIGKILL loses nothing written)
+  shard, so a line torn by a kill or a full disk stays the last line of its shard: the next run cuts it
+  off (the shard ends at its last whole line) and answers that prompt again. Lines are flushed as they are written (a SIGKILL loses nothing written)
   and fsynced every few seconds (a lost node loses at most those seconds of answers).
 - ``.lock``: held (``flock``) while a run writes; a second run on the same folder is refused.
 
@@ -116,10 +116,12 @@ class AnswerShards:
     def _index_shard(self, path: Path) -> None:
         n = _shard_number(path)
         offset = 0
+        tail = False
         with path.open("rb") as fh:
             for raw in fh:
                 length = len(raw)
                 rec = _parse(raw)
+                tail = not raw.endswith(b"\n")
                 if rec is None:
                     self.torn_lines += 1
                 elif rec["id"] in self.index:
@@ -127,7 +129,11 @@ class AnswerShards:
                 else:
                     self.index[rec["id"]] = Stored(n, offset, length, rec["digest"], int(rec.get("prompt_tokens") or 0),
                                                    int(rec.get("completion_tokens") or 0))
-                offset += length
+                if not tail:  # only the last line can lack its newline
+                    offset += length
+        if tail:  # a line cut by a kill or a full disk: dropped (its prompt is answered again), never kept
+            os.truncate(path, offset)
+            self.say(f"generate-data: {path.name}: dropped its torn last line (a run stopped while writing it)")
 
     # -- queries -----------------------------------------------------------------------------------
     def answered(self, prompt_id: int, digest: str) -> bool:
@@ -146,8 +152,14 @@ class AnswerShards:
         line = (json.dumps({"id": prompt_id, "digest": digest, "row": row, "prompt_tokens": prompt_tokens,
                             "completion_tokens": completion_tokens, "finish_reason": finish_reason},
                            ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-        self._fh.write(line)
-        self._fh.flush()
+        try:
+            self._fh.write(line)
+            self._fh.flush()
+        except OSError as exc:  # a full disk: what was stored stays, the torn line is dropped on resume
+            self._abandon_shard()
+            raise DraftlabError(f"{self.folder / f'shard-{self._shard:05d}.jsonl'}: cannot store the answer of "
+                                f"prompt {prompt_id} ({exc.strerror or exc}); the {len(self.index)} answers stored "
+                                "are kept: free space and rerun to answer the rest") from None
         if prompt_id not in self.index:
             self.index[prompt_id] = Stored(self._shard, self._offset, len(line), digest, prompt_tokens,
                                            completion_tokens)
@@ -159,18 +171,34 @@ class AnswerShards:
 
     def sync(self) -> None:
         if self._fh is not None:
-            os.fsync(self._fh.fileno())
+            try:
+                os.fsync(self._fh.fileno())
+            except OSError as exc:
+                self._abandon_shard()
+                raise DraftlabError(f"{self.folder}: cannot sync the stored answers ({exc.strerror or exc}); "
+                                    "free space and rerun to answer the rest") from None
         self._synced = time.monotonic()
+
+    def _abandon_shard(self) -> None:
+        """Close the current shard after a failed write; its torn tail is dropped when a run reopens it."""
+        fh, self._fh = self._fh, None
+        if fh is not None:
+            try:
+                fh.close()  # retries the buffered bytes once; the file is closed even when that fails
+            except OSError:
+                pass
 
     def close(self) -> None:
         """Sync and close the current shard and release the lock."""
-        if self._fh is not None:
-            self.sync()
-            self._fh.close()
-            self._fh = None
-        if self._lock_fd is not None:
-            self._lock_cm.__exit__(None, None, None)
-            self._lock_fd = None
+        try:
+            if self._fh is not None:
+                self.sync()
+                self._fh.close()
+                self._fh = None
+        finally:
+            if self._lock_fd is not None:
+                self._lock_cm.__exit__(None, None, None)
+                self._lock_fd = None
 
     def __enter__(self) -> "AnswerShards":
         return self.open()

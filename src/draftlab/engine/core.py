@@ -77,6 +77,10 @@ def _never() -> bool:
     return False
 
 
+def _ignore(res: "GenerationResult") -> None:
+    pass
+
+
 def context_length_of(config) -> int | None:
     """The target's context window in tokens (None when its config does not say)."""
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
@@ -142,6 +146,7 @@ class Engine:
             tcfg = target.config.to_dict()
             self.aux_layer_ids = aux_layers.check_output_ids(aux_layer_ids, tcfg) if aux_layer_ids is not None \
                 else aux_layer_ids_for(drafter.config, tcfg)
+            _check_vocab(drafter, int(target.get_output_embeddings().weight.shape[0]))
             t_hidden = int(getattr(target.config, "hidden_size"))
             want = drafter.fc.in_features
             if want != 3 * t_hidden:
@@ -171,6 +176,8 @@ class Engine:
         drafter = None
         if drafter_dir is not None:
             drafter = Eagle3Drafter.from_pretrained(drafter_dir, dtype=next(target.parameters()).dtype, device=device)
+            _check_vocab(drafter, int(target.get_output_embeddings().weight.shape[0]), f"{drafter_dir}/config.json",
+                         f"target {target_dir}")
         return cls(target, drafter, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens)
 
     @property
@@ -233,18 +240,21 @@ class Engine:
     @torch.inference_mode()
     def generate(self, input_ids: Sequence[int], max_new_tokens: int, *, ignore_eos: bool = False,
                  stop_token_ids: Iterable[int] = (),
-                 should_stop: Callable[[], bool] | None = None) -> GenerationResult:
+                 should_stop: Callable[[], bool] | None = None,
+                 on_tokens: Callable[[GenerationResult], None] | None = None) -> GenerationResult:
         """Greedy-decode up to ``max_new_tokens`` after ``input_ids`` (capped by the context window).
 
         Stops at EOS unless ``ignore_eos``. ``should_stop`` is polled before every decode step or
-        speculative cycle; when it returns True, :class:`GenerationStopped` is raised.
+        speculative cycle; when it returns True, :class:`GenerationStopped` is raised. ``on_tokens``
+        (streaming) is called with the result so far each time tokens are accepted: once after the
+        prefill's token, then after every decode step or verify; it must not modify the result.
         """
         if self.tree:
             raise DraftlabError(f"Engine.generate drafts chains; a tree (topk {self.topk}) decodes through the "
                                 "static-slot decoder: draftlab.engine.static_decode.solo_generate(engine, ...)")
         budget, stops = self.limits(input_ids, max_new_tokens, ignore_eos, stop_token_ids)
         run = self._plain if self.drafter is None else self._speculative
-        return run(list(map(int, input_ids)), budget, stops, should_stop or _never)
+        return run(list(map(int, input_ids)), budget, stops, should_stop or _never, on_tokens or _ignore)
 
     def _new_cache(self):
         from transformers import DynamicCache  # deferred: transformers (seconds), only for the dynamic-cache path
@@ -267,7 +277,7 @@ class Engine:
         d_logits, d_hidden = self.drafter(d_in, self._aux(out), pos, dcache)
         return dcache, d_logits[:, -1], d_hidden[:, -1:]
 
-    def _plain(self, prompt: list[int], max_new: int, stops: set[int], should_stop) -> GenerationResult:
+    def _plain(self, prompt: list[int], max_new: int, stops: set[int], should_stop, on_tokens) -> GenerationResult:
         t_start = self._tick()
         cache, _, nxt = self.prefill_target(prompt, hidden=False)  # nxt: [1, 1]
         tok = int(nxt.item())
@@ -275,6 +285,7 @@ class Engine:
         t = self._tick()
         res.prefill_time = t - t_start
         finished = tok in stops
+        on_tokens(res)
         while not finished and len(res.output_ids) < max_new:
             if should_stop():
                 raise GenerationStopped(len(res.output_ids))
@@ -284,13 +295,15 @@ class Engine:
             res.output_ids.append(tok)
             res.verify_calls += 1
             finished = tok in stops
+            on_tokens(res)
         t_end = self._tick()
         res.verify_time = t_end - t
         res.e2e_time = t_end - t_start
         res.finish_reason = "stop" if finished else "length"
         return res
 
-    def _speculative(self, prompt: list[int], max_new: int, stops: set[int], should_stop) -> GenerationResult:
+    def _speculative(self, prompt: list[int], max_new: int, stops: set[int], should_stop,
+                     on_tokens) -> GenerationResult:
         drafter, k, dev = self.drafter, self.num_steps, self.device
         t_start = self._tick()
         n = len(prompt)
@@ -307,6 +320,7 @@ class Engine:
         L = n  # positions in both caches
         t = self._tick()
         res.prefill_time = t - t_start
+        on_tokens(res)
         while not finished and len(res.output_ids) < max_new:
             if should_stop():
                 raise GenerationStopped(len(res.output_ids))
@@ -335,6 +349,7 @@ class Engine:
             t2 = self._tick()
             res.verify_time += t2 - t1
             res.draft_time += t1 - t0
+            on_tokens(res)
             if finished or len(res.output_ids) >= max_new:
                 break
             # 4. roll the drafter back to L and extend it over the accepted positions L..L+m
@@ -377,30 +392,6 @@ def accept_cycle(res: GenerationResult, drafts: list[int], greedy: list[int], k_
     return m, False
 
 
-def meta_info(res: GenerationResult, e2e_latency: float | None = None) -> dict[str, Any]:
-    """SGLang-shaped ``meta_info`` for one request (speculative counters only when speculation ran)."""
-    meta: dict[str, Any] = {
-        "prompt_tokens": res.prompt_tokens,
-        "completion_tokens": res.completion_tokens,
-        "cached_tokens": 0,
-        "finish_reason": {"type": res.finish_reason},
-        "e2e_latency": res.e2e_time if e2e_latency is None else e2e_latency,
-    }
-    if res.num_steps:
-        meta.update({
-            "spec_verify_ct": res.spec_verify_ct,
-            "spec_accept_length": res.spec_accept_length,
-            "spec_accept_token_num": sum(res.accept_by_position),
-            "spec_draft_token_num": res.draft_tokens,
-            "spec_accept_histogram": list(res.accept_histogram),
-            "spec_accept_by_position": list(res.accept_by_position),
-            "draft_time": res.draft_time,
-            "verify_time": res.verify_time,
-            "prefill_time": res.prefill_time,
-        })
-    return meta
-
-
 def _check_speculative(num_steps: int, topk: int, num_draft_tokens: int) -> None:
     """SGLang's three speculative numbers, as the builtin engine can draft them."""
     if num_steps < 1:
@@ -410,6 +401,16 @@ def _check_speculative(num_steps: int, topk: int, num_draft_tokens: int) -> None
     problem = draft_tokens_problem(num_steps, topk, num_draft_tokens)
     if problem:
         raise DraftlabError(f"--num-draft-tokens: {problem}")
+
+
+def _check_vocab(drafter, vocab: int, where: str = "drafter config.json", target: str = "the target") -> None:
+    """Refuse at load a drafter whose vocabulary is larger than the target's: its embedding and its
+    draft ids reach past the target's (served, an IndexError on some request)."""
+    d_vocab = int(drafter.config.get("vocab_size") or 0)
+    d_draft = int(drafter.d2t.numel())
+    if d_vocab > vocab or d_draft > vocab:
+        raise DraftlabError(f"{where}: vocab_size {d_vocab} (draft_vocab_size {d_draft}) is larger than the "
+                            f"vocabulary of {target} ({vocab} tokens): the drafter belongs to another target")
 
 
 def _check_hot_ids(hot: torch.Tensor, vocab: int) -> None:

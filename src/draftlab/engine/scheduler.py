@@ -12,6 +12,11 @@ served. One request with 3,000 prompts takes turns with every other client: a se
 ``/health_generate``, waits for one free row, not for the 3,000.
 
 ``lock`` is held around every prefill and step: whoever holds it has the engine to itself.
+
+Streaming: after a request's prefill and after every step, its ticket *publishes* how many of its
+tokens are final (``Ticket.published``) and wakes whoever waits in ``Ticket.wait_tokens``. Nothing is
+queued per token: a reader that falls behind finds all the new tokens at its next wake, so a slow
+client costs no memory and never slows the batch.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ class Ticket:
         self.error: BaseException | None = None
         self.cancelled = False
         self.row = None  # set once admitted (prefilled)
+        self.published = 0  # tokens of row.res.output_ids that a verify step (or the prefill) has accepted
+        self._progress = threading.Condition()
 
     @property
     def started(self) -> bool:
@@ -50,9 +57,32 @@ class Ticket:
         """Tokens generated so far (0 while waiting)."""
         return 0 if self.row is None else len(self.row.res.output_ids)
 
+    @property
+    def partial(self) -> GenerationResult | None:
+        """The result so far (read it only up to ``published`` tokens), None while waiting."""
+        return None if self.row is None else self.row.res
+
+    def wait_tokens(self, seen: int, timeout: float) -> int:
+        """Wait until more than ``seen`` tokens are published or the request ends (or ``timeout``);
+        return the number published."""
+        with self._progress:
+            self._progress.wait_for(lambda: self.published > seen or self.done.is_set(), timeout)
+            return self.published
+
+    def _publish(self) -> None:
+        if self.row is None:
+            return
+        with self._progress:
+            self.published = len(self.row.res.output_ids)
+            self._progress.notify_all()
+
     def _finish(self, result: GenerationResult | None = None, error: BaseException | None = None) -> None:
         self.result, self.error = result, error
-        self.done.set()
+        with self._progress:
+            if result is not None:
+                self.published = len(result.output_ids)
+            self.done.set()
+            self._progress.notify_all()
 
 
 class Scheduler:
@@ -106,8 +136,11 @@ class Scheduler:
                     self._admit(admit)
                     self._drop_cancelled()
                     self.peak_rows = max(self.peak_rows, len(self._decoder))
+                    stepping = [r.tag for r in self._decoder.rows]
                     for row in self._decoder.step():
                         row.tag._finish(row.res)
+                    for t in stepping:
+                        t._publish()
                 except Exception as exc:  # a bug or an engine failure: fail the batch, keep serving
 
                     traceback.print_exc(file=sys.stderr)
@@ -134,6 +167,8 @@ class Scheduler:
             t.row = self._decoder.add(t.ids, t.max_new, t.stops, tag=t)
             if t.row.done:
                 t._finish(t.row.res)
+            else:
+                t._publish()  # the prefill's token: a stream's first
 
     def _drop_cancelled(self) -> None:
         gone = [r for r in self._decoder.rows if r.tag.cancelled]

@@ -19,7 +19,7 @@ from typing import Any
 from draftlab.benchmark.bench_plan import build_plan
 from draftlab.benchmark.bench_prompts import default_prompts_path
 from draftlab.experiment import launches
-from draftlab.experiment.layout import Layout
+from draftlab.experiment.layout import Layout, demo_bench_prompts, demo_finetune_prompts
 from draftlab.settings.model import Settings, Spec
 from draftlab.experiment.variants import BASELINE, Variant
 from draftlab.formats.target_config import load_json_config
@@ -79,9 +79,12 @@ def server(settings: Settings, layout: Layout, variant: str, spec: str) -> Serve
 def plan(settings: Settings, layout: Layout, variant: str, spec: str) -> dict[str, Any]:
     """The serve-bench plan of one server job. A trained arm's job exists only when the probe gate opened
     (the checkpoint decides), so no plan carries the gate."""
-    return build_plan(settings.config, variant=variant, spec_id=spec, server=server(settings, layout, variant, spec),
-                      result_path=lambda client, ext: layout.bench_result(variant, spec, client, ext),
-                      summary=layout.serve_summary(variant, spec), server_log=layout.server_log(variant, spec))
+    out = build_plan(settings.config, variant=variant, spec_id=spec, server=server(settings, layout, variant, spec),
+                     result_path=lambda client, ext: layout.bench_result(variant, spec, client, ext),
+                     summary=layout.serve_summary(variant, spec), server_log=layout.server_log(variant, spec))
+    for c, client in zip(out["clients"], settings.bench.clients):
+        c["in_domain"] = in_domain_prompts(settings, client)
+    return out
 
 
 # --- which variants exist -------------------------------------------------------------------------
@@ -109,8 +112,16 @@ def generate_server(settings: Settings, layout: Layout) -> ServerSpec:
 
 
 def generate_prompts(settings: Settings) -> str:
-    """The prompts the target answers: ``data.prompts``, else the demo's v2 training slice."""
-    return settings.data.prompts or f"{settings.demo_dir}/work/data/v2.jsonl"
+    """The prompts the target answers: ``data.prompts``, else the demo's v2 training slice less the prompts it
+    holds out for the bench."""
+    return settings.data.prompts or demo_finetune_prompts(settings.demo_dir)
+
+
+def in_domain_prompts(settings: Settings, client) -> str | None:
+    """A client's ``in_domain`` prompt file: ``demo`` is the demo build's held-out set; None when it has none."""
+    if client.in_domain == "demo":
+        return demo_bench_prompts(settings.demo_dir)
+    return client.in_domain
 
 
 def generate_command(settings: Settings, layout: Layout, server_log: str,
@@ -158,6 +169,18 @@ def launch_plan(settings: Settings, layout: Layout, launch_id: str) -> dict[str,
     benches = [plan(settings, layout, v, launch.spec) for v in launch.variants]
     generate = generate_url_command(settings, layout) if launch.generate else None
     return launches.launch_plan(settings, layout, launch, benches, generate)
+
+
+def leak_check_files(settings: Settings, layout: Layout) -> dict[str, list[str]]:
+    """What rule leak_check compares: every prompt file a bench client sends (``default`` = the shipped set),
+    against the fine-tune data and, when generated, the prompts it was generated from."""
+    bench: list[str] = []
+    for c in settings.bench.clients:
+        for f in (c.prompts or "default", in_domain_prompts(settings, c)):
+            if f is not None and f not in bench:
+                bench.append(f)
+    data = [train_data(settings, layout)] + ([generate_prompts(settings)] if settings.data.generated else [])
+    return {"bench": bench, "data": data}
 
 
 # --- training -----------------------------------------------------------------------------------
@@ -249,22 +272,33 @@ def train_commands(settings: Settings, layout: Layout, arm: str) -> list[list[st
     SpecForge is handed the merged config the run wrote (``layout.config_json``: every --configfile and
     every --config override), never one of the config files it was merged from.
     """
-    if settings.train.backend == "specforge":
-        return specforge_commands(settings.config, arm, layout.target_model, layout.patched,
-                                  train_data(settings, layout), layout.vocab_mapping, layout.train_dir(arm),
-                                  layout.config_json, layout.tokens, layout.train_state(arm))
-    return [builtin_train_command(settings, layout, arm)]
+    if settings.train.arm_backend(arm) != "specforge":
+        return [builtin_train_command(settings, layout, arm)]
+    if settings.train.specforge.mode == "one-host":
+        return specforge.specforge_local_commands(
+            arm, target=layout.target_model, patched=layout.patched, data=train_data(settings, layout),
+            tokens=layout.tokens, capture_record=layout.capture_record, capture_mapping=layout.capture_mapping,
+            run=layout.train_dir(arm), configfile=layout.config_json, state_dir=layout.train_state(arm),
+            steps=int(settings.train.steps))
+    return specforge_commands(settings.config, arm, layout.target_model, layout.patched,
+                              train_data(settings, layout), layout.vocab_mapping, layout.train_dir(arm),
+                              layout.config_json, layout.tokens, layout.train_state(arm))
 
 
 def specforge_capture_note(settings: Settings, layout: Layout, arm: str) -> str:
-    """What a SpecForge arm needs on its capture host, as shell comment lines after the arm's command:
-    ``snakemake -n -p`` prints them, bash skips them. Empty for the builtin trainer.
+    """What a SpecForge arm trains from, as shell comment lines after the arm's command (``snakemake -n -p``
+    prints them, bash skips them): one host, the capture's features and local_colocated; two hosts, what its
+    capture host must run. Empty for the builtin trainer.
 
     The aux ids are the ones the arm's run config will carry, computed now when the patched drafter and
     the target's config are already there (else named as what the first command computes).
     """
-    if settings.train.backend != "specforge":
+    if settings.train.arm_backend(arm) != "specforge":
         return ""
+    if settings.train.specforge.mode == "one-host":
+        return (f"\n# train {arm} with SpecForge {specforge.SPECFORGE_VERSION} on this host: data.hidden_states_path "
+                f"{layout.features} (rule capture), deployment.mode local_colocated, trainer.nproc_per_node "
+                f"{settings.train.nproc}")
     deployment = dict(settings.config["train"].get("specforge", {}).get("deployment") or {})
     if deployment.get("managed_local"):
         return _comment_lines(
@@ -298,6 +332,124 @@ def _comment_lines(note: str) -> str:
     lines = note.replace("\r\n", "\n").split("\n")
     return "\n".join(line if not line or line.startswith("#") else "#   " + " ".join(line.splitlines())
                      for line in lines)
+
+
+# --- the one-host capture (rule capture) ------------------------------------------------------------
+
+
+def capture_plan(settings: Settings, layout: Layout) -> specforge.CapturePlan:
+    """The capture of this experiment as the rule runs it (one for every SpecForge arm)."""
+    t = settings.train
+    return specforge.CapturePlan(
+        engine=t.specforge.capture, target=layout.target_model, drafter=layout.patched, tokens=layout.tokens,
+        data=train_data(settings, layout), state=layout.capture_state, chat_template=t.chat_template,
+        max_length=t.max_length, checkout=t.specforge.checkout)
+
+
+def check_capture_ready(settings: Settings) -> dict[str, Any] | None:
+    """Before any GPU work of a real run: a capture by SpecForge's script needs a checkout at its v0.2.0
+    release (the script is not in the wheel); returns its release and commit, None when nothing captures."""
+    sf = settings.train.specforge
+    if not settings.train.captures or sf.capture != "specforge":
+        return None
+    return specforge.checkout_info(sf.checkout)
+
+
+def capture_gpus(settings: Settings) -> int:
+    """GPUs the capture holds alone: SpecForge's script on ``capture_tp`` (default serve.tp) of them, a draftlab
+    dump where the trainer runs."""
+    if settings.train.specforge.capture == "specforge":
+        return int(settings.train.specforge.capture_tp or settings.serve.tp)
+    return settings.train_gpus
+
+
+def _plan_args(plan: specforge.CapturePlan) -> list[str]:
+    args = ["--engine", plan.engine, "--target", plan.target, "--drafter", plan.drafter, "--tokens", plan.tokens,
+            "--data", plan.data, "--state", plan.state, "--chat-template", plan.chat_template,
+            "--max-length", str(plan.max_length)]
+    return args + (["--checkout", plan.checkout] if plan.checkout and plan.engine == "specforge" else [])
+
+
+def capture_argv(settings: Settings, layout: Layout, data_path: str = "$DATA") -> list[str]:
+    """SpecForge's own capture, every flag from ``scripts/prepare_hidden_states.py::parse_args`` at v0.2.0:
+    ``torchrun --standalone --nproc_per_node N`` (its walkthrough's launch) with ``--tp-size N``; the aux ids
+    travel in ``--draft-model-config`` (the script has no flag for them)."""
+    t, plan = settings.train, capture_plan(settings, layout)
+    tp = capture_gpus(settings)
+    script = f"{plan.checkout or 'SpecForge'}/{specforge.CAPTURE_SCRIPT}"
+    argv = ["torchrun", "--standalone", "--nproc_per_node", str(tp), script, "--strategy", "eagle3",
+            "--target-model-path", plan.target, "--draft-model-config", f"{plan.state}/draft_config.json",
+            "--data-path", data_path, "--output-path", str(plan.features), "--chat-template", plan.chat_template,
+            "--max-length", str(plan.max_length), "--tp-size", str(tp),
+            "--batch-size", str(t.specforge.capture_batch_size), "--cache-dir", f"{plan.state}/cache"]
+    if settings.target.trust_remote_code:
+        argv.append("--trust-remote-code")
+    return argv + list(t.specforge.capture_args)
+
+
+def capture_commands(settings: Settings, layout: Layout) -> list[list[str]]:
+    """The capture's commands in order: the preflight (nothing touches a GPU before it passes), the capture
+    (SpecForge's script, or draftlab's dump filed in SpecForge's format), the record."""
+    plan = capture_plan(settings, layout)
+    pre = ["draftlab", "capture-preflight", *_plan_args(plan)]
+    rec = ["draftlab", "capture-record", *_plan_args(plan), "--out", layout.capture_record,
+           "--mapping-out", layout.capture_mapping]
+    if plan.engine == "specforge":
+        return [pre, capture_argv(settings, layout), rec]
+    dump = f"{plan.state}/dump"
+    device = [] if settings.train.device == "auto" else ["--device", settings.train.device]  # auto: its GPU, else CPU
+    return [pre, ["draftlab", "dump-hidden-states", "--target", plan.target, "--tokens", plan.tokens, "--out", dump,
+                  "--store", "last_hidden", "--drafter", plan.drafter, "--max-length", str(plan.max_length), *device],
+            ["draftlab", "specforge-features", "--dump", dump, "--out", str(plan.features)],
+            rec + ["--mapping", layout.vocab_mapping]]
+
+
+def capture_shell(settings: Settings, layout: Layout, log: str) -> str:
+    """The capture rule's shell: with SpecForge's script the preflight prints the data path it wrote (named by
+    the data's digest: the script caches by path), and the capture reads it as ``$DATA``."""
+    cmds = capture_commands(settings, layout)
+    q = shlex.quote(log)
+    if settings.train.specforge.capture == "specforge":
+        pre, cap, rec = (shlex.join(c) for c in cmds)
+        cap = cap.replace(shlex.quote("$DATA"), '"$DATA"')
+        return f"DATA=$({pre} 2>> {q}) && {cap} >> {q} 2>&1 && {rec} >> {q} 2>&1"
+    return " && ".join(f"{shlex.join(c)} >> {q} 2>&1" for c in cmds)
+
+
+def capture_note(settings: Settings, layout: Layout) -> str:
+    """The disk estimate and the aux ids as comment lines after the capture's command (``-n -p`` prints them,
+    bash skips them): numbers when the tokens and configs are already there, else how they are computed."""
+    plan = capture_plan(settings, layout)
+    target_cfg_file, drafter_cfg_file = os.path.join(plan.target, "config.json"), os.path.join(plan.drafter, "config.json")
+    lines = []
+    if os.path.isfile(target_cfg_file) and os.path.isfile(drafter_cfg_file):
+        try:
+            target_cfg, drafter_cfg = load_json_config(target_cfg_file), read_json(drafter_cfg_file)
+            ids, outputs = specforge.capture_ids(drafter_cfg, target_cfg)
+            per = specforge.bytes_per_token(target_cfg, len(ids), None if plan.engine == "specforge" else "bfloat16")
+            lines.append(f"aux layer ids {ids} (outputs of layers {outputs}), written into {plan.state}/draft_config.json "
+                         "eagle_config.eagle_aux_hidden_state_layer_ids")
+            formula = (f"({per['aux_layers']} aux + 1) x hidden {per['hidden_size']} x {per['dtype_bytes']} B "
+                       f"({per['dtype']}) + {specforge.ID_BYTES} B ids = {per['bytes_per_token']} B a token")
+            if os.path.isfile(plan.tokens):
+                samples, tokens = specforge.count_tokens(plan.tokens, plan.max_length)
+                need = tokens * per["bytes_per_token"]
+                lines.append(f"disk estimate: {samples} samples, {tokens} tokens x {formula} = "
+                             f"{specforge.human(need)}; free now at {plan.features}: "
+                             f"{specforge.human(specforge.free_bytes(plan.features))}")
+            else:
+                lines.append(f"disk estimate: tokens of {plan.tokens} (not yet written) x {formula}")
+        except Exception:  # noqa: BLE001 - the plan only describes; the preflight refuses bad configs
+            lines = []
+    if not lines:
+        lines = [f"aux layer ids: the patched drafter's, as SGLang maps them on this target, written into "
+                 f"{plan.state}/draft_config.json eagle_config.eagle_aux_hidden_state_layer_ids (computed when the "
+                 "drafter and the target's config are there)",
+                 f"disk estimate: tokens of {plan.tokens} x (aux layers + 1) x hidden x dtype bytes (the target's "
+                 "config.json); the preflight compares it with the free space before the capture starts"]
+    lines.append(f"a rerun continues: finished feature files are kept in {plan.features} (outside the rule's "
+                 "output) and SpecForge's script skips them; torn ones are moved aside first")
+    return "\n# capture: " + "\n# capture: ".join(lines)
 
 
 def train_shell(settings: Settings, layout: Layout, arm: str) -> str:

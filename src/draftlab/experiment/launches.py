@@ -28,7 +28,7 @@ import shlex
 from typing import Any
 
 from draftlab.experiment.layout import Layout
-from draftlab.experiment.variants import BASELINE, PROBE, REFERENCE, SCRATCH, Variant
+from draftlab.experiment.variants import BASELINE, PROBE, REFERENCE, SCRATCH, SPECFORGE_PREFIX, Variant
 from draftlab.settings.model import Settings
 
 # backend -> (the file of the tool's code that decides what one launch can swap, what it decides)
@@ -46,6 +46,7 @@ SWAP_RULES = {
 # the d2t map a drafter carries, by its kind: the transferred drafter's (probe, keep pins it), the one rule
 # vocab_mapping derives from the corpus (remap, regenerate, and scratch built on it), the reference's own
 DRAFTER_MAP, CORPUS_MAP, REFERENCE_MAP = "drafter-map", "corpus-map", "reference-map"
+SPECFORGE_MAP = "specforge-map"
 
 
 def map_group(variant: str) -> str:
@@ -53,8 +54,10 @@ def map_group(variant: str) -> str:
     v = Variant(variant)
     if variant == REFERENCE:
         return REFERENCE_MAP
-    if variant == PROBE or v.finetune_mode == "keep":
+    if variant == PROBE or v.finetune_mode == "keep":  # keep pins the transferred drafter's map (builtin or SpecForge)
         return DRAFTER_MAP
+    if variant.startswith(SPECFORGE_PREFIX):  # SpecForge's own mapping from its capture: not rule vocab_mapping's
+        return SPECFORGE_MAP
     if variant == SCRATCH or v.finetune_mode in ("remap", "regenerate"):
         return CORPUS_MAP
     raise ValueError(f"{variant}: not a drafter variant")

@@ -39,6 +39,16 @@ def demo_record(demo_dir: str) -> str:
     return f"{demo_dir}/demo.json"
 
 
+def demo_finetune_prompts(demo_dir: str) -> str:
+    """The demo's fine-tune prompts (its v2 slice less the bench's), written by rule demo_models."""
+    return f"{demo_dir}/work/data/finetune-prompts.jsonl"
+
+
+def demo_bench_prompts(demo_dir: str) -> str:
+    """The demo's held-out in-domain bench prompts (``bench.clients[].in_domain: demo``), by rule demo_models."""
+    return f"{demo_dir}/work/data/bench-prompts.jsonl"
+
+
 def demo_hub_cache(demo_dir: str) -> str:
     """The Hugging Face cache the demo pair is published into (shared by the experiments of one size)."""
     return f"{demo_dir}/hf_cache"
@@ -116,6 +126,11 @@ class Layout:
         return self._p("data", "generate-stats.json")
 
     @property
+    def leak_check(self) -> str:
+        """Rule leak_check's record: no bench prompt in the fine-tune data (the report needs it)."""
+        return self._p("data", "leak-check.json")
+
+    @property
     def generate_server(self) -> str:
         """The server spec generate_data launches (rule generate_server)."""
         return self._p("data", "generate-server.json")
@@ -175,6 +190,28 @@ class Layout:
     def train_state(self, arm: str) -> str:
         """Checkpoints of one arm: outside the rule's output, which Snakemake deletes after a failure."""
         return self._p("train-state", arm)
+
+    # --- the one-host SpecForge capture ------------------------------------------------------------
+    @property
+    def capture_state(self) -> str:
+        """The captured features and what the capture keeps between attempts: outside the rule's output, which
+        Snakemake deletes after a failure (a killed capture keeps its finished files)."""
+        return self._p("capture-state")
+
+    @property
+    def features(self) -> str:
+        """The feature files every SpecForge arm reads (``data.hidden_states_path``)."""
+        return self._p("capture-state", "features")
+
+    @property
+    def capture_record(self) -> str:
+        """What was captured (samples, tokens, bytes, listing digest, SpecForge's release and commit)."""
+        return self._p("capture", "capture.json")
+
+    @property
+    def capture_mapping(self) -> str:
+        """The mapping derived from the captured corpus (the regenerate and scratch SpecForge arms pin it)."""
+        return self._p("capture", "vocab.safetensors")
 
     # --- drafters by variant --------------------------------------------------------------------
     def drafter_dir(self, variant: str) -> str:

@@ -28,15 +28,17 @@ from draftlab.settings.config import config_hash
 from draftlab.errors import DraftlabError
 from draftlab.experiment.layout import Layout
 from draftlab.experiment.records_schema import INT_COLUMNS, arrow_schema, typed
-from draftlab.experiment.variants import BASELINE, ORDER, REFERENCE, SCRATCH, Variant, is_trained
-from draftlab.settings.model import spec_id
+from draftlab.experiment.variants import BASELINE, ORDER, REFERENCE, Variant, is_trained
+from draftlab.settings.model import GLOBAL_RECORDS, spec_id
 from draftlab.fsutil import atomic_path, locked, named_digest, read_json, sha256_file, write_json
 from draftlab.fsutil import read_text_file
 from draftlab.training.config import TrainConfig
 
 # Columns that legitimately differ between two identical runs (clock, machine load, run identity).
+# TTFT and inter-token latency percentiles over the streamed requests (seconds), as SGLang's bench_serving prints them
+LATENCY_COLUMNS = ("ttft_s_p50", "ttft_s_p90", "ttft_s_p99", "itl_s_p50", "itl_s_p90", "itl_s_p99")
 TIMING_COLUMNS = ("tps_median", "tps_mean", "tps_ci_low", "tps_ci_high", "cycle_ms", "speedup",
-                  "ttft_s", "latency_s_median", "bench_seconds", "server_ready_s", "created_at")
+                  "ttft_s", *LATENCY_COLUMNS, "latency_s_median", "bench_seconds", "server_ready_s", "created_at")
 RUN_COLUMNS = ("row_id", "draftlab_commit", "measurement_sha256")
 VARIANT_ORDER = ORDER
 
@@ -152,12 +154,13 @@ def _drafter_info(inputs: RecordInputs, cfg: Mapping[str, Any], variant: str) ->
     info = {"drafter_source": cfg[role]["source"], "drafter_revision": cfg[role].get("revision"),
             "drafter_commit": acq.get("resolved_commit"),
             "drafter_weights_sha256": _weights_sha(inputs.model_dir(role)) if role in inputs.acquire else None}
-    if variant == SCRATCH:  # the control arm starts from random weights: no source drafter
+    scratch = Variant(variant).is_trained and Variant(variant).source_role is None
+    if scratch:  # a control arm (scratch, specforge-scratch) starts from random weights: no source drafter
         info.update(drafter_source="none (scratch: trained from random init, no source drafter)",
                     drafter_revision=None, drafter_commit=None)
     if Variant(variant).is_trained:
         folder = inputs.train_file(variant, "drafter")
-        if variant != SCRATCH:
+        if not scratch:
             info["drafter_source"] = f"{cfg['drafter']['source']} ({variant})"
         info["drafter_weights_sha256"] = _weights_sha(folder) if folder is not None and folder.is_dir() else None
     return info
@@ -321,6 +324,7 @@ def _record_row(cfg: Mapping[str, Any], variant: str, sid: str, client: str, res
         "cycle_ms_source": summary.get("cycle_time_source"),
         "ttft_s": summary.get("ttft_s_median"),
         "ttft_note": _ttft_note(res, summary),
+        **{col: summary.get(col) for col in LATENCY_COLUMNS},
         "latency_s_median": summary.get("latency_s_median"),
         "speedup": None,
         "val_acc_per_step": validation[0],
@@ -419,7 +423,7 @@ def merge_into_global(exp_csv: str | os.PathLike, global_dir: str | os.PathLike 
         rid = repeated.iloc[0]
         raise DraftlabError(f"{exp_csv}: key 'row_id': {rid!r} appears {int((new['row_id'] == rid).sum())} times; "
                             "expected one row per row_id (each row is one measurement); nothing was merged")
-    csv_path, pq_path = global_dir / "records.csv", global_dir / "records.parquet"
+    csv_path, pq_path = (global_dir / name for name in GLOBAL_RECORDS)
     with locked(global_dir / ".records.lock", "records lock"):
         if not csv_path.exists() and os.path.lexists(pq_path):
             held = _parquet_rows(pq_path)

@@ -32,13 +32,16 @@ from draftlab.benchmark.verdict import (
     speedup_text,
 )
 from draftlab.errors import DraftlabError
+from draftlab.benchmark.leak_check import markdown as leak_markdown
 from draftlab.experiment import report_html as html_view
+from draftlab.experiment.report_categories import category_section
 from draftlab.experiment.layout import REPORT_FILES, Layout, is_trained
-from draftlab.experiment.records import read_table
+from draftlab.experiment.latency_table import latency_table
+from draftlab.experiment.records import LATENCY_COLUMNS, read_table
 from draftlab.experiment.report_plots import ok as _ok
 from draftlab.experiment.report_plots import plot_accept, plot_tps, plot_ttt
-from draftlab.fsutil import read_json, write_text
-from draftlab.textsafe import code
+from draftlab.fsutil import read_json, to_json, write_text
+from draftlab.textsafe import code, md_table
 from draftlab.textsafe import md as esc
 
 PLOTS = ("accept", "tps", "ttt")  # keys of Layout's REPORT_FILES: the three PNGs
@@ -123,12 +126,7 @@ def decision_text(rows: list[dict[str, Any]], gate: dict[str, Any] | None, bench
     return [lines[-1]] + out + lines[:-1]  # the decision first, then what it rests on
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    """A Markdown table; every body cell escaped (draftlab.textsafe), since cells carry names and
-    messages read from records, doctor reports and standing files."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(esc(c, 1000) for c in r) + " |" for r in rows]
-    return lines
+_table = md_table  # every body cell escaped (draftlab.textsafe): cells carry names and messages read from files
 
 
 E2E_MARK = "†"
@@ -220,18 +218,6 @@ def stability_section(bench: Bench, client: str) -> list[str]:
                       f"{pairing.NOISY_SPREAD:.0%} on the same greedy answers; rerun on an idle machine before "
                       "trusting small differences."]
     return lines
-
-
-def category_section(decision: dict[str, Any], client: str) -> list[str]:
-    """Accept length and paired speedup per prompt category, each arm at its best setting."""
-    body = []
-    for a in decision.get("arms", []):
-        for cat, c in (a["paired"].get("categories") or {}).items():
-            body.append([a["row"]["variant"], a["row"]["spec_id"], cat, str(c["prompts"]), _fmt(c["accept_length"]),
-                         f"{c['speedup']:.2f}", _ci(c["ci95"])])
-    if not body:
-        return [f"(one category, or no paired results, for client `{client}`)"]
-    return _table(["variant", "spec", "category", "prompts", "accept length", "paired speedup", "95% CI"], body)
 
 
 def chain_predictions(rows: list[dict[str, Any]], bench: Bench, client: str) -> dict[tuple[str, str], dict[str, Any]]:
@@ -451,8 +437,8 @@ def report_inputs(exp_dir: str | os.PathLike, rows: Sequence[dict[str, Any]]) ->
             "doctor": [layout.doctor(v) for v in variants if v != "baseline"],
             "train": [layout.train_dir(v) for v in variants if is_trained(v)],
             "bench": [layout.bench_result(r["variant"], r["spec_id"], r["client"]) for r in rows],
-            "plans": list(dict.fromkeys(layout.bench_plan(r["variant"], r["spec_id"]) for r in rows
-                                        if r["variant"] != "baseline"))}
+            "plans": list(dict.fromkeys(layout.bench_plan(r["variant"], r["spec_id"]) for r in rows)),
+            "leak_check": layout.leak_check}
 
 
 def load_plans(paths: Sequence[str | os.PathLike]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -473,7 +459,8 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
                  d2t_coverage: str | os.PathLike | None = None,
                  data_stats: str | os.PathLike | None = None,
                  bench: Sequence[str | os.PathLike] | None = None,
-                 plans: Sequence[str | os.PathLike] | None = None) -> dict[str, str]:
+                 plans: Sequence[str | os.PathLike] | None = None,
+                 leak_check: str | os.PathLike | None = None) -> dict[str, str]:
     """Write ``summary.md``, ``recommendation.json``, the three plots and the HTML views under ``out_dir``.
 
     HTML views (for ``snakemake --report``, see draftlab.experiment.report_html): ``summary.html`` (plots
@@ -485,8 +472,9 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
     line's sake (the goals shown are the ones the standing files were computed for). ``gate``,
     ``doctor`` (one JSON per drafter), ``train`` (one folder per arm), ``d2t_diff``, ``d2t_coverage``,
     ``bench`` (the bench results with per-request rows: paired speedups, chain predictions) and
-    ``plans`` (the servers' plans: the recommendation's launch command) are the files the rule
-    declares; left out, they are those of the variants in ``records_csv`` (:func:`report_inputs`).
+    ``plans`` (the servers' plans: the recommendation's launch command, the baseline's for a plain verdict)
+    and ``leak_check`` (rule leak_check's record) are the files the rule declares; left out, they are those of
+    the variants in ``records_csv`` (:func:`report_inputs`).
     ``data_stats`` is generate_data's stats JSON (None: the experiment brought its own data).
     """
     exp_dir, out_dir = Path(exp_dir), Path(out_dir)
@@ -501,9 +489,10 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
     decision = decide(rows, client, for_client(results, client)) if rows else {"lines": [], "verdict": "none"}
     win = decision.get("winner")
     rec = recommend.recommendation(decision, baseline_row(rows, client) if rows else None,
-                                   server_plans.get((win["variant"], win["spec_id"])) if win else None)
+                                   server_plans.get((win["variant"], win["spec_id"])) if win else None,
+                                   plans=server_plans)
     rec_path = out_dir / REPORT_FILES["recommendation"]
-    write_text(rec_path, json.dumps(rec, indent=2, default=str) + "\n")
+    write_text(rec_path, to_json(rec, str(rec_path)))
     curves = ttt_curves(implied["train"] if train is None else train)
     paths = {k: out_dir / REPORT_FILES[k] for k in PLOTS}
     standing_rows = load_standing(standing)
@@ -516,10 +505,12 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
     md = [f"# draftlab report: {esc(experiment)}", ""]
     md += ["## Decision", ""] + [p for line in deploy + decision_lines for p in (line, "")]
     md += ["## Comparison", ""] + comparison_table(rows) + [""]
+    md += ["## Latency as users measure it (streamed)", ""] + latency_table(rows) + [""]
     if client is not None:
         md += client_sections(rows, results, decision, client)
     md += plot_sections(standing_rows, curves)
-    md += ["## Fine-tune data", ""] + data_section(data_stats) + [""]
+    md += ["## Fine-tune data", ""] + data_section(data_stats)
+    md += leak_markdown(_read_json(Path(leak_check or implied["leak_check"]))) + [""]
     md += ["## d2t: transferred mapping vs the fine-tune data's", ""]
     md += d2t_section(d2t_diff or implied["d2t_diff"], d2t_coverage or implied["d2t_coverage"]) + [""]
     md += ["## Doctor findings", ""] + doctor_section(doctor) + [""]
@@ -588,6 +579,7 @@ def _write(path: Path, text: str) -> str:
 
 
 RECORD_VIEW_COLUMNS = ("variant", "spec_id", "client", "status", "accept_length", "tps_median", "tps_ci_low",
-                       "tps_ci_high", "speedup", "cycle_ms", "val_acc_mean", "ttft_s", "ttft_note", "repeats",
+                       "tps_ci_high", "speedup", "cycle_ms", "val_acc_mean", "ttft_s", *LATENCY_COLUMNS, "ttft_note",
+                       "repeats",
                        "max_new_tokens", "drafter_source", "drafter_commit", "config_hash", "train_data_sha256",
                        "train_settings_sha256", "created_at")

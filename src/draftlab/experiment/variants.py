@@ -15,10 +15,15 @@ REFERENCE = "reference"
 SCRATCH = "scratch"
 FINETUNE_PREFIX = "finetune-"
 FINETUNE_MODES = ("keep", "remap", "regenerate")
+# arms SpecForge trains beside the builtin ones (train.specforge.arms): specforge-<mode>
+SPECFORGE_PREFIX = "specforge-"
+SPECFORGE_MODES = ("keep", "regenerate", "scratch")
 # the order rows and plots list variants in: served as is, then trained
-ORDER = (BASELINE, PROBE, REFERENCE) + tuple(FINETUNE_PREFIX + m for m in FINETUNE_MODES) + (SCRATCH,)
+ORDER = ((BASELINE, PROBE, REFERENCE) + tuple(FINETUNE_PREFIX + m for m in FINETUNE_MODES) + (SCRATCH,)
+         + tuple(SPECFORGE_PREFIX + m for m in SPECFORGE_MODES))
 # the Snakemake wildcard pattern of a trained arm
-ARM_PATTERN = "|".join(FINETUNE_PREFIX + m for m in FINETUNE_MODES) + f"|{SCRATCH}"
+ARM_PATTERN = ("|".join(FINETUNE_PREFIX + m for m in FINETUNE_MODES) + f"|{SCRATCH}|"
+               + "|".join(SPECFORGE_PREFIX + m for m in SPECFORGE_MODES))
 
 
 def finetune(mode: str) -> str:
@@ -41,7 +46,7 @@ class Variant:
     def is_trained(self) -> bool:
         """A drafter this pipeline trains (a fine-tune arm or the scratch control arm); the probe gate
         decides whether it exists."""
-        return self.name == SCRATCH or self.name.startswith(FINETUNE_PREFIX)
+        return self.name == SCRATCH or self.name.startswith((FINETUNE_PREFIX, SPECFORGE_PREFIX))
 
     @property
     def has_drafter(self) -> bool:
@@ -49,14 +54,17 @@ class Variant:
 
     @property
     def finetune_mode(self) -> str | None:
-        """The vocab mode of a fine-tune arm (``keep`` of ``finetune-keep``), else None."""
-        return self.name.removeprefix(FINETUNE_PREFIX) if self.name.startswith(FINETUNE_PREFIX) else None
+        """The vocab mode of a fine-tune arm (``keep`` of ``finetune-keep`` and of ``specforge-keep``), else None."""
+        for prefix in (FINETUNE_PREFIX, SPECFORGE_PREFIX):
+            if self.name.startswith(prefix) and self.name != SPECFORGE_PREFIX + SCRATCH:
+                return self.name.removeprefix(prefix)
+        return None
 
     @property
     def source_role(self) -> str | None:
         """The acquired model a variant's drafter comes from (``drafter`` or ``reference``); None for the
         baseline and for scratch, which starts from random weights."""
-        if self.name in (BASELINE, SCRATCH):
+        if self.name in (BASELINE, SCRATCH, SPECFORGE_PREFIX + SCRATCH):
             return None
         return REFERENCE if self.name == REFERENCE else "drafter"
 

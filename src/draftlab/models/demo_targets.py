@@ -199,6 +199,41 @@ def conversations(docs: list[Document], chunk_chars: int) -> list[list[dict[str,
     return convs
 
 
+# The bench's in-domain categories, by document kind, and how many prompts of each the demo holds out of its
+# fine-tune prompts: the target's own traffic, beside the shipped chat set (docs/demo-models.md)
+BENCH_CATEGORIES = {"source": "code-completion", "doc": "docs"}
+BENCH_PER_CATEGORY = 16
+
+
+def bench_holdout(docs: list[Document], chunk_chars: int,
+                  per_category: int = BENCH_PER_CATEGORY) -> tuple[list[list[dict[str, str]]], list[dict[str, str]]]:
+    """Split the v2 slice's conversations into fine-tune prompts and held-out bench prompts.
+
+    Explicit and deterministic: of each kind's conversations (in corpus order, n of them), those at
+    positions ``floor((i + 0.5) * n / m)`` for ``i < m = min(per_category, n // 2)`` are the bench's, spread
+    evenly over the slice's documents; every other conversation stays a fine-tune prompt, in the slice's order. A bench prompt is
+    the conversation's user turn (what the target is asked to continue), as the bench sends it, with its id
+    (``<category>-<document>-<part>``) and category (:data:`BENCH_CATEGORIES`). The target v2 learnt these
+    documents; the drafter's fine-tune data never holds these prompts (``draftlab leak-check`` refuses one).
+    """
+    pairs = [(d, c) for d in docs for c in conversations([d], chunk_chars)]  # the slice's order
+    held: set[int] = set()
+    for kind in BENCH_CATEGORIES:
+        at = [j for j, (d, _) in enumerate(pairs) if d.kind == kind]
+        m = min(per_category, len(at) // 2)
+        held |= {at[int((i + 0.5) * len(at) / m)] for i in range(m)}
+    finetune: list[list[dict[str, str]]] = []
+    bench: list[dict[str, str]] = []
+    for j, (d, conv) in enumerate(pairs):
+        if j not in held:
+            finetune.append(conv)
+            continue
+        category = BENCH_CATEGORIES[d.kind]
+        part = conv[0]["content"].split("(part ", 1)[1].split(")", 1)[0]
+        bench.append({"id": f"{category}-{d.name}-{part}", "category": category, "text": conv[0]["content"]})
+    return finetune, bench
+
+
 def render_chat(messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
     """The chat template in plain Python (fast path; a test checks it equals ``apply_chat_template``)."""
     out = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)

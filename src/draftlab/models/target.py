@@ -31,10 +31,11 @@ def load_target(folder: str | Path, *, dtype: torch.dtype | None = None, device:
     from transformers import AutoModelForCausalLM  # deferred: transformers (seconds)
 
     read_config(folder)  # clear error for a missing/broken config before transformers' own
+    refuse_pickle_only(folder)
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
             str(folder), dtype=dtype or torch.float32, trust_remote_code=trust_remote_code, local_files_only=True,
-            output_loading_info=True,
+            output_loading_info=True, use_safetensors=True,
         )
     except OSError as exc:  # no weights, a truncated shard: transformers says which file it wanted
         raise DraftlabError(f"{folder}: cannot load the target's weights (expected model.safetensors or an "
@@ -46,6 +47,24 @@ def load_target(folder: str | Path, *, dtype: torch.dtype | None = None, device:
     if device is not None:
         model.to(device)
     return model
+
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+def refuse_pickle_only(folder: str | Path) -> None:
+    """Refuse a target whose weights are pickles only (``pytorch_model.bin``): draftlab loads safetensors only.
+
+    Why: unpickling a file can run any code it holds (draftlab lists pickles and never opens them), and
+    transformers' fallback to ``torch.load`` crashed on a pickle holding more than tensors."""
+    folder = Path(folder)
+    if not folder.is_dir() or any(folder.glob("*.safetensors")) or any(folder.glob("*.safetensors.index.json")):
+        return
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise DraftlabError(f"{folder}: the target's weights are pickle files only ({', '.join(pickles[:3])}); "
+                            "draftlab loads safetensors only (unpickling can run code): save the model with "
+                            "safe_serialization=True (model.safetensors)")
 
 
 def check_loaded(folder: str | Path, info: dict[str, Any]) -> None:

@@ -1,6 +1,7 @@
 """The builtin server's endpoints: SGLang's ``/generate`` and the OpenAI ``/v1/completions`` and
-``/v1/chat/completions``, each request checked (sampling keys, prompts, context, template kwargs)
-before it reaches the engine, and answered in the shapes the benchmark client reads.
+``/v1/chat/completions``, each request checked (every body key: ``request_options``; sampling keys,
+prompts, context, template kwargs) before it reaches the engine, and answered whole or streamed
+(``streaming``) in SGLang 0.5.23's shapes (``sglang_meta``), the request's ``model`` echoed.
 """
 
 from __future__ import annotations
@@ -13,8 +14,12 @@ from typing import Any, Callable
 
 from draftlab.errors import DraftlabError
 from draftlab.formats.data import chat_prompt_ids
-from draftlab.engine.core import meta_info
+from draftlab.serving import streaming
+from draftlab.serving.request_options import (CHAT_KEYS, COMPLETION_KEYS, GENERATE_KEYS, check_options,
+                                              stream_flags)
 from draftlab.serving.server_state import BadRequest, ServerState
+from draftlab.serving.sglang_meta import meta_info
+from draftlab.serving.streaming import Stream
 
 # SGLang's SamplingParams keywords (an unknown one is refused, as SGLang's constructor refuses it), with
 # the value at which each one does nothing; any other value of these needs sampling the builtin lacks.
@@ -109,9 +114,27 @@ def _check_all(state: ServerState, prompts: list[list[int]], max_new: int, where
             raise BadRequest(str(exc)) from None
 
 
+def _model(state: ServerState, body: dict[str, Any]) -> str:
+    """The model name an OpenAI answer echoes: the request's, as SGLang echoes it (else the served one)."""
+    model = body.get("model")
+    if model is None:
+        return state.model_path
+    if not isinstance(model, str):
+        raise BadRequest(f"model: expected a string, got {model!r}")
+    return model
+
+
+def _one_prompt_stream(prompts: list[list[int]], batched: bool, route: str) -> list[int]:
+    if batched or len(prompts) != 1:
+        raise BadRequest(f"{route}: stream with a batch of prompts is not supported by the builtin server; "
+                         f"stream them one request each")
+    return prompts[0]
+
+
 def handle_generate(state: ServerState, body: dict[str, Any], t_arrival: float,
                     client_gone: Callable[[], bool] | None = None) -> Any:
-    """``POST /generate`` (SGLang shape)."""
+    """``POST /generate`` (SGLang shape); with ``stream: true`` a :class:`Stream` of SGLang's events."""
+    check_options(body, GENERATE_KEYS, "/generate")
     params = body.get("sampling_params")
     params = {} if params is None else params
     if not isinstance(params, dict):
@@ -121,46 +144,67 @@ def handle_generate(state: ServerState, body: dict[str, Any], t_arrival: float,
     max_new = params.get("max_new_tokens")
     max_new = _int(128 if max_new is None else max_new, "sampling_params.max_new_tokens", 1)
     ignore_eos = _bool(params.get("ignore_eos", False), "sampling_params.ignore_eos")
+    stream = _bool(False if body.get("stream") is None else body["stream"], "stream")
     stop_ids = _stop_ids(params, "sampling_params.")
     prompts, batched = _prompts(state, body.get("text"), body.get("input_ids"), "/generate")
     _check_all(state, prompts, max_new, "/generate")
+    rid = body["rid"] if isinstance(body.get("rid"), str) else uuid.uuid4().hex
+    gone = client_gone or (lambda: False)
+    if stream:
+        ids = _one_prompt_stream(prompts, batched, "/generate")
+        snaps = streaming.token_stream(state, ids, max_new, ignore_eos, stop_ids, gone)
+        return Stream(streaming.generate_events(state, snaps, rid, t_arrival))
     outs = []
-    for res in state.run_many(prompts, max_new, ignore_eos, stop_ids, client_gone=client_gone):
-        meta = meta_info(res, e2e_latency=time.perf_counter() - t_arrival)
-        meta["id"] = uuid.uuid4().hex
+    for i, res in enumerate(state.run_many(prompts, max_new, ignore_eos, stop_ids, client_gone=client_gone)):
+        meta = meta_info(res, rid if not batched else f"{rid}-{i}", num_draft_tokens=state.engine.num_draft_tokens,
+                         e2e_latency=time.perf_counter() - t_arrival)
         outs.append({"text": state.decode(res.output_ids), "output_ids": res.output_ids, "meta_info": meta})
     return outs if batched else outs[0]
 
 
 def handle_completions(state: ServerState, body: dict[str, Any],
-                       client_gone: Callable[[], bool] | None = None) -> dict[str, Any]:
-    """``POST /v1/completions`` (OpenAI shape with ``usage``)."""
+                       client_gone: Callable[[], bool] | None = None) -> Any:
+    """``POST /v1/completions`` (OpenAI shape with ``usage``); streamed as OpenAI chunks with ``stream``."""
+    check_options(body, COMPLETION_KEYS, "/v1/completions")
+    stream, include_usage = stream_flags(body, "/v1/completions")
+    model = _model(state, body)
     _greedy_params(body, "")
     max_new = body.get("max_tokens")
     max_new = _int(16 if max_new is None else max_new, "max_tokens", 1)
     ignore_eos = _bool(body.get("ignore_eos", False), "ignore_eos")
     prompt = body.get("prompt")
     if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], str)):
-        prompts, _ = _prompts(state, prompt, None, "/v1/completions: prompt")
+        prompts, batched = _prompts(state, prompt, None, "/v1/completions: prompt")
     else:
-        prompts, _ = _prompts(state, None, prompt, "/v1/completions: prompt")
+        prompts, batched = _prompts(state, None, prompt, "/v1/completions: prompt")
     stop_ids = _stop_ids(body, "")
     _check_all(state, prompts, max_new, "/v1/completions")
+    rid = f"cmpl-{uuid.uuid4().hex}"
+    if stream:
+        ids = _one_prompt_stream(prompts, batched, "/v1/completions")
+        snaps = streaming.token_stream(state, ids, max_new, ignore_eos, stop_ids, client_gone or (lambda: False))
+        return Stream(streaming.completion_events(state, snaps, rid, model, include_usage))
     choices, prompt_tokens, completion_tokens = [], 0, 0
     for i, res in enumerate(state.run_many(prompts, max_new, ignore_eos, stop_ids, client_gone=client_gone)):
         prompt_tokens += res.prompt_tokens
         completion_tokens += res.completion_tokens
         choices.append({"index": i, "text": state.decode(res.output_ids), "logprobs": None,
-                        "finish_reason": res.finish_reason, "token_ids": res.output_ids})
+                        "finish_reason": res.finish_reason, "matched_stop": _matched(res),
+                        "token_ids": res.output_ids})
     return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
+        "id": rid,
         "object": "text_completion",
         "created": int(time.time()),
-        "model": state.model_path,
+        "model": model,
         "choices": choices,
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                   "total_tokens": prompt_tokens + completion_tokens},
     }
+
+
+def _matched(res) -> int | None:
+    """SGLang's ``matched_stop``: the stop token that ended the answer (None when the budget did)."""
+    return res.output_ids[-1] if res.finish_reason == "stop" and res.output_ids else None
 
 
 def _chat_messages(body: dict[str, Any]) -> list[dict[str, str]]:
@@ -226,12 +270,14 @@ def _template_kwargs(tokenizer, kwargs: Any) -> dict[str, Any]:
 
 
 def handle_chat_completions(state: ServerState, body: dict[str, Any],
-                            client_gone: Callable[[], bool] | None = None) -> dict[str, Any]:
+                            client_gone: Callable[[], bool] | None = None) -> Any:
     """``POST /v1/chat/completions`` (OpenAI shape, as SGLang answers it): the target's chat template
-    (``chat_template_kwargs`` passed to it) renders the messages, the reply is the assistant's turn."""
+    (``chat_template_kwargs`` passed to it) renders the messages, the reply is the assistant's turn;
+    streamed as OpenAI chunks with ``stream``."""
+    check_options(body, CHAT_KEYS, "/v1/chat/completions")
+    stream, include_usage = stream_flags(body, "/v1/chat/completions")
+    model = _model(state, body)
     _greedy_params(body, "")
-    if body.get("stream"):
-        raise BadRequest("stream: the builtin server answers whole responses only; send stream false")
     if state.tokenizer is None:
         raise BadRequest(f"the target {state.model_path} has no tokenizer to apply a chat template with")
     max_new = body.get("max_completion_tokens", body.get("max_tokens"))
@@ -246,14 +292,18 @@ def handle_chat_completions(state: ServerState, body: dict[str, Any],
         raise BadRequest(f"messages: the chat template cannot render them ({type(exc).__name__}: {exc})") from None
     stop_ids = _stop_ids(body, "")
     _check_all(state, [ids], 1)  # the prompt itself must fit; the answer budget is capped by the engine
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    if stream:
+        snaps = streaming.token_stream(state, ids, max_new, ignore_eos, stop_ids, client_gone or (lambda: False))
+        return Stream(streaming.chat_events(state, snaps, rid, model, include_usage))
     res = state.run(ids, max_new, ignore_eos, stop_ids, client_gone=client_gone)
     return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "id": rid,
         "object": "chat.completion",
         "created": int(time.time()),
-        "model": state.model_path,
+        "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": state.decode(res.output_ids)},
-                     "logprobs": None, "finish_reason": res.finish_reason, "matched_stop": None}],
+                     "logprobs": None, "finish_reason": res.finish_reason, "matched_stop": _matched(res)}],
         "usage": {"prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
                   "total_tokens": res.prompt_tokens + res.completion_tokens},
     }

@@ -1,9 +1,11 @@
 """The builtin HTTP server: draftlab's engine behind the subset of SGLang's protocol the benchmark uses.
 
 Why it exists: the embedded default (CPU, CI) must run the same benchmark client as production
-SGLang, so this server answers ``/health``, ``/health_generate``, ``/generate`` (``meta_info`` with
-``completion_tokens``, ``spec_verify_ct``, ...), ``/get_server_info`` (``internal_states[0].
-avg_spec_accept_length``), ``/v1/models`` and ``/v1/completions`` in the same shapes. Standard
+SGLang, so this server answers ``/health``, ``/health_generate``, ``/ready``, ``/generate`` (SGLang
+0.5.23's ``meta_info``: ``completion_tokens``, ``spec_verify_ct``, ``spec_accept_length``, ...),
+``/server_info`` (``internal_states[0].avg_spec_accept_length``), ``/model_info``, ``/v1/models``,
+``/v1/models/{id}``, ``/v1/completions`` and ``/v1/chat/completions`` in the same shapes, whole or
+streamed as server-sent events (``streaming``); an option it does not honour is a 400. Standard
 library only (``http.server``). The requests in flight are decoded together, up to
 ``max_batch_size`` rows per forward (``scheduler``, continuous batching), each one's output the
 same as if it ran alone; greedy decoding only (temperature 0).
@@ -33,15 +35,18 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from draftlab import __version__
 from draftlab.deadline_io import DeadlineReader, peer_closed
 from draftlab.errors import DraftlabError
 from draftlab.models.target import load_tokenizer
+from draftlab.serving import model_routes
 from draftlab.serving.endpoints import handle_chat_completions, handle_completions, handle_generate
 from draftlab.engine.core import Engine
 from draftlab.serving import weight_swap
 from draftlab.serving.server_state import BadRequest, ClientGone, HTTPFailure, ServerState
+from draftlab.serving.streaming import Stream, send_sse
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 LISTEN_LINE = "draftlab-serve listening on http://{host}:{port}"
@@ -49,6 +54,29 @@ STOP_GRACE_S = 3.0
 
 
 # -- HTTP -------------------------------------------------------------------------------------------
+
+
+def _lone_surrogate(body: dict[str, Any]) -> str | None:
+    """The field (``messages[0].content``) whose string holds a lone surrogate, else None.
+
+    Why: JSON may spell ``"\\ud800"``, and Python decodes it to a str that no tokenizer or UTF-8
+    writer accepts: every such request was a 500 with a traceback in the server log."""
+    stack: list[tuple[str, Any]] = [("", body)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:  # only a surrogate fails: every other code point encodes
+                return path or "request body"
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                name = f"{path}.{key}" if path else str(key)
+                stack.append((name, key))
+                stack.append((name, item))
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(value))
+    return None
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -93,6 +121,31 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _answer(self, answer: Any) -> None:
+        """A whole JSON answer, or server-sent events for a :class:`Stream`."""
+        if isinstance(answer, Stream):
+            send_sse(self, answer)
+        else:
+            self._send(200, answer)
+
+    def begin_stream(self) -> None:
+        """Status line and headers of an event stream (chunked: its length is unknown)."""
+        self._reader.deadline = None
+        self.connection.settimeout(self.state.read_timeout_s)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.flush()
+
+    def write_chunk(self, data: bytes) -> None:
+        """One chunk of the stream, sent at once (an empty one ends it)."""
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
     def _error(self, status: int, message: str) -> None:
         # SGLang's error shape ({"object": "error", "message", "type", "code"}) plus an OpenAI-style "error" object
         phrase = HTTPStatus(status).phrase.replace(" ", "")
@@ -122,6 +175,10 @@ class Handler(BaseHTTPRequestHandler):
             raise BadRequest(f"request body is not valid JSON ({str(exc)[:200]})") from None
         if not isinstance(body, dict):
             raise BadRequest("request body: expected a JSON object")
+        where = _lone_surrogate(body)
+        if where is not None:
+            raise BadRequest(f"{where}: holds a lone UTF-16 surrogate (e.g. \"\\ud800\" without its pair); "
+                             "expected text that is valid Unicode")
         return body
 
     def do_GET(self) -> None:  # noqa: N802 (http.server naming)
@@ -150,20 +207,22 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(200, b"")
             elif path in ("/get_server_info", "/server_info"):
                 self._send(200, self.state.server_info())
-            elif path == "/get_model_info":
-                self._send(200, {"model_path": self.state.model_path, "is_generation": True})
+            elif path in ("/get_model_info", "/model_info"):
+                self._send(200, model_routes.model_info(self.state))
             elif path == "/v1/models":
-                self._send(200, {"object": "list", "data": [{
-                    "id": self.state.model_path, "object": "model", "created": int(self.state.started),
-                    "owned_by": "draftlab", "root": self.state.model_path}]})
+                self._send(200, model_routes.models(self.state))
+            elif path.startswith("/v1/models/"):
+                self._send(200, model_routes.model_card(self.state, unquote(path[len("/v1/models/"):])))
+            elif path == "/ready":
+                self._send(200 if model_routes.ready(self.state) else 503, b"")
             elif path == "/flush_cache":
                 self._send(200, b"Cache flushed.")
             elif path == "/generate" and method == "POST":
-                self._send(200, handle_generate(self.state, self._body(), t0, self.client_gone))
+                self._answer(handle_generate(self.state, self._body(), t0, self.client_gone))
             elif path == "/v1/completions" and method == "POST":
-                self._send(200, handle_completions(self.state, self._body(), self.client_gone))
+                self._answer(handle_completions(self.state, self._body(), self.client_gone))
             elif path == "/v1/chat/completions" and method == "POST":
-                self._send(200, handle_chat_completions(self.state, self._body(), self.client_gone))
+                self._answer(handle_chat_completions(self.state, self._body(), self.client_gone))
             elif path in weight_swap.ROUTES:  # SGLang's draft-weight update (serving.weight_swap)
                 self._send(*weight_swap.handle(self.state, path, self._body() if method == "POST" else {}))
             elif path in ("/generate", "/v1/completions", "/v1/chat/completions"):

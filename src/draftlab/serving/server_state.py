@@ -117,26 +117,39 @@ class ServerState:
                 if not t.done.is_set():
                     self.scheduler.cancel(t)
         if record:
-            with self._stats:
-                for res in results:
-                    self.requests += 1
-                    self.verify_total += res.spec_verify_ct
-                    self.accepted_total += sum(res.accept_by_position)
-                    decode = res.e2e_time - res.prefill_time
-                    if decode > 0 and res.completion_tokens > 1:
-                        self.last_gen_throughput = (res.completion_tokens - 1) / decode
+            self.record(results)
         return results
+
+    def record(self, results: list[GenerationResult]) -> None:
+        """Count finished requests into the server-wide figures (``/server_info``)."""
+        with self._stats:
+            for res in results:
+                self.requests += 1
+                self.verify_total += res.spec_verify_ct
+                self.accepted_total += sum(res.accept_by_position)
+                decode = res.e2e_time - res.prefill_time
+                if decode > 0 and res.completion_tokens > 1:
+                    self.last_gen_throughput = (res.completion_tokens - 1) / decode
 
     def _wait(self, t: Ticket, gone: Callable[[], bool], wait_s: float | None, start: float) -> GenerationResult:
         while not t.done.wait(_POLL_S):
-            if self.stopping.is_set():
-                raise Unavailable("the server is shutting down" + (
-                    f" (generation stopped after {t.tokens} tokens)" if t.started else ""))
-            if gone():
-                raise ClientGone(f"client disconnected; generation stopped after {t.tokens} tokens" if t.started
-                                 else "client disconnected while waiting for the engine")
+            self.check_alive(t, gone)
             if wait_s is not None and time.monotonic() - start >= wait_s:
                 raise Unavailable(f"the engine has been busy for more than {wait_s:g}s")
+        return self.outcome(t)
+
+    def check_alive(self, t: Ticket, gone: Callable[[], bool]) -> None:
+        """Raise when the server is stopping or the client of ticket ``t`` has gone."""
+        if self.stopping.is_set():
+            raise Unavailable("the server is shutting down" + (
+                f" (generation stopped after {t.tokens} tokens)" if t.started else ""))
+        if gone():
+            raise ClientGone(f"client disconnected; generation stopped after {t.tokens} tokens" if t.started
+                             else "client disconnected while waiting for the engine")
+
+    @staticmethod
+    def outcome(t: Ticket) -> GenerationResult:
+        """A finished ticket's result, or its error as the HTTP failure it is."""
         if isinstance(t.error, DraftlabError):
             raise BadRequest(str(t.error))
         if t.error is not None:
@@ -186,6 +199,14 @@ class ServerState:
             "device": self.device,
             "dtype": self.dtype,
             "tp_size": 1,
+            "dp_size": 1,
+            # what SGLang clients read besides the speculative settings (bench_serving, router, openai shims)
+            "max_running_requests": self.scheduler.max_batch_size,
+            "max_req_input_len": (eng.context_length - 1) if eng.context_length else None,
+            "skip_tokenizer_init": self.tokenizer is None,
+            "weight_version": "default",
+            "startup_time": self.started,
+            "frontend": "python",
             "max_batch_size": self.scheduler.max_batch_size,
             **self.decoding,
             "backend": "draftlab-builtin",

@@ -24,9 +24,9 @@ from draftlab.settings.config import config_hash, load_config
 from draftlab.fsutil import write_text
 
 
-def schema_default(key: str) -> Any:
-    """The default of a dotted config key (``"train.batch_size"``, ``"bench.clients.max_new_tokens"`` for a
-    field of a list's items), read from the settings model below: the one set of defaults."""
+def _setting_field(key: str) -> dataclasses.Field:
+    """The settings field of a dotted config key (``"train.batch_size"``, ``"bench.clients.max_new_tokens"``
+    for a field of a list's items)."""
     cls: Any = Settings
     node = None
     for part in key.split("."):
@@ -38,11 +38,23 @@ def schema_default(key: str) -> Any:
         hint = typing.get_type_hints(cls)[part]
         args = typing.get_args(hint)
         cls = args[0] if typing.get_origin(hint) is tuple and args and dataclasses.is_dataclass(args[0]) else hint
+    return node
+
+
+def schema_default(key: str) -> Any:
+    """The default of a dotted config key, read from the settings model below: the one set of defaults."""
+    node = _setting_field(key)
     if "json_default" in node.metadata:
         return copy.deepcopy(node.metadata["json_default"])
     if node.default is dataclasses.MISSING:
         raise KeyError(f"config key {key!r} has no default")
     return node.default
+
+
+def schema_rules(key: str) -> Mapping[str, Any]:
+    """The JSON-schema rules (``minimum``, ``maximum``, ...) the settings model declares for a config key:
+    a command-line flag of the same meaning is held to the same range."""
+    return types.MappingProxyType(dict(_setting_field(key).metadata["rules"]))
 
 
 def _frozen(value: Any) -> Any:
@@ -89,6 +101,12 @@ def setting(default: Any = dataclasses.MISSING, doc: str | None = None, *, of: t
 
 
 NAME_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+# The files every experiment shares in the results folder (records-merge's global tables): an
+# experiment's folder results/<experiment>/ may not take one of their names.
+GLOBAL_RECORDS = ("records.csv", "records.parquet")
+# The longest experiment name: a file name may hold 255 bytes (NAME_MAX), and draftlab writes a folder
+# through a temporary sibling ``.<name>.XXXXXXXX.tmp`` (14 bytes more).
+EXPERIMENT_NAME_MAX = 255 - 14
 SOURCE_DOC = "a local folder/file or hf:ORG/NAME"
 REVISION_DOC = "branch, tag or commit of an hf: source (recorded as the resolved commit)"
 
@@ -128,6 +146,10 @@ class Client:
         "use N prompts, a seeded sample stratified by category (proportional, at least one per category "
         "when N >= the number of categories); null = all", minimum=1)
     ignore_eos: bool = setting(False, "always generate max_new_tokens tokens")
+    in_domain: str | None = setting(None,
+        "a second prompt file benched in the same client, beside `prompts`: the traffic the target serves, "
+        "its categories reported next to the others (ids must differ from prompts'); demo = the demo build's "
+        "held-out in-domain prompts (demo.enabled); null = none", minLength=1)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -257,9 +279,32 @@ class Data:
 class SpecForgeParts:
     """specforge backend: SpecForge 0.2.0 run-config parts draftlab cannot derive"""
 
+    mode: Literal["one-host", "two-host"] = setting("one-host",
+        "one-host: the target's features are captured once on this host (rule capture: SpecForge's "
+        "scripts/prepare_hidden_states.py under torchrun), then every arm trains from disk with "
+        "deployment.mode local_colocated; two-host: SpecForge's disaggregated online run, fed by a patched "
+        "SGLang capture server and a Mooncake master on a second host (train.specforge.deployment)")
+    checkout: str | None = setting(None,
+        "one-host mode, capture specforge: a checkout of SpecForge's repository at the v0.2.0 release (its "
+        "scripts/prepare_hidden_states.py is not in the wheel); checked, and its release and commit recorded, "
+        "before any GPU work")
+    capture: Literal["specforge", "draftlab"] = setting("specforge",
+        "one-host mode: who captures the features. specforge = SpecForge's prepare_hidden_states.py through "
+        "SGLang (any target SGLang serves); draftlab = draftlab dump-hidden-states through transformers, filed "
+        "in SpecForge's offline format (the demo: no SGLang)")
+    capture_tp: int | None = setting(None,
+        "capture specforge: --tp-size and torchrun --nproc_per_node of the capture; null = serve.tp", minimum=1)
+    capture_batch_size: int = setting(32,
+        "capture specforge: --batch-size (sequences the local SGLang target runs together)", minimum=1)
+    capture_args: tuple[str, ...] = setting([],
+        "capture specforge: appended verbatim to prepare_hidden_states.py's arguments (e.g. "
+        "--sglang-mem-fraction-static 0.8)")
+    arms: tuple[Literal["keep", "regenerate", "scratch"], ...] = setting([],
+        "with train.backend builtin: arms trained by SpecForge beside the builtin ones, named specforge-<mode> "
+        "(one-host mode), served, benched and recorded like every arm", uniqueItems=True)
     deployment: Mapping[str, Any] = setting({},
-        "merged into SpecForge's deployment.disaggregated (server_urls + mooncake_* of external capture "
-        "services, or managed_local); backend mooncake and a fresh control_dir are draftlab's")
+        "two-host mode: merged into SpecForge's deployment.disaggregated (server_urls + mooncake_* of external "
+        "capture services, or managed_local); backend mooncake and a fresh control_dir are draftlab's")
     overrides: Mapping[str, Any] = setting({},
         "deep-merged over the whole SpecForge run config (SpecForge's Config judges it)")
 
@@ -304,7 +349,23 @@ class Train:
     @property
     def arms(self) -> tuple[str, ...]:
         """``finetune-<mode>`` for every configured vocab mode, plus ``scratch`` (the control arm)."""
-        return tuple(f"finetune-{m}" for m in self.finetune_modes) + (("scratch",) if self.scratch else ())
+        return (tuple(f"finetune-{m}" for m in self.finetune_modes) + (("scratch",) if self.scratch else ())
+                + tuple(f"specforge-{m}" for m in self.specforge.arms))
+
+    def arm_backend(self, arm: str) -> str:
+        """Who trains ``arm``: ``specforge`` for a ``specforge-<mode>`` arm and for every arm of
+        ``train.backend: specforge``, else the builtin trainer."""
+        return "specforge" if self.backend == "specforge" or arm.startswith("specforge-") else "builtin"
+
+    @property
+    def uses_specforge(self) -> bool:
+        """Whether any arm of this config trains with SpecForge."""
+        return self.backend == "specforge" or bool(self.specforge.arms)
+
+    @property
+    def captures(self) -> bool:
+        """Whether the run captures the target's features once for its SpecForge arms (rule capture)."""
+        return self.uses_specforge and self.specforge.mode == "one-host"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -363,6 +424,7 @@ class Settings:
 
     def _check(self) -> None:
         """Cross-key rules the schema cannot say; each error names the key."""
+        self._check_experiment_name()
         names = [c.name for c in self.bench.clients]
         if len(set(names)) != len(names):
             raise DraftlabError(f"{self.source}: key 'bench.clients': client names repeat ({', '.join(names)}); "
@@ -370,6 +432,18 @@ class Settings:
         if self.bench.gate_client is not None and self.bench.gate_client not in names:
             raise DraftlabError(f"{self.source}: key 'bench.gate_client': value {self.bench.gate_client!r} names no "
                                 f"client; allowed: {', '.join(names)}")
+        sf = self.train.specforge
+        if sf.arms and self.train.backend == "specforge":
+            raise DraftlabError(f"{self.source}: key 'train.specforge.arms': with train.backend specforge every arm is "
+                                "SpecForge's already (train.finetune_modes, train.scratch); leave it empty")
+        if sf.arms and sf.mode != "one-host":
+            raise DraftlabError(f"{self.source}: key 'train.specforge.arms': SpecForge arms beside builtin ones train "
+                                "from the one capture (train.specforge.mode one-host), not two-host")
+        for i, c in enumerate(self.bench.clients):
+            if c.in_domain == "demo" and not self.demo.enabled:
+                raise DraftlabError(f"{self.source}: key 'bench.clients[{i}].in_domain': value 'demo' needs "
+                                    "demo.enabled: true (the demo build writes those prompts); expected a prompt file "
+                                    "or null")
         ids = [s.id for s in self.speculative]
         if len(set(ids)) != len(ids):
             raise DraftlabError(f"{self.source}: key 'speculative': settings repeat ({', '.join(ids)})")
@@ -388,6 +462,18 @@ class Settings:
             if value is not None and any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
                 raise DraftlabError(f"{self.source}: key {key!r}: value {value!r} holds a control character (a line "
                                     "break, tab or NUL); expected a path or name without one")
+
+    def _check_experiment_name(self) -> None:
+        """results/<experiment>/ must be a folder the filesystem can hold, beside the global records
+        (``records.csv`` as a name passed the pattern, then broke Snakemake)."""
+        name = self.experiment
+        if name.casefold() in GLOBAL_RECORDS:
+            raise DraftlabError(f"{self.source}: key 'experiment': {name!r} is the name of the results folder's "
+                                f"global table ({', '.join(GLOBAL_RECORDS)}); expected another name")
+        if len(name.encode()) > EXPERIMENT_NAME_MAX:
+            raise DraftlabError(f"{self.source}: key 'experiment': {len(name.encode())} bytes long ({name[:40]}...); "
+                                f"expected at most {EXPERIMENT_NAME_MAX} bytes (a file name holds 255, "
+                                "draftlab's temporary siblings 14 more)")
 
     # --- names derived from the settings ------------------------------------------------------
 

@@ -362,7 +362,7 @@ def load_mapping(source: str | os.PathLike) -> VocabMapping:
         vocab = (info.config or {}).get("vocab_size")
         if vocab is None:
             raise DraftlabError(f"{text}: has 'd2t' but neither 't2d' nor config key 'vocab_size'; cannot size t2d")
-    return _mapping_from(tensors, text, vocab)
+    return mapping_from(tensors, text, vocab)
 
 
 def _load_file(path: Path) -> VocabMapping:
@@ -380,10 +380,10 @@ def _load_file(path: Path) -> VocabMapping:
     vocab = meta.get("vocab_size")
     if "t2d" not in tensors and vocab is None:
         raise DraftlabError(f"{path}: has 'd2t' but no 't2d' tensor; cannot tell the target vocab size")
-    return _mapping_from(tensors, str(path), vocab)
+    return mapping_from(tensors, str(path), vocab)
 
 
-def _mapping_from(tensors: dict[str, torch.Tensor], where: str, vocab_size: int | None) -> VocabMapping:
+def mapping_from(tensors: dict[str, torch.Tensor], where: str, vocab_size: int | None) -> VocabMapping:
     """A mapping from loaded tensors, checked as every reader needs it: 1-D integer ``d2t`` whose
     target ids lie in the vocabulary and are distinct, ``t2d`` a 1-D 0/1 mask marking exactly them."""
     d2t = tensors["d2t"]

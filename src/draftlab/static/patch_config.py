@@ -138,7 +138,7 @@ def patch_config(
         return record
     with atomic_dir(out, stage="patch-config", inputs=(drafter, target_path)) as tmp:
         how = {p.name: link_file(p, tmp / p.name) for p in files}
-        (tmp / "config.json").write_text(json.dumps(patched, indent=2) + "\n")
+        (tmp / "config.json").write_text(to_json(patched, f"{out}/config.json"))
         (tmp / "patch.json").write_text(to_json({**record, "link_kind": how}))
     return record
 

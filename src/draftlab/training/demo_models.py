@@ -38,10 +38,10 @@ from typing import Any
 import torch
 
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import atomic_dir, claim_dir, remove_own, write_json
+from draftlab.fsutil import atomic_dir, claim_dir, remove_own, write_json, write_text
 from draftlab.hf_cache import publish_to_cache
 from draftlab.models.demo_targets import (REPO_IDS, SIZES, V1_CONTEXT, V2_CONTEXT, DemoSize,  # noqa: F401 - the demo's names, one import away
-                                          conversations, corpus_sha256, eval_lm_loss, load_corpus, render_chat,
+                                          bench_holdout, conversations, corpus_sha256, eval_lm_loss, load_corpus, render_chat,
                                           save_target, snapshot_folder, split_corpus, target_config,
                                           token_stream, torch_threads, train_lm, train_tokenizer)
 from draftlab.models.devices import resolve_device
@@ -118,7 +118,7 @@ def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", se
     out = Path(out).resolve()
     args = manifest_args(spec, seed, threads, device)
     if not force and (hit := _reuse(out, args)) is not None:
-        return hit
+        return dict(hit, **write_prompt_files(out, spec))  # a build from before the prompt files gets them here
 
     claim_dir(out, "demo-models")  # never build into (or wipe parts of) a folder draftlab did not write
     (out / "manifest.json").unlink(missing_ok=True)  # a half-done rebuild must not look complete
@@ -143,7 +143,7 @@ def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", se
     timings["total_s"] = time.perf_counter() - t0
     timings["cpu_s"] = _cpu_seconds() - cpu0  # this process + its finished children (wall ≈ this on 1 idle core)
     result.update(hf_cache=str(hf_cache), corpus_sha256=corpus_sha256(corpus), data=str(built["data"]),
-                  size=spec.name)
+                  size=spec.name, **write_prompt_files(out, spec))
     write_json(out / "manifest.json", {
         "args": args,
         "result": result,
@@ -157,6 +157,27 @@ def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", se
         "threads": threads,
     })
     return dict(result, reused=False)
+
+
+FINETUNE_PROMPTS = "finetune-prompts.jsonl"  # under <out>/work/data/: what generate_data answers by default
+BENCH_PROMPTS = "bench-prompts.jsonl"  # beside it: the held-out in-domain bench prompts
+
+
+def write_prompt_files(out: Path, spec: DemoSize) -> dict[str, str]:
+    """The v2 slice split into fine-tune prompts and held-out bench prompts (:func:`bench_holdout`), written
+    under ``out/work/data/`` (each rewritten only when its text changed); returns their paths.
+
+    They follow from the corpus alone, not from any weights, so a reused build gets them without retraining.
+    """
+    data = out / "work" / "data"
+    finetune, bench = bench_holdout(split_corpus(load_corpus(spec))["v2"], spec.chunk_chars)
+    files = {"finetune_prompts": (data / FINETUNE_PROMPTS, [{"messages": c} for c in finetune]),
+             "bench_prompts": (data / BENCH_PROMPTS, bench)}
+    for path, rows in files.values():
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            write_text(path, text)
+    return {key: str(path) for key, (path, _) in files.items()}
 
 
 def _size_spec(size: str | DemoSize) -> DemoSize:

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
 import torch
 
+from draftlab.errors import DraftlabError
 from draftlab.models.devices import resolve_device
 from draftlab.models.eagle3 import Eagle3Drafter
 from draftlab.models.target import aux_layer_ids_for, read_config
@@ -32,4 +34,20 @@ def evaluate_drafter(drafter_dir: str | os.PathLike, target: str | os.PathLike, 
     feats = Features(cfg, samples, aux_layer_ids_for(drafter.config, tcfg), dev, torch.float32)
     drafter.load_target_embeddings(feats.embeddings(str(target)).to(dev))
     n = len(samples) if max_samples is None else min(max_samples, len(samples))
-    return evaluate(drafter, feats, list(range(n)), ttt_length, batch_size=batch_size, attention=attention)
+    result = evaluate(drafter, feats, list(range(n)), ttt_length, batch_size=batch_size, attention=attention)
+    return _checked(result, drafter_dir, tokens)
+
+
+def _checked(result: dict[str, Any], drafter_dir: str | os.PathLike, tokens: str | os.PathLike) -> dict[str, Any]:
+    """Refuse a result that says nothing (no token evaluated) or whose numbers are not finite (a drafter
+    whose outputs are NaN): either used to exit 0, the second with bare NaN in its JSON."""
+    if not result.get("samples") or not result.get("tokens"):
+        raise DraftlabError(f"{tokens}: no loss-masked token to evaluate the drafter on; expected at least one "
+                            "sample with a loss_mask of 1")
+    bad = [(key, i, v) for key in ("loss", "acc") for i, v in enumerate(result[key]) if not math.isfinite(v)]
+    if bad:
+        key, i, v = bad[0]
+        raise DraftlabError(f"{drafter_dir}: the drafter's outputs are not finite ({key}[{i}] is {v} over "
+                            f"{result['tokens']} tokens of {tokens}); its weights hold NaN or infinity "
+                            "(draftlab doctor names them); no result written")
+    return result

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import io
 import os
 import sys
@@ -72,7 +73,9 @@ class Recorder:
             return
         self.metrics.append(row)
         if self.log:
-            self.log.write(json.dumps(row) + "\n")
+            # a diverged step's NaN loss is logged as null: the trainer then stops with its own line
+            finite = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+            self.log.write(json.dumps(finite, allow_nan=False) + "\n")
             self.log.flush()
         self.bar.update(1)
         self.bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['acc_0']:.2f}")

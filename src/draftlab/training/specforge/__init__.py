@@ -17,7 +17,10 @@ This package is that integration, one module per job (as SpecForge's own tree is
 - ``capture``: what the capture host must run; ``preflight``: asking it (and the Mooncake master);
 - ``offline``: draftlab's hidden-state dump as SpecForge's offline features;
 - ``importer``: a SpecForge checkpoint back into a drafter folder SGLang loads;
-- ``workflow``: the commands of the pipeline's ``train`` rule for a SpecForge arm.
+- ``workflow``: the commands of the pipeline's ``train`` rule for a SpecForge arm;
+- ``local_capture``: the one-host path's capture stage (rule ``capture``): SpecForge's
+  ``scripts/prepare_hidden_states.py`` once for every arm, its preflight (checkout, disk, features folder) and
+  its record, and the check a train job makes of the features it is handed.
 
 This module is the one door: commands, rules and scripts import from here, never a module inside
 (tests/test_layers.py). It loads no torch: the importer's names (torch at import) load when first used.
@@ -26,18 +29,25 @@ This module is the one door: commands, rules and scripts import from here, never
 from __future__ import annotations
 
 from draftlab.training.specforge.capture import PATCH_SCRIPT, SGLANG_CAPTURE_VERSION, capture_host_setup
-from draftlab.training.specforge.config import SPECFORGE_VERSION, build_argv, specforge_aux_ids, target_weight_keys
+from draftlab.training.specforge.config import (RUN_CONFIG, SPECFORGE_VERSION, build_argv, specforge_aux_ids,
+                                                target_weight_keys)
+from draftlab.training.specforge.local_capture import ID_BYTES, CapturePlan, bytes_per_token, capture_ids
+from draftlab.training.specforge.local_capture import SCRIPT as CAPTURE_SCRIPT
+from draftlab.training.specforge.local_capture import (capture_preflight, capture_record, check_capture_for,
+                                                       checkout_info, count_tokens, free_bytes, human)
 from draftlab.training.specforge.job import SpecForgeJob, job_from_experiment, job_from_mapping, read_job_file
 from draftlab.training.specforge.offline import write_features
 from draftlab.training.specforge.preflight import preflight
 from draftlab.training.specforge.run_dir import prepare, write_conversations
-from draftlab.training.specforge.workflow import specforge_commands
+from draftlab.training.specforge.workflow import specforge_commands, specforge_local_commands
 
 _IMPORTER = ("import_checkpoint",)  # torch at import: loaded on first use
 
-__all__ = ["PATCH_SCRIPT", "SGLANG_CAPTURE_VERSION", "SPECFORGE_VERSION", "SpecForgeJob", "build_argv",
+__all__ = ["CAPTURE_SCRIPT", "CapturePlan", "ID_BYTES", "RUN_CONFIG", "bytes_per_token", "capture_ids",
+           "capture_preflight", "capture_record", "check_capture_for", "checkout_info", "count_tokens", "free_bytes",
+           "human", "PATCH_SCRIPT", "SGLANG_CAPTURE_VERSION", "SPECFORGE_VERSION", "SpecForgeJob", "build_argv",
            "capture_host_setup", "job_from_experiment", "job_from_mapping", "preflight", "prepare", "read_job_file",
-           "specforge_aux_ids", "specforge_commands", "target_weight_keys", "write_conversations", "write_features",
+           "specforge_aux_ids", "specforge_commands", "specforge_local_commands", "target_weight_keys", "write_conversations", "write_features",
            *_IMPORTER]
 
 

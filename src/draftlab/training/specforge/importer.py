@@ -65,6 +65,18 @@ def _read_state(state_file: Path) -> tuple[dict[str, torch.Tensor], dict[str, An
     return dict(state["draft_state_dict"]), meta
 
 
+def _job_draft_config(job: Path) -> Path:
+    """``run_config.model.draft_model_config`` of the job file ``specforge-command`` wrote, checked."""
+    value: Any = read_json(job, "SpecForge job file")
+    for key in ("run_config", "model", "draft_model_config"):
+        value = value.get(key) if isinstance(value, dict) else None
+    if not isinstance(value, str) or not value:
+        raise DraftlabError(f"{job}: key 'run_config.model.draft_model_config': expected the path of the drafter "
+                            "config the run trained (a job file written by draftlab specforge-command), or give "
+                            "--draft-config")
+    return Path(value)
+
+
 def _draft_config(src: Path, state_file: Path | None, draft_config: str | os.PathLike | None) -> tuple[Path, dict]:
     candidates = [Path(draft_config)] if draft_config else []
     if state_file is None:
@@ -72,7 +84,7 @@ def _draft_config(src: Path, state_file: Path | None, draft_config: str | os.Pat
     else:
         job = state_file.parent.parent / "draftlab_specforge_job.json"
         if job.is_file():
-            candidates.append(Path(read_json(job)["run_config"]["model"]["draft_model_config"]))
+            candidates.append(_job_draft_config(job))
     for c in candidates:
         c = c / "config.json" if c.is_dir() else c
         if c.is_file():
@@ -90,6 +102,8 @@ def import_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
     mapping; the rows of ``lm_head`` now mean other tokens). ``expect_steps``: a run that stopped
     before ``train.steps`` optimizer steps (data shorter than planned) is an error, not a result.
     """
+
+    from draftlab.static.d2t import mapping_from  # deferred: loads numpy
 
     src = Path(src)
     if not src.exists():
@@ -128,8 +142,10 @@ def import_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
     # Kept: every tensor SGLang loads for this config (eagle3_format); embed_tokens only where the drafter owns it.
     extra = sorted(set(tensors) - set(expected) - {"embed_tokens.weight"})
     tensors = {k: tensors[k].contiguous() for k in expected}
-    tensors["d2t"] = tensors["d2t"].to(torch.int64)
-    tensors["t2d"] = tensors["t2d"].to(torch.bool)
+    # the mapping as every reader checks it: integer offsets (a fractional d2t was truncated), inside the vocab
+    mapping = mapping_from({"d2t": tensors["d2t"], "t2d": tensors["t2d"]}, f"{ckpt} (SpecForge checkpoint)",
+                           int(cfg["vocab_size"]))
+    tensors["d2t"], tensors["t2d"] = mapping.d2t.to(torch.int64), mapping.t2d.to(torch.bool)
     mapping_check = _check_mapping(ckpt, tensors, expect_mapping) if expect_mapping is not None else None
     dtype = str(tensors["fc.weight"].dtype).removeprefix("torch.")
     cfg["torch_dtype"] = dtype

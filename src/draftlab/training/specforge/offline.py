@@ -20,7 +20,6 @@ target has none.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from typing import Any
 from safetensors import safe_open
 
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import atomic_dir, write_json
+from draftlab.fsutil import atomic_dir, to_json, write_json
 from draftlab.formats.checkpoint import INDEX_SUFFIX
 
 TARGET_VIEW = "target"  # under the run's output_dir
@@ -55,7 +54,7 @@ def write_features(dump: str | os.PathLike, out: str | os.PathLike, progress: bo
                         "aux_hidden_state": s["aux"].unsqueeze(0).contiguous()},
                        tmp / f"data_{i:07d}.ckpt")
             n_tokens += int(ids.numel())
-        (tmp / "draftlab_features.json").write_text(json.dumps(
+        (tmp / "draftlab_features.json").write_text(to_json(
             {"source": str(dump), "samples": len(shards), "tokens": n_tokens,
              "aux_layer_ids": shards.aux_layer_ids, "format": "specforge-0.2.0-offline-eagle3"}), encoding="utf-8")
     return {"out": str(out), "samples": len(shards), "tokens": n_tokens, "aux_layer_ids": shards.aux_layer_ids}

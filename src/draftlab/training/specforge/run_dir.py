@@ -29,6 +29,7 @@ from draftlab.training.specforge.config import (CONVERSATIONS_FILE, IDENTITY_FIL
                                                 SPECFORGE_VERSION, STATE_FILE, STEP_RE, VOLATILE, build_argv,
                                                 run_config)
 from draftlab.training.specforge.job import SpecForgeJob
+from draftlab.training.specforge.local_capture import listing
 from draftlab.training.specforge.offline import write_target_view
 
 
@@ -54,8 +55,11 @@ def run_identity(job: SpecForgeJob, cfg: dict[str, Any]) -> dict[str, Any]:
     inputs = {"train_data": job.train_data_path, "prompts": job.prompts_path, "draft_config": job.draft_config_file(),
               "vocab_mapping": job.vocab_mapping, "draft_checkpoint": job.draft_checkpoint,
               "target_config": str(Path(job.target_model_path) / "config.json")}
+    fingerprints = {k: path_fingerprint(v) for k, v in inputs.items() if v}
+    if job.hidden_states_path:  # the features (terabytes for K2.5): their listing, not their bytes
+        fingerprints["features"] = listing(Path(job.hidden_states_path))["listing_sha256"]
     ident = {"config": {"run_config": settings, "specforge": SPECFORGE_VERSION},
-             "inputs": {k: path_fingerprint(v) for k, v in inputs.items() if v},
+             "inputs": fingerprints,
              "world_size": job.nproc, "code": SPECFORGE_VERSION}
     ident["run_id"] = hashlib.sha256(to_json(ident).encode()).hexdigest()
     return ident
