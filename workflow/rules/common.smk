@@ -367,6 +367,9 @@ def get_leak_check_inputs(wildcards):
         [jobs.generate_prompts(S)] if DEMO and not S.data.prompts else []
     )
     data = [f for f in files["data"] if f in made or os.path.exists(f)]
+    if launches.generates_through_plain_launch(S):
+        # the plain launch reruns for the baseline's sake and restores the same data (get_train_data_input)
+        data = [ancient(f) if f == L.generated_data else f for f in data]
     return {"bench": bench, "data": data}
 
 
