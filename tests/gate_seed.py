@@ -21,13 +21,32 @@ SEEDED_DRY_RUN = ["--rerun-triggers", "mtime"]
 
 
 def _jobs(text: str) -> list[tuple[str, list[str]]]:
-    out = []
+    """(rule, outputs) of every job of a dry run, producers before the jobs that read their files (a dry
+    run lists jobs in no particular order, and a placeholder older than its input would be re-planned)."""
+    jobs = []
     for block in re.split(r"^\[\w{3} \w{3} .*\]$", text, flags=re.M)[1:]:
         rule = re.search(r"^\s*(?:localrule|rule|localcheckpoint|checkpoint) (\w+):", block, re.M)
         files = re.search(r"^\s+output: (.+)$", block, re.M)
+        inputs = re.search(r"^\s+input: (.+)$", block, re.M)
         if rule and files:
-            out.append((rule.group(1), [f.strip() for f in files.group(1).split(",")]))
-    return out
+            jobs.append((rule.group(1), [f.strip() for f in files.group(1).split(",")],
+                         {f.strip() for f in inputs.group(1).split(",")} if inputs else set()))
+    producer = {f: i for i, (_, outs, _) in enumerate(jobs) for f in outs}
+    order: list[int] = []
+    seen: set[int] = set()
+
+    def visit(i: int) -> None:
+        if i in seen:
+            return
+        seen.add(i)
+        for f in jobs[i][2]:
+            if f in producer:
+                visit(producer[f])
+        order.append(i)
+
+    for i in range(len(jobs)):
+        visit(i)
+    return [(jobs[i][0], jobs[i][1]) for i in order]
 
 
 def seed_past_gate(workdir: Path, dry_run_text: str, passed: bool) -> Path:

@@ -51,7 +51,7 @@ RULE_COMMANDS = {
     "generate_data": ("generate-data", "draftlab.datagen.generate_data"),
     "tokenize": ("tokenize", "draftlab.training.tokenize"),
     "leak_check": ("leak-check", "draftlab.benchmark.leak_check"),
-    "serve_bench": ("serve-bench", "draftlab.benchmark.serve_bench"),
+    "serve_launch": ("serve-launch", "draftlab.benchmark.serve_launch"),  # the launch_<id> rules, one per launch
     "probe_gate": ("probe-gate", "draftlab.benchmark.probe_gate"),
     "breakeven": ("breakeven", "draftlab.benchmark.breakeven"),
     "records_merge": ("records-merge", "draftlab.experiment.records"),
@@ -75,6 +75,8 @@ def test_each_rule_runs_its_own_named_command_from_its_named_module():
 
     rules_dir = Path(__file__).resolve().parents[1] / "workflow" / "rules"
     text = "\n".join(p.read_text() for p in sorted(rules_dir.glob("*.smk")))
+    # the launch rules are generated per launch (`rule:` with `name: _launch.rule_name`): named serve_launch here
+    text = re.sub(r"^(\s*)rule:\s*\n\s*name:\s*\n\s*_launch\.rule_name\s*$", r"\1rule serve_launch:", text, flags=re.M)
     rules = re.split(r"^\s*(?:rule|checkpoint) (\w+):", text, flags=re.M)
     bodies = dict(zip(rules[1::2], rules[2::2]))
     commands = _subcommands()

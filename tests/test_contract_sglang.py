@@ -121,10 +121,11 @@ def judge(python: Path, argvs: list[list[str]]) -> list[dict]:
 
 
 def planned_launches(*configfiles: str) -> list[tuple[str, str, list[str]]]:
-    """(variant, spec id, SGLang argv) of every SGLang launch of a real gpu8 dry run: each serve_bench
-    job's, and generate_data's (variant ``generate-data``: the target alone answering the prompts).
-    The probe gate is a checkpoint, so the dry run runs twice in a copy of the workflow: up to the gate,
-    then past it with the gate open (gate_seed), where the baseline and the arms' launches appear."""
+    """(variant, spec id, SGLang argv) of every SGLang launch of a real gpu8 dry run: each launch job's (the
+    variant it is launched with, from the comment line after its command; ``baseline`` for the plain launch,
+    which also answers the fine-tune prompts). The probe gate is a checkpoint, so the dry run runs twice in a
+    copy of the workflow: up to the gate, then past it with the gate open (gate_seed), where the arms'
+    launches appear."""
     work = copy_workflow(Path(tempfile.mkdtemp(prefix="draftlab-sglang-plan-")))
     try:
         files = [str(Path(f).resolve()) if Path(f).is_absolute() else f for f in configfiles]
@@ -135,19 +136,19 @@ def planned_launches(*configfiles: str) -> list[tuple[str, str, list[str]]]:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     launches = []
-    for line in (before.stdout + after.stdout).splitlines():
+    lines = (before.stdout + after.stdout).splitlines()
+    for i, line in enumerate(lines):
         if "sglang.launch_server" not in line or line.lstrip().startswith("#"):
             continue  # a "#" line is the capture host's setup note (SpecForge's patched SGLang), not a launch
         words = shlex.split(line.split("Shell command:", 1)[-1])
         cmd = words[words.index("--") + 1: words.index(">")]
         assert cmd[:3] == ["python", "-m", "sglang.launch_server"], cmd
-        if words[:2] == ["draftlab", "generate-data"]:
-            launches.append(("generate-data", "plain", cmd[3:]))
-            continue
-        plan = re.search(r"/bench/([^/]+)/([^/]+)/plan\.json$", words[words.index("--plan") + 1])
-        launches.append((plan.group(1), plan.group(2), cmd[3:]))
+        assert words[:2] == ["draftlab", "serve-launch"], words[:4]
+        note = re.search(r"^# launch (\S+) \((\w+), ([\w-]+)\): benches (\S+) \(launched with\)", lines[i + 1])
+        assert note, lines[i + 1]
+        launches.append((note.group(4), note.group(3), cmd[3:]))
     assert launches, after.stdout[-2000:]
-    # one launch per server job: the seeded run replans nothing the first one planned
+    # one launch per launch job: the seeded run replans nothing the first one planned
     assert len({(v, sid) for v, sid, _ in launches}) == len(launches), sorted((v, sid) for v, sid, _ in launches)
     return launches
 
@@ -195,8 +196,9 @@ def test_pin_matches_serving_env():
 def test_kimi_dry_run_launches_parse_in_sglang(sglang_python):
     cfg = load_config(ROOT / "config" / "kimi-k25.yaml")  # the file states only what differs from the defaults
     launches = planned_launches("config/kimi-k25.yaml")
-    assert sorted(v for v, _, _ in launches) == sorted(
-        ["generate-data", "baseline", "probe", "finetune-keep", "finetune-regenerate", "scratch"])
+    # issue 35: the probe, the plain launch (baseline + data), one launch per d2t map (scratch is swapped
+    # into finetune-regenerate's: both carry the corpus map)
+    assert sorted(v for v, _, _ in launches) == sorted(["baseline", "probe", "finetune-keep", "finetune-regenerate"])
     verdicts = judge(sglang_python, [argv for _, _, argv in launches])
     check_meant(launches, verdicts, cfg)
 

@@ -115,8 +115,8 @@ def _merged(path):
 
 
 def test_the_dag_checks_for_leaks_and_hands_the_bench_its_in_domain_file(tmp_path):
-    """A dry run of the default config: the demo build writes both prompt files, every serve_bench job takes the
-    bench file as an input, generate_data the fine-tune prompts, and leak_check (whose record the report needs)
+    """A dry run of the default config: the demo build writes both prompt files, every launch job takes the
+    bench file as an input, the plain launch answers the fine-tune prompts, and leak_check (whose record the report needs)
     compares the shipped set and the demo's bench prompts with the generated data and its prompts."""
     from test_workflow_dag import _run, job_blocks
     from helpers import copy_workflow
@@ -128,8 +128,10 @@ def test_the_dag_checks_for_leaks_and_hands_the_bench_its_in_domain_file(tmp_pat
     demo = "resources/demo/default/work/data"
     assert f"{demo}/bench-prompts.jsonl" in blocks["demo_models"][0] and f"{demo}/finetune-prompts.jsonl" in \
         blocks["demo_models"][0]
-    assert all(f"{demo}/bench-prompts.jsonl" in b for b in blocks["serve_bench"])
-    assert f"--prompts {demo}/finetune-prompts.jsonl" in blocks["generate_data"][0]
+    launches = [b for name, bs in blocks.items() if name.startswith("launch_") and name != "launch_plan" for b in bs]
+    assert launches and all(f"{demo}/bench-prompts.jsonl" in b for b in launches)
+    # the plain launch answers the fine-tune prompts (issue 35: its generate-data command on a comment line)
+    assert f"--prompts {demo}/finetune-prompts.jsonl" in blocks["launch_plain"][0]
     leak = blocks["leak_check"][0]
     assert (f"draftlab leak-check --bench default {demo}/bench-prompts.jsonl --data "
             f"results/demo-k2-to-k25/data/generated.jsonl {demo}/finetune-prompts.jsonl") in leak

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -80,6 +81,7 @@ def test_full_run_produces_records_and_report(smoke):
     rows = (res / "data" / "generated.jsonl").read_text().splitlines()
     assert stats["answers"] == stats["prompts"] == len(rows) == cfg["data"]["limit"] and stats["failed"] == 0
     assert stats["server"]["backend"] == "builtin" and stats["engine"] == "server"
+    assert stats["server"]["launch"] == "plain"  # the plain launch's server: the baseline's, the same start
     assert f"{len(rows)} of {len(rows)} prompts answered by the target through its builtin server" in md
     assert not (res / "generate-state").exists()  # the state folder goes once the data is written
     for arm in ("finetune-keep", "finetune-remap", "finetune-regenerate", "scratch"):
@@ -91,8 +93,16 @@ def test_full_run_produces_records_and_report(smoke):
     for png in ("accept_length.png", "throughput.png", "ttt_accuracy.png"):
         assert (res / "report" / png).read_bytes()[:4] == b"\x89PNG"
     # every rule logged under results/<experiment>/logs/
-    assert (res / "logs" / "serve_bench" / "probe-s2-k1-d3.log").exists()
-    assert (res / "logs" / "server" / "probe-s2-k1-d3.log").exists()
+    assert (res / "logs" / "serve_launch" / "probe-s2-k1-d3.log").exists()
+    assert (res / "logs" / "server" / "launch-probe-s2-k1-d3.log").exists()
+    # issue 35: the target started three times (probe, plain, arms), every arm swapped into one launch
+    starts = [p for p in (res / "logs").rglob("*.log") if "listening on" in p.read_text(errors="replace")]
+    assert sorted(p.name for p in starts) == ["launch-arms-s2-k1-d3.log", "launch-plain.log",
+                                              "launch-probe-s2-k1-d3.log"]
+    arms = json.loads((res / "launch" / "arms-s2-k1-d3" / "launch.json").read_text())
+    assert len(arms["swaps"]) == 3 and arms["fresh_check"]["ok"]
+    assert all(s["matched_tensors"] == s["tensors_sent"] for s in arms["swaps"])
+    assert set(records.launch_id) == {"plain", "probe-s2-k1-d3", "arms-s2-k1-d3"}
 
 
 def test_the_loop_shows_the_embedded_defaults_headline(smoke):
@@ -126,16 +136,19 @@ def test_the_loop_shows_the_embedded_defaults_headline(smoke):
 
 
 def test_launches_equal_distinct_server_configurations(smoke):
+    """One start of the target per launch job (issue 35): three for the smoke run; every variant's server
+    summary names its launch, and only the variant a launch started with counts the start."""
     res = smoke / "results" / EXP
     serves = [json.loads(p.read_text()) for p in sorted((res / "bench").glob("*/*/serve.json"))]
     launched = [s for s in serves if not s.get("skipped")]
-    assert sum(s["launches"] for s in serves) == len(launched)
+    assert sum(s["launches"] for s in serves) == len({s["launch"] for s in launched}) == 3
+    assert all(s["swapped"] == (s["launches"] == 0) for s in launched)
     fingerprints = [s["fingerprint"] for s in launched]
-    assert len(set(fingerprints)) == len(fingerprints)  # one launch per distinct server configuration
-    # the server logs agree: one "listening" line per launched server
+    assert len(set(fingerprints)) == len(fingerprints)  # one bench per distinct server configuration
+    # the server logs agree: one "listening" line per launch
     logs = list((res / "logs" / "server").glob("*.log"))
     listening = sum(p.read_text(errors="replace").count("draftlab-serve listening on") for p in logs)
-    assert listening == len(launched)
+    assert listening == 3
     # and every client result names the server it ran against
     for p in (res / "bench").glob("*/*/*.json"):
         if p.name not in ("serve.json", "plan.json"):
@@ -154,10 +167,12 @@ def test_benchmark_only_change_reruns_only_benchmarks_records_report(smoke):
     client = dict(cfg["bench"]["clients"][0], max_new_tokens=cfg["bench"]["clients"][0]["max_new_tokens"] + 4)
     jobs = dry_run_jobs(smoke, {"sizes": {"smoke": {"bench": {"clients": [client]}}}})
     rules = {r for r, _ in jobs}
-    # the probe gate is a checkpoint being rerun: the dry run plans up to it (the probe's servers); the
-    # baseline's and the arms' benchmarks and break-even are planned once it has decided
-    assert rules == {"bench_plan", "serve_bench", "probe_gate", "records", "records_merge", "report"}
-    assert sum(r == "serve_bench" for r, _ in jobs) == len(cfg["speculative"])
+    # the probe gate is a checkpoint being rerun: the dry run plans up to it (the probe's launches) and the
+    # plain launch (the baseline's benchmark; it restores the fine-tune data from its cache, so nothing is
+    # tokenized or trained again); the arms' benchmarks and break-even are planned once the gate has decided
+    assert rules == {"launch_plan", "launch_probe_s2_k1_d3", "launch_plain", "probe_gate", "records",
+                     "records_merge", "report"}
+    assert sum(r.startswith("launch_probe_") for r, _ in jobs) == len(cfg["speculative"])
 
 
 def test_drafter_revision_change_reruns_everything_downstream_of_acquire(smoke):
@@ -168,18 +183,18 @@ def test_drafter_revision_change_reruns_everything_downstream_of_acquire(smoke):
     # the probe gate (a checkpoint) reruns: the arms' training, doctor and benchmarks are planned after it
     assert "probe_gate" in rules and "train" not in rules and rules.count("doctor") == 1
     assert {"demo_models", "resolve_target", "generate_data", "tokenize"}.isdisjoint(rules)
-    benches = [w for r, w in jobs if r == "serve_bench"]
-    assert len(benches) == len(_smoke_config()["speculative"])
-    assert not any("variant=baseline" in w for w in benches)  # the baseline does not use the drafter
+    launches = [r for r in rules if r.startswith("launch_") and r != "launch_plan"]
+    assert len(launches) == len(_smoke_config()["speculative"]) and "launch_plain" not in launches
+    # (the baseline does not use the drafter: the plain launch waits for the gate but is no rerun of it)
 
 
 def test_finetune_change_does_not_rerun_the_probe(smoke):
     jobs = dry_run_jobs(smoke, {"sizes": {"smoke": {"train": {"lr": 0.0005}}}})
     rules = {r for r, _ in jobs}
     assert "train" in rules
-    assert not any(r == "serve_bench" and "variant=probe" in w for r, w in jobs)
-    assert not any(r == "serve_bench" and "variant=baseline" in w for r, w in jobs)
-    assert {"probe_gate", "acquire", "patch_config", "tokenize", "generate_data"}.isdisjoint(rules)
+    assert "launch_arms_s2_k1_d3" in rules
+    assert {"probe_gate", "acquire", "patch_config", "tokenize", "generate_data", "launch_plain",
+            "launch_probe_s2_k1_d3"}.isdisjoint(rules)
 
 
 def test_the_run_ends_naming_the_summary_and_the_report_command(smoke):
@@ -189,7 +204,7 @@ def test_the_run_ends_naming_the_summary_and_the_report_command(smoke):
 
 
 def test_benchmarks_ran_one_at_a_time(smoke):
-    """--cores 2 and no profile: serve_bench jobs still never overlapped (one bench_slot)."""
+    """--cores 2 and no profile: launch jobs (and the benches within one) never overlapped (one bench_slot)."""
     spans = sorted((s["started_at"], s["finished_at"]) for s in
                    (json.loads(p.read_text()) for p in (smoke / "results" / EXP / "bench").glob("*/*/serve.json"))
                    if not s.get("skipped"))
@@ -234,7 +249,9 @@ def _rules_by_env() -> dict[str, dict[str, object]]:
     "scripts": script file names}, read from workflow/rules/*.smk."""
     rules = {}
     for smk in sorted((ROOT / "workflow" / "rules").glob("*.smk")):
-        text = smk.read_text()
+        # the launch rules are generated per launch (`rule:` with `name: _launch.rule_name`): serve_launch here
+        text = re.sub(r"^( *)rule:\s*\n\s*name:\s*\n\s*_launch\.rule_name\s*$", r"\1rule serve_launch:",
+                      smk.read_text(), flags=re.M)
         for m in re.finditer(r"^ *rule (\w+):\n(.*?)(?=^ *rule \w+:|\Z)", text, re.S | re.M):
             body = m.group(2)
             env = re.search(r"^\s+conda:\s+\"[./]*envs/([\w-]+\.yaml)\"", body, re.M)
@@ -299,3 +316,31 @@ def test_analysis_env_provides_what_its_rules_import(smoke):
     assert unmatched == [], f"no recorded process for the analysis rules {unmatched}: the check saw nothing of them"
     assert missing == {}, f"envs/analysis.yaml lacks what its rules import: {missing}"
     assert conda - used == set(), f"envs/analysis.yaml lists packages none of its rules import: {conda - used}"
+
+
+def test_a_changed_arm_is_the_only_one_benched_again_in_its_launch(smoke, tmp_path):
+    """Issue 35: an arms launch keeps each swapped-in arm's results with the drafter files they were measured
+    with (launch-cache/); when one arm's drafter changes, the launch reruns, benches the drafter it is launched
+    with (the fresh-launch reference) and the changed arm, and reuses the other arms' results."""
+    from smoke_run import copy_finished_run
+
+    wd = copy_finished_run(smoke, tmp_path / "wf")
+    r = wd / "results" / EXP
+    spec = "s2-k1-d3"
+    before = {v: (r / "bench" / v / spec / "short.json").read_bytes() for v in ("finetune-remap", "finetune-regenerate")}
+    # scratch's drafter becomes another one of the same shape and map (remap's): its content changed
+    scratch = r / "train" / "scratch" / "drafter"
+    for f in (r / "train" / "finetune-remap" / "drafter").iterdir():
+        shutil.copyfile(f, scratch / f.name)
+    (r / "train" / "scratch" / ".snakemake_timestamp").touch()  # a directory output's mtime, as a retrain leaves it
+    out = snakemake(wd, "all", "-p")
+    said = out.stdout + out.stderr
+    assert "rule train" not in said and "rule launch_plain" not in said and "rule launch_probe" not in said
+    launch = json.loads((r / "launch" / f"arms-{spec}" / "launch.json").read_text())
+    assert launch["reused"] == ["finetune-regenerate", "finetune-remap"]
+    assert [s["drafter"] for s in launch["swaps"]] == [f"results/{EXP}/train/scratch/drafter"]
+    assert launch["fresh_check"]["ok"]
+    assert all((r / "bench" / v / spec / "short.json").read_bytes() == b for v, b in before.items())
+    remap = json.loads((r / "bench" / "finetune-remap" / spec / "short.json").read_text())
+    now = json.loads((r / "bench" / "scratch" / spec / "short.json").read_text())
+    assert now["summary"]["accept_length"] == remap["summary"]["accept_length"]  # the same drafter, measured again

@@ -122,11 +122,16 @@ def _kill_mid_job(proc: subprocess.Popen, server_log: Path, busy) -> None:
 @pytest.mark.slow  # a real pipeline to its first benchmark (~40 s on 2 cores)
 def test_pipeline_sigkilled_mid_benchmark_leaves_no_server(models, tmp_path):
     layout = Layout("orphan")
+    # fine-tune data of the user's own: the plain launch benches the baseline alone (no probe gate before it)
+    data = tmp_path / "data.jsonl"
+    tmp_path.mkdir(exist_ok=True)
+    data.write_text(json.dumps({"conversations": [{"role": "user", "content": "hi"},
+                                                  {"role": "assistant", "content": "hello"}]}) + "\n")
     client = ("bench: {clients: [{name: long, limit: 4, max_new_tokens: 48, repeats: 1000, warmup: 0, "
-              "ignore_eos: true}]}\n")
+              f"ignore_eos: true}}]}}\ndata: {{path: {data}}}\n")
     proc = _start_pipeline(tmp_path, models, client, layout.bench_result("baseline", "plain", "long"))
-    server_log = tmp_path / layout.server_log("baseline", "plain")
-    bench_log = tmp_path / layout.log("serve_bench", "baseline-plain.log")
+    server_log = tmp_path / layout.launch_log("plain")  # the plain launch benches the baseline
+    bench_log = tmp_path / layout.log("serve_launch", "plain.log")
     _kill_mid_job(proc, server_log, lambda: "POST /generate" in server_log.read_text(errors="replace")
                   or "healthy at" in bench_log.read_text(errors="replace"))
     assert not (tmp_path / layout.bench_result("baseline", "plain", "long")).exists()
@@ -138,9 +143,13 @@ def test_pipeline_sigkilled_mid_data_generation_leaves_no_server(models, tmp_pat
     prompts = tmp_path / "prompts.jsonl"
     tmp_path.mkdir(exist_ok=True)
     prompts.write_text("".join(json.dumps({"text": f"Count to {i} and explain."}) + "\n" for i in range(400)))
-    data = f"data: {{prompts: {prompts}, limit: 400, max_new_tokens: 64, concurrency: 2}}\n"
+    # the plain launch answers the prompts after the probe gate: the probe and the baseline are benched first,
+    # on two of the same short prompts (the tiny target's context is 256 tokens)
+    data = (f"data: {{prompts: {prompts}, limit: 400, max_new_tokens: 64, concurrency: 2}}\n"
+            f"bench: {{clients: [{{name: short, prompts: {prompts}, limit: 2, max_new_tokens: 4, repeats: 1, "
+            f"warmup: 0}}]}}\n")
     proc = _start_pipeline(tmp_path, models, data, layout.generated_data)
-    server_log = tmp_path / layout.log("generate_data.server.log")
+    server_log = tmp_path / layout.launch_log("plain")  # the plain launch's server answers the prompts
     state = tmp_path / layout.generate_state
     _kill_mid_job(proc, server_log, lambda: state.is_dir() and any(
         f.stat().st_size > 0 for f in state.rglob("*") if f.is_file()))

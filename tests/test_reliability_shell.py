@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -49,7 +50,10 @@ def _shell_rules() -> dict[str, str]:
     """Every rule of workflow/rules with a ``shell:`` line, and the text of its shell section."""
     out = {}
     for path in sorted(RULES.glob("*.smk")):
-        blocks = re.split(r"^\s*(?:rule|checkpoint) (\w+):\s*$", path.read_text(), flags=re.M)
+        # the launch rules are generated per launch (`rule:` with `name: _launch.rule_name`): serve_launch here
+        text = re.sub(r"^( *)rule:\s*\n\s*name:\s*\n\s*_launch\.rule_name\s*$", r"\1rule serve_launch:",
+                      path.read_text(), flags=re.M)
+        blocks = re.split(r"^\s*(?:rule|checkpoint) (\w+):\s*$", text, flags=re.M)
         for name, body in zip(blocks[1::2], blocks[2::2]):
             if re.search(r"^\s+shell:", body, re.M):
                 out[name] = body[re.search(r"^\s+shell:", body, re.M).end():]
@@ -58,7 +62,7 @@ def _shell_rules() -> dict[str, str]:
 
 def test_every_field_of_every_shell_line_is_quoted_or_built_by_shlex():
     rules = _shell_rules()
-    assert {"tokenize", "demo_models", "serve_bench", "train", "report"} <= set(rules), sorted(rules)
+    assert {"tokenize", "demo_models", "serve_launch", "train", "report"} <= set(rules), sorted(rules)
     bare = []
     for rule, text in rules.items():
         for field in re.findall(r"(?<!\{)\{([^{}]+)\}(?!\})", text):
@@ -157,6 +161,10 @@ def test_every_rules_shell_line_passes_hostile_values_as_one_argument_and_runs_n
         "generated": common + (f"demo: {{enabled: true, out: {json.dumps(demo_out)}}}\n"
                                f"data: {{prompts: {json.dumps(prompts)}, "
                                f"chat_template_kwargs: {{note: {json.dumps(kwargs_value)}}}}}\n"),
+        # the same prompts answered by transformers in the job (rule generate_data: no plain launch answers them)
+        "transformers": common + (f"demo: {{enabled: true, out: {json.dumps(demo_out)}}}\n"
+                                  f"data: {{prompts: {json.dumps(prompts)}, engine: transformers, "
+                                  f"chat_template_kwargs: {{note: {json.dumps(kwargs_value)}}}}}\n"),
         # local model folders, a model path, a reference and a data file with hostile names
         "local": common + (f"demo: {{enabled: false}}\ndata: {{path: {json.dumps(data)}}}\n"
                            f"target: {{source: {json.dumps(target)}, revision: null, "
@@ -164,24 +172,31 @@ def test_every_rules_shell_line_passes_hostile_values_as_one_argument_and_runs_n
                            f"drafter: {{source: {json.dumps(drafter)}, revision: null}}\n"
                            f"reference: {{source: {json.dumps(reference)}, revision: null}}\n"),
     }
-    argvs, rules = [], set()
+    argvs, rules, plain_notes = [], set(), []
     for name, text in configs.items():
         workdir = tmp_path / name
         workdir.mkdir()
         (workdir / "override.yaml").write_text(text)
         jobs = _dry_runs(workdir, workdir / "override.yaml")
-        rules |= {j["rule"] for j in jobs}
+        rules |= {"serve_launch" if j["rule"].startswith("launch_") and j["rule"] != "launch_plan" else j["rule"]
+                  for j in jobs}
+        plain_notes += [j["cmd"] for j in jobs if j["rule"] == "launch_plain"]
         argvs += _run_lines(workdir, jobs, tmp_path)
 
     assert set(_shell_rules()) <= rules, f"rules whose shell line no job printed: {set(_shell_rules()) - rules}"
     assert not sentinel.exists(), "a config value ran as a shell command"
     # each value arrived as one argument, unchanged
     assert _after(_calls(argvs, "demo-models")[0], "--out") == f"{demo_out}/smoke"
+    # the data is answered by the plain launch (serve-launch runs generate-data from its plan, an argv list,
+    # no shell); the shell line only shows that command, on comment lines that never run
     generate = _calls(argvs, "generate-data")[0]
     assert _after(generate, "--prompts") == prompts
     assert json.loads(_after(generate, "--chat-template-kwargs")) == {"note": kwargs_value}
-    assert serve_arg in generate[generate.index("--"):]
-    assert all(serve_arg in a[a.index("--"):] for a in _calls(argvs, "serve-bench"))
+    launches = _calls(argvs, "serve-launch")
+    assert all(serve_arg in a[a.index("--"):] for a in launches)
+    note = next(c for c in plain_notes if "generate-data" in c)
+    shown = [line for line in note.splitlines() if "generate-data" in line]
+    assert len(shown) == 1 and shown[0].startswith("# ") and shlex.quote(prompts) in shown[0]
     assert all(train_arg in a for a in _calls(argvs, "train"))
     assert model_path in {a[1] for a in _calls(argvs, "resolve-target")}
     assert {a[1] for a in _calls(argvs, "acquire")} >= {drafter, reference}

@@ -1,7 +1,7 @@
 """A result is never older than a file it was made from (issue 36, family 6).
 
 Every file a job reads is an input of it, so Snakemake's default rerun triggers notice an edit in place
-(same path, new content): a client's prompt file is an input of every serve_bench job, and the files
+(same path, new content): a client's prompt file is an input of every launch job, and the files
 of a local model folder are inputs of the job that links (resolve_target) or records (acquire) it.
 The test runs the real pipeline on tiny local models to a baseline benchmark and the drafter's
 acquire, edits each file in place, and finds that a dry run plans exactly the jobs that depend on it,
@@ -61,9 +61,13 @@ def test_editing_a_prompt_file_or_a_model_file_in_place_reruns_exactly_what_depe
     prompts.write_text("".join(json.dumps({"text": f"Question number {i}?"}) + "\n" for i in range(3)))
     workdir = tmp_path / "run"
     workdir.mkdir()
+    # fine-tune data of the user's own: the plain launch only benches the baseline (it answers no prompts)
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"conversations": [{"role": "user", "content": "hi"},
+                                                  {"role": "assistant", "content": "hello"}]}) + "\n")
     override = workdir / "override.yaml"
     override.write_text(
-        f"experiment: stale\nsize: default\ndemo: {{enabled: false}}\n"
+        f"experiment: stale\nsize: default\ndemo: {{enabled: false}}\ndata: {{path: {data}}}\n"
         f"target: {{source: {target}, revision: null}}\ndrafter: {{source: {drafter}, revision: null}}\n"
         f"bench: {{clients: [{{name: mine, prompts: {prompts}, limit: null, max_new_tokens: 4, repeats: 1, "
         f"warmup: 0}}]}}\n")
@@ -75,7 +79,7 @@ def test_editing_a_prompt_file_or_a_model_file_in_place_reruns_exactly_what_depe
 
     # the prompt file edited in place: the bench job measures again, nothing else reruns
     _edit_in_place(prompts, "".join(json.dumps({"text": f"Another question {i}?"}) + "\n" for i in range(5)))
-    assert _planned(workdir, configs) == ["serve_bench(variant=baseline, spec=plain)"]
+    assert _planned(workdir, configs) == ["launch_plain"]
     snakemake(workdir, "-c1", RESULT, ACQUIRED, snakefile=REPO_ROOT / "Snakefile", configfiles=configs, timeout=600)
     again = (workdir / RESULT).read_text()
     assert hashlib.sha256(prompts.read_bytes()).hexdigest() in again and again != first
@@ -85,8 +89,7 @@ def test_editing_a_prompt_file_or_a_model_file_in_place_reruns_exactly_what_depe
     assert _planned(workdir, configs) == ["acquire(role=drafter)"]
     # a file of the local target folder: the target's link, and the benchmark that serves it
     _edit_config(target)
-    assert _planned(workdir, configs) == ["acquire(role=drafter)", "resolve_target",
-                                          "serve_bench(variant=baseline, spec=plain)"]
+    assert _planned(workdir, configs) == ["acquire(role=drafter)", "launch_plain", "resolve_target"]
 
 
 def _inputs(text: str) -> dict[str, set[str]]:
@@ -122,8 +125,9 @@ def test_files_named_in_extra_args_and_prompt_files_are_inputs_of_the_jobs_that_
     configs = (REPO_ROOT / "config" / "config.yaml", override)
     first = snakemake(workdir, "-n", "-c1", snakefile=REPO_ROOT / "Snakefile", configfiles=configs).stdout
     inputs = _inputs(first)
-    assert {str(template), str(prompts)} <= inputs["serve_bench"], inputs["serve_bench"]
-    assert str(template) in inputs["generate_data"], inputs["generate_data"]
+    probe = inputs["launch_probe_s2_k1_d3"]
+    assert {str(template), str(prompts)} <= probe, probe
+    assert str(template) in inputs["launch_plain"], inputs["launch_plain"]  # its server answers the data too
     seed_past_gate(workdir, first, passed=True)
     second = snakemake(workdir, "-n", "-c1", *SEEDED_DRY_RUN, snakefile=REPO_ROOT / "Snakefile",
                        configfiles=configs).stdout

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -32,7 +33,7 @@ def test_gpu8_profile_on_a_machine_without_gpus_warns_before_any_job(workdir):  
 
 def test_benchmarks_comparing_tok_s_run_one_at_a_time(workdir):  # noqa: F811
     out = _run(["-n", "--profile", "profiles/local", "all"], cwd=workdir)
-    blocks = [b for b in job_blocks(out.stdout + out.stderr) if "rule serve_bench:" in b]
+    blocks = [b for b in job_blocks(out.stdout + out.stderr) if re.search(r"rule launch_(?!plan)\w+:", b)]
     assert blocks and all("bench_slot=1" in b for b in blocks)
     for profile in ("local", "gpu8"):
         resources = yaml.safe_load((ROOT / "profiles" / profile / "config.yaml").read_text())["resources"]

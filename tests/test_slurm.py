@@ -217,21 +217,22 @@ def _scontrol(jobid: str) -> str:
 def test_each_server_and_its_benchmarks_ran_in_one_gpu_allocation(runs):
     jobs = _slurm_jobs(runs["slurm_log"])
     assert "bench_plan" not in jobs, "bench_plan is a local rule"
-    assert {"acquire", "inspect", "patch_config", "doctor", "serve_bench"} <= set(jobs), jobs
-    # one SLURM job per server configuration: the server and every client share it (127.0.0.1)
-    assert len(jobs["serve_bench"]) == 2, jobs["serve_bench"]
-    for jobid in jobs["serve_bench"]:
+    launch_jobs = [j for rule, ids in jobs.items() if rule.startswith("launch_") and rule != "launch_plan" for j in ids]
+    assert {"acquire", "inspect", "patch_config", "doctor", "launch_plain"} <= set(jobs), jobs
+    # one SLURM job per launch: the server and every client share it (127.0.0.1)
+    assert len(launch_jobs) == 2, jobs
+    for jobid in launch_jobs:
         info = _scontrol(jobid)
         if not info:  # finished jobs leave slurmctld after MinJobAge (300 s by default)
             pytest.skip(f"SLURM job {jobid} already purged by slurmctld")
         assert "JobState=COMPLETED" in info, info
-        assert re.search(r"JOB_GRES=gpu:1\b", info), f"serve_bench job {jobid} got no GPU:\n{info}"
+        assert re.search(r"JOB_GRES=gpu:1\b", info), f"launch job {jobid} got no GPU:\n{info}"
         assert f"Partition={runs['partition']}" in info
     for jobid in jobs["inspect"]:
         assert "JOB_GRES=(null)" in _scontrol(jobid), f"CPU job {jobid} (inspect) held a GPU"
     r, spec = runs["r"], runs["spec"]
     serve = json.loads((runs["slurm"] / r / "bench/probe" / spec / "serve.json").read_text())
-    assert serve["launches"] == 1, "one server launch per serve_bench job"
+    assert serve["launches"] == 1, "one server launch per launch job"
     assert "127.0.0.1" in json.dumps(serve), "the benchmark client did not talk to a server on its own node"
 
 
@@ -239,7 +240,7 @@ GPU_PROBE = """
 rule all:
     input: "gpu.txt", "cpu.txt"
 
-rule serve_bench:  # same name as the real rule, so the profile's GPU-job settings apply
+rule serve_launch:  # the profile's name for every launch job (common.smk launch_cluster_resources)
     output: "gpu.txt"
     resources: gpu=2
     shell: "echo ${{CUDA_VISIBLE_DEVICES:-unset}} > {output}"
@@ -302,13 +303,31 @@ def test_profile_resolves_partition_account_and_gpu_settings_from_the_environmen
     plain = dry()
     assert "slurm_partition" not in plain["cpu"] and "slurm_account" not in plain["cpu"]
     assert "mem_mb=4000" in plain["cpu"] and "runtime=60" in plain["cpu"]
-    assert "gpu=2" in plain["serve_bench"] and "cpus_per_task=16" in plain["serve_bench"]
-    assert "gpu_model" not in plain["serve_bench"]
+    assert "gpu=2" in plain["serve_launch"] and "cpus_per_task=16" in plain["serve_launch"]
+    assert "gpu_model" not in plain["serve_launch"]
 
     # a partition named like a Python builtin stays a string; GPU jobs get their own partition and model
     site = dry(DRAFTLAB_SLURM_PARTITION="all", DRAFTLAB_SLURM_GPU_PARTITION="gpu-h100", DRAFTLAB_SLURM_GPU_MODEL="h100",
                SBATCH_ACCOUNT="proj42", DRAFTLAB_SLURM_MEM_MB="2000", DRAFTLAB_SLURM_GPU_CPUS="8")
     assert "slurm_partition=all" in site["cpu"] and "slurm_account=proj42" in site["cpu"]
     assert "mem_mb=2000" in site["cpu"]
-    assert "slurm_partition=gpu-h100" in site["serve_bench"] and "gpu_model=h100" in site["serve_bench"]
-    assert "cpus_per_task=8" in site["serve_bench"]
+    assert "slurm_partition=gpu-h100" in site["serve_launch"] and "gpu_model=h100" in site["serve_launch"]
+    assert "cpus_per_task=8" in site["serve_launch"]
+
+
+def test_every_launch_job_of_the_workflow_gets_the_profiles_gpu_job_settings(tmp_path):
+    """The launch rules are named per launch (launch_<id>); the profile's `serve_launch` settings reach each
+    one (a dry run of the real workflow, no cluster needed)."""
+    work = copy_workflow(tmp_path / "wf")
+    shutil.copytree(REPO / "profiles/slurm", work / "profiles/slurm", dirs_exist_ok=True)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("DRAFTLAB_SLURM_", "SBATCH_"))}
+    proc = snakemake(work, "-n", "--profile", "profiles/slurm", "all", "--config", "size=smoke",
+                     env={**base, "DRAFTLAB_SLURM_GPU_PARTITION": "gpu-h100", "HF_HUB_OFFLINE": "1"}, timeout=180)
+    out = proc.stdout + proc.stderr
+    rules = re.findall(r"^rule (\w+):.*?^\s+resources: (.*?)$", out, re.M | re.S)
+    launches = {rule: res for rule, res in rules if rule.startswith("launch_") and rule != "launch_plan"}
+    assert set(launches) == {"launch_probe_s2_k1_d3", "launch_plain"}, sorted(launches)  # up to the gate
+    for rule, res in launches.items():
+        assert "mem_mb=128000" in res and "cpus_per_task=16" in res and "slurm_partition='gpu-h100'" in res, (rule, res)
+    inspect = dict(rules)["inspect"]
+    assert "gpu-h100" not in inspect and "mem_mb=4000" in inspect

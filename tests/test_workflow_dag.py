@@ -35,6 +35,11 @@ def job_blocks(text: str) -> list[str]:
     return [b for b in re.split(r"^\[\w{3} \w{3} .*\]$", text, flags=re.M)[1:] if re.search(r"rule \w+:", b)]
 
 
+def launch_jobs(counts: dict[str, int]) -> int:
+    """Starts of the target a dry run plans: its launch_<id> jobs (rule launch_plan only writes a plan)."""
+    return sum(n for rule, n in counts.items() if rule.startswith("launch_") and rule != "launch_plan")
+
+
 def job_counts(text: str) -> dict[str, int]:
     """The 'Job stats' table of a dry run as {rule: count}."""
     counts: dict[str, int] = {}
@@ -69,18 +74,22 @@ def gate_plans(tmp_path: Path, args: list[str], passed: bool = True):
 def test_default_dag_has_every_stage(workdir, tmp_path):
     out = _run(["-n", "--cores", "2", "all"], cwd=workdir)
     counts = job_counts(out.stdout)
-    # the probe gate is a checkpoint: before it has decided, the plan ends at it (the probe's two servers)
-    assert counts["serve_bench"] == 2 and counts["probe_gate"] == 1 and counts["doctor"] == 1
+    # the probe gate is a checkpoint: before it has decided, the plan ends at it (the probe's launch per
+    # setting) and at the plain launch after it (baseline + fine-tune data: tokenize and d2t read the data)
+    assert counts["launch_probe_s2_k1_d3"] == counts["launch_probe_s4_k1_d5"] == counts["launch_plain"] == 1
+    assert launch_jobs(counts) == 3 and counts["probe_gate"] == 1 and counts["doctor"] == 1
     assert "train" not in counts and "breakeven" not in counts
     assert "DAG of jobs will be updated after completion" in out.stdout
     for rule in ("demo_models", "resolve_target", "acquire", "inspect", "patch_config", "compare", "d2t_diff",
-                 "d2t_coverage", "generate_data", "tokenize", "vocab_mapping", "records", "records_merge", "report"):
+                 "d2t_coverage", "tokenize", "vocab_mapping", "records", "records_merge", "report"):
         assert counts.get(rule) == (2 if rule == "inspect" else 1), rule
     assert "sglang" not in out.stdout
-    # once it passed: 1 baseline + 4 trained arms x 2 speculative settings more servers, one job each
-    # (11 with the probe's), the arms' training and doctor, and break-even per (setting, client)
+    assert "generate_data" not in counts  # the plain launch answers the prompts
+    # once it passed: one arms launch per setting benches the 4 trained arms in turn (5 launches in all, 11
+    # before issue 35), the arms' training and doctor, and break-even per (setting, client)
     after = job_counts(past_gate(tmp_path, ["-n", "--cores", "2", "all"]))
-    assert after["serve_bench"] == 9 and after["train"] == 4 and after["doctor"] == 4 and after["breakeven"] == 2
+    assert after["launch_arms_s2_k1_d3"] == after["launch_arms_s4_k1_d5"] == 1 and launch_jobs(after) == 2
+    assert after["train"] == 4 and after["doctor"] == 4 and after["breakeven"] == 2
     assert "probe_gate" not in after
 
 
@@ -89,7 +98,7 @@ def test_closed_gate_leaves_the_arms_out_of_the_dag_and_the_report_is_told_why(t
     is handed the gate decision (its reason is what the summary says) and no train folder."""
     out = past_gate(tmp_path, ["-n", "-p", "--cores", "2", "all"], passed=False)
     counts = job_counts(out)
-    assert counts["serve_bench"] == 1 and counts["breakeven"] == 2 and counts["report"] == 1
+    assert launch_jobs(counts) == 0 and counts["breakeven"] == 2 and counts["report"] == 1
     assert {"train", "doctor", "experiment_config"}.isdisjoint(counts)
     assert not re.search(r"bench/(finetune-|scratch)", out)
     report = next(l for l in out.splitlines() if "draftlab report " in l)
@@ -110,23 +119,27 @@ def test_kimi_dag_on_gpu8_prints_real_sglang_and_training_commands(tmp_path):
                                           "all"])
     text = before.stdout + after.stdout
     assert "Using profile gpu8" in before.stdout + before.stderr
-    launches = [l for l in text.splitlines() if "python -m sglang.launch_server" in l and "serve-bench" in l]
-    assert len(launches) == 5  # probe; after the gate: baseline, finetune-keep, finetune-regenerate, scratch
-    # the fine-tune data: K2.5 answers the prompts through its own SGLang server (tp 8, no drafter)
+    launches = [l for l in text.splitlines() if "python -m sglang.launch_server" in l and "serve-launch" in l]
+    # probe; plain (baseline + data); after the gate one launch per d2t map: finetune-keep (the drafter's
+    # map), finetune-regenerate then scratch (the corpus map): 2 + settings x groups
+    assert len(launches) == 4
+    # the fine-tune data: K2.5 answers the prompts through the plain launch's SGLang server (tp 8, no drafter)
     gen = [l for l in text.splitlines() if "draftlab generate-data " in l]
     assert len(gen) == 1 and "--prompts data/kimi-k25-prompts.jsonl" in gen[0] and "--concurrency 128" in gen[0]
-    assert gen[0].split(" -- ")[1].startswith("python -m sglang.launch_server --model-path "
-                                             "results/kimi-k25/models/target/model --tp-size 8 ")
-    assert "--speculative" not in gen[0]
-    assert re.search(r"rule generate_data:.*?resources: [^\n]*\bgpu=8\b", text, re.S)
-    probe = next(l for l in launches if "bench/probe/" in l)
+    assert gen[0].strip().startswith("# then answers the fine-tune prompts through the same server")
+    assert gen[0].rstrip().endswith("--url '{url}'")
+    plain = next(b for b in job_blocks(text) if re.search(r"^rule launch_plain:", b.strip()))
+    assert "results/kimi-k25/data/generated.jsonl" in plain and re.search(r"resources: [^\n]*\bgpu=8\b", plain)
+    assert "python -m sglang.launch_server --model-path results/kimi-k25/models/target/model --tp-size 8 " in plain
+    assert "--speculative" not in plain.split("serve-launch", 1)[1].split("\n", 1)[0]
+    probe = next(l for l in launches if "launch/probe-" in l)
     for flag in ("--model-path results/kimi-k25/models/target/model", "--speculative-algorithm EAGLE3",
                  "--speculative-draft-model-path results/kimi-k25/drafter/patched", "--speculative-num-steps 2",
                  "--speculative-eagle-topk 1", "--speculative-num-draft-tokens 3", "--tp-size 8",
                  "--mem-fraction-static 0.85", "--cuda-graph-max-bs-decode 16", "--trust-remote-code",
                  "--host 127.0.0.1", "--port 30000"):
         assert flag in probe, flag
-    baseline = next(l for l in launches if "bench/baseline/" in l)
+    baseline = next(l for l in launches if "launch/plain/" in l)
     assert "--speculative" not in baseline and "--tp-size 8" in baseline
     # one host (issue 34): no capture host, no Mooncake; the features are captured once, under torchrun on the
     # whole host (SpecForge's scripts/prepare_hidden_states.py, --tp-size 8), with the disk estimate in the plan
@@ -175,11 +188,11 @@ def test_kimi_dag_on_gpu8_prints_real_sglang_and_training_commands(tmp_path):
             assert re.search(r"input: .*results/kimi-k25/capture/capture.json", block), block
     assert re.search(r"rule experiment_config:\s+output: results/kimi-k25/config.json", text)
     # the doctor report precedes every launch of a drafter; GPU jobs reserve the whole host
-    probe_job = next(b for b in job_blocks(before.stdout) if "rule serve_bench:" in b and "bench/probe/" in b)
+    probe_job = next(b for b in job_blocks(before.stdout) if "rule launch_probe_" in b)
     assert re.search(r"input: .*results/kimi-k25/static/doctor-probe\.json", probe_job)
     gpu_jobs = [b for t in (before.stdout, after.stdout) for b in job_blocks(t)
-                if re.search(r"^rule (serve_bench|train|capture):", b.strip())]
-    assert len(gpu_jobs) == 5 + 3 + 1
+                if re.search(r"^rule (launch_(?!plan)\w+|train|capture):", b.strip())]
+    assert len(gpu_jobs) == 4 + 3 + 1
     for block in gpu_jobs:
         assert re.search(r"resources: .*\bgpu=8\b", block), block
     cpu_jobs = [b for b in job_blocks(text) if re.search(r"^(local)?rule (doctor|inspect|records):", b.strip())]
@@ -187,8 +200,9 @@ def test_kimi_dag_on_gpu8_prints_real_sglang_and_training_commands(tmp_path):
 
 
 def test_sweep_shares_one_launch_per_server_configuration(workdir, tmp_path):
-    """Client variants never multiply servers: jobs = 1 + drafters x speculative settings. A draft tree is one
-    more setting, its builtin server launched with SGLang's numbers under the builtin's flags."""
+    """Client variants never multiply servers, nor do drafters on the builtin server (swapped in): launches =
+    1 + 2 x speculative settings (the probe's with the reference, the arms'). A draft tree is one more setting,
+    its builtin server launched with SGLang's numbers under the builtin's flags."""
     cfg = yaml.safe_load((workdir / "config" / "config.yaml").read_text())
     cfg["speculative"] = [{"num_steps": k, "topk": 1, "num_draft_tokens": k + 1} for k in (1, 2)]
     cfg["speculative"].append({"num_steps": 3, "topk": 2, "num_draft_tokens": 5})
@@ -199,14 +213,15 @@ def test_sweep_shares_one_launch_per_server_configuration(workdir, tmp_path):
     path.write_text(yaml.safe_dump(cfg))
     out, after = gate_plans(tmp_path / "wf", ["-n", "-p", "--cores", "2", "all", "--configfile", str(path)])
     counts, after = job_counts(out.stdout), job_counts(after.stdout)
-    drafters = 4  # probe (before the gate), reference, finetune-remap, scratch (after it passed)
-    assert counts["serve_bench"] == 3 and counts["serve_bench"] + after["serve_bench"] == 1 + drafters * 3
+    # before the gate: probe + reference per setting, and the plain launch; after it: remap + scratch per setting
+    assert launch_jobs(counts) == 3 + 1 and launch_jobs(counts) + launch_jobs(after) == 1 + 2 * 3
     assert counts["acquire"] == 2 and counts["compare"] == 2
     # every result of a server comes from that server's single job
     assert out.stdout.count("bench/probe/s2-k1-d3/a.json") >= 1
-    job = next(b for b in job_blocks(out.stdout) if "rule serve_bench:" in b and "probe/s2-k1-d3" in b)
-    assert all(f"probe/s2-k1-d3/{c}.json" in job for c in "abc")
-    tree = next(b for b in job_blocks(out.stdout) if "rule serve_bench:" in b and "probe/s3-k2-d5" in b)
+    job = next(b for b in job_blocks(out.stdout) if "rule launch_probe_s2_k1_d3:" in b)
+    assert all(f"{v}/s2-k1-d3/{c}.json" in job for c in "abc" for v in ("probe", "reference"))
+    assert "benches probe (launched with), then swaps in reference" in job
+    tree = next(b for b in job_blocks(out.stdout) if "rule launch_probe_s3_k2_d5:" in b)
     assert re.search(r"-m draftlab\.cli serve .*--num-steps 3 --topk 2 --num-draft-tokens 5 ", tree), tree
 
 
@@ -269,7 +284,7 @@ def test_gpu8_profile_resolves_from_the_repository_root():
 
 def test_local_profile_runs_the_default(workdir):
     out = _run(["--profile", "profiles/local", "-n", "all"], cwd=workdir)
-    assert job_counts(out.stdout)["serve_bench"] == 2  # the probe's, up to the gate
+    assert launch_jobs(job_counts(out.stdout)) == 3  # the probe's two, up to the gate, and the plain one
 
 
 def test_specforge_reads_the_merged_config_of_every_configfile_and_override(tmp_path):
@@ -310,9 +325,9 @@ def test_demo_gpu_dag_on_gpu1_runs_every_stage_on_the_one_gpu(tmp_path):
     text = out.stdout + after.stdout
     assert "Using profile gpu1" in out.stdout + out.stderr
     counts, later = job_counts(out.stdout), job_counts(after.stdout)
-    # the probe up to the gate, then baseline + (3 fine-tune arms + scratch) x 1 setting
-    assert counts["serve_bench"] + later["serve_bench"] == 6
-    assert later["train"] == 4 and counts["demo_models"] == 1 and counts["generate_data"] == 1
+    # the probe and the plain launch up to the gate, then one launch for the 3 fine-tune arms + scratch
+    assert launch_jobs(counts) == 2 and launch_jobs(later) == 1
+    assert later["train"] == 4 and counts["demo_models"] == 1 and "generate_data" not in counts
     for rule in ("resolve_target", "acquire", "inspect", "patch_config", "doctor", "probe_gate", "tokenize",
                  "vocab_mapping", "records", "records_merge", "report"):
         assert counts.get(rule), rule
@@ -322,17 +337,18 @@ def test_demo_gpu_dag_on_gpu1_runs_every_stage_on_the_one_gpu(tmp_path):
                for l in lines)
     # the fine-tune data: the builtin server on the GPU answers 64 prompts at a time
     gen = next(l for l in lines if "draftlab generate-data " in l)
-    assert "--concurrency 64" in gen
-    assert gen.split(" -- ")[1].startswith("python -m draftlab.cli serve --target results/demo-gpu/models/target/model "
-                                          "--device cuda --max-batch-size 64 ")
+    assert "--concurrency 64" in gen and "--url '{url}'" in gen
+    plain = next(l for l in lines if "draftlab serve-launch --plan results/demo-gpu/launch/plain/" in l)
+    assert plain.split(" -- ")[1].startswith("python -m draftlab.cli serve --target results/demo-gpu/models/target/model "
+                                            "--device cuda --max-batch-size 64 ")
     trains = [l for l in lines if re.search("(^|: )draftlab train ", l.strip())]
     assert len(trains) == 4 and all("--device cuda" in l for l in trains)
-    serves = [l for l in lines if "draftlab serve-bench" in l]
-    assert len(serves) == 6 and all("--device cuda" in l for l in serves)
+    serves = [l for l in lines if "draftlab serve-launch" in l]
+    assert len(serves) == 3 and all("--device cuda" in l for l in serves)
     blocks = job_blocks(text)
-    gpu_jobs = [b for b in blocks if re.search(r"^rule (demo_models|serve_bench|generate_data):", b.strip())]
+    gpu_jobs = [b for b in blocks if re.search(r"^rule (demo_models|launch_(?!plan)\w+):", b.strip())]
     train_jobs = [b for b in blocks if re.search(r"^rule train:", b.strip())]
-    assert len(gpu_jobs) == 1 + 6 + 1 and len(train_jobs) == 4
+    assert len(gpu_jobs) == 1 + 3 and len(train_jobs) == 4
     # train.arms_per_gpu: 4: the arms share the GPU (a quarter of it each), every other GPU job holds it whole
     for block in gpu_jobs:
         assert re.search(r"resources: .*\bgpu=1, gpu_share=4\b", block), block
@@ -404,3 +420,39 @@ def test_arms_share_the_gpu_and_servers_hold_it_alone(tmp_path, arms_per_gpu):
     # the most arms running at one instant (each arm's start is such an instant): 2 with 2, 1 with 1
     most = max(1 + sum(1 for o in beside(t) if spans[o][0] <= spans[t][0]) for t in spans if t.startswith("train"))
     assert most == arms_per_gpu
+
+
+def test_smoke_plan_starts_the_target_three_times_and_says_what_each_launch_benches(tmp_path):
+    """Issue 35: probe launch -> gate -> one plain launch (baseline + data) -> one arms launch per setting,
+    every post-gate drafter swapped in; `-n -p` lists each launch's results and what it swaps."""
+    before, after = gate_plans(tmp_path, ["-n", "-p", "--cores", "2", "all", "--config", "size=smoke"])
+    counts, later = job_counts(before.stdout), job_counts(after.stdout)
+    assert launch_jobs(counts) + launch_jobs(later) == 3
+    exp = "results/demo-k2-to-k25-smoke"
+    arms = next(b for b in job_blocks(after.stdout) if "rule launch_arms_s2_k1_d3:" in b)
+    for arm in ("finetune-keep", "finetune-remap", "finetune-regenerate", "scratch"):
+        assert f"{exp}/bench/{arm}/s2-k1-d3/short.json" in arms and f"{exp}/bench/{arm}/s2-k1-d3/serve.json" in arms
+    assert ("benches finetune-keep (launched with), then swaps in finetune-remap, finetune-regenerate, scratch"
+            in arms)
+    assert "trust: drafter checksum before each bench; finetune-keep measured again after the swaps" in arms
+    assert f"{exp}/bench/baseline/plain/short.json" in arms  # plain decoding's answers, compared
+    plain = next(b for b in job_blocks(before.stdout) if "rule launch_plain:" in b)
+    assert f"{exp}/data/generated.jsonl" in plain and f"{exp}/gate/gate.json" in plain
+    assert f"{exp}/bench/baseline/plain/short.json" in plain
+
+
+def test_kimi_plan_groups_sglang_launches_by_d2t_map_and_names_the_deciding_files(tmp_path):
+    """SGLang keeps its launch's d2t map (llama_eagle3.load_weights, eagle_worker_v2.init_lm_head): the
+    post-gate drafters group by map, statically from their kind; the plan says why."""
+    before, after = gate_plans(tmp_path, ["--profile", "gpu8", "--configfile", "config/kimi-k25.yaml", "-n", "-p",
+                                          "all"])
+    later = job_counts(after.stdout)
+    assert later["launch_drafter_map_s2_k1_d3"] == later["launch_corpus_map_s2_k1_d3"] == 1
+    assert launch_jobs(job_counts(before.stdout)) + launch_jobs(later) == 2 + 1 * 2
+    corpus = next(b for b in job_blocks(after.stdout) if "rule launch_corpus_map_s2_k1_d3:" in b)
+    assert "benches finetune-regenerate (launched with), then swaps in scratch" in corpus
+    assert "sglang/srt/models/llama_eagle3.py (load_weights: hot_token_id)" in corpus
+    assert "sglang/srt/speculative/eagle_worker_v2.py (init_lm_head" in corpus
+    keep = next(b for b in job_blocks(after.stdout) if "rule launch_drafter_map_s2_k1_d3:" in b)
+    assert "--speculative-draft-model-path results/kimi-k25/train/finetune-keep/drafter" in keep
+    assert "swaps in" not in keep  # alone in its group: no swap, no fresh-launch check

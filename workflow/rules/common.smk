@@ -10,7 +10,7 @@ import sys
 from draftlab.errors import DraftlabError
 from draftlab.benchmark.bench_prompts import default_prompts_path
 from draftlab.benchmark.probe_gate import gate_open
-from draftlab.experiment import jobs, variants
+from draftlab.experiment import jobs, launches, variants
 from draftlab.experiment.layout import (
     Layout,
     demo_bench_prompts,
@@ -129,9 +129,8 @@ def get_plan(wildcards):
     return _plan(wildcards.variant, wildcards.spec)
 
 
-def get_server_command(wildcards):
-    """The plan's own launch command (`argv`), printed in the serve_bench shell line."""
-    return shlex.join(_plan(wildcards.variant, wildcards.spec)["argv"])
+# --- launches: one job per start of the target (experiment.launches) -------------------------------
+LAUNCHES = launches.launches(S)
 
 
 def get_in_domain_prompts():
@@ -151,20 +150,68 @@ def get_in_domain_prompts():
     return files
 
 
-def get_serve_bench_inputs(wildcards):
-    """The plan, the models, the doctor's report and every client's prompt file (an edit in place of one
-    measures again)."""
-    v = wildcards.variant
+@functools.cache
+def _launch_plan(launch_id):
+    return jobs.launch_plan(S, L, launch_id)
+
+
+def get_launch_plan(wildcards):
+    """The plan of one launch job: every variant's bench plan in order, the swaps' rule and checks."""
+    return _launch_plan(wildcards.launch)
+
+
+def get_launch_command(launch_id, wildcards):
+    """The launch's own command (its first variant's server), printed in the job's shell line."""
+    return shlex.join(_launch_plan(launch_id)["argv"])
+
+
+def launch_cluster_resources():
+    """A profile's `set-resources: serve_launch:` (profiles/slurm: memory, runtime, CPUs, partition, GPU model
+    of a GPU job) for every launch job: their rule names are per launch (`launch_<id>`), so a profile names
+    them all once as `serve_launch`."""
+    given = workflow.resource_settings.overwrite_resources.get("serve_launch") or {}
+    return {k: getattr(v, "raw", v) for k, v in dict(given).items()}
+
+
+def get_launch_note(launch, wildcards=None):
+    """Comment lines after a launch's command (`-n -p` prints them): what it benches, swaps and generates."""
+    gen = jobs.generate_url_command(S, L) if launch.generate else None
+    return launches.describe(launch, S, gen)
+
+
+def launch_outputs(launch):
+    """A launch job's outputs: every (variant, spec, client) result and server summary it measures; the
+    plain launch also writes the fine-tune data when it answers the prompts."""
+    outs = launches.launch_outputs(L, launch, CLIENTS)
+    if launch.generate:
+        outs.update(data=[L.generated_data], stats=[L.generate_stats])
+    return outs
+
+
+def get_launch_inputs(launch, wildcards):
+    """The launch's plan, the target, each variant's drafter and doctor report; the plain launch's prompts
+    and the gate (it runs after it) when it generates data; an arms launch's plain-decoding results (the outputs every swapped
+    bench must equal)."""
     inputs = {
-        "plan": L.bench_plan(v, wildcards.spec),
+        "plan": L.launch_plan(launch.id),
         "target": L.target_record,
-        "prompts": jobs.bench_prompt_files(S),
+        # a client's prompt files edited in place measure again
+        "bench_prompts": jobs.bench_prompt_files(S),
         "in_domain": get_in_domain_prompts(),
         "extra": jobs.extra_arg_files(S.serve.extra_args),
     }
-    if Variant(v).has_drafter:
-        inputs["drafter"] = L.drafter_marker(v)
-        inputs["doctor"] = L.doctor(v)
+    drafted = [v for v in launch.variants if Variant(v).has_drafter]
+    inputs["drafters"] = [L.drafter_marker(v) for v in drafted]
+    inputs["doctor"] = [L.doctor(v) for v in drafted]
+    if launch.generate:
+        gen = get_generate_inputs(wildcards)
+        # after the probe gate (the design's order: probe, gate, then the plain launch); ancient: the gate
+        # orders the launch, and a new decision is no reason to bench the baseline again
+        inputs.update(
+            gate=ancient(L.gate), demo=gen["demo"], prompts=gen.get("prompts", [])
+        )
+    if launch.stage == "arms":
+        inputs["plain"] = [L.bench_result("baseline", "plain", c) for c in CLIENTS]
     return inputs
 
 
@@ -270,7 +317,41 @@ def get_train_data_input():
             f"data.path {path} does not exist here; tokenize will fail until it does"
         )
         return []
+    if launches.generates_through_plain_launch(S):
+        # the plain launch reruns for reasons of its own (a benchmark setting, the baseline): it then restores
+        # the same data from its cache instead of answering again, and what the data depends on reaches
+        # tokenize as its own inputs and params (get_data_settings), so a rerun of the launch alone is no
+        # reason to tokenize and retrain
+        return [ancient(path)]
     return [path]
+
+
+def get_data_settings(wildcards=None):
+    """What the plain launch's data depends on besides the target and the prompt file (inputs of tokenize):
+    the generate-data command (prompts path, answer length, seed, limit, ...) and the server answering it.
+    """
+    if not launches.generates_through_plain_launch(S):
+        return ""
+    return json.dumps(
+        {
+            "generate": jobs.generate_url_command(S, L),
+            "server": _launch_plan("plain")["argv"],
+        },
+        sort_keys=True,
+    )
+
+
+def get_prompts_input():
+    """The prompt file the plain launch answers, when it is a user file that is here (tokenize reads its
+    answers: an edited prompt file retokenizes)."""
+    prompts = jobs.generate_prompts(S)
+    if (
+        launches.generates_through_plain_launch(S)
+        and S.data.prompts
+        and os.path.exists(prompts)
+    ):
+        return [prompts]
+    return []
 
 
 def get_leak_check_inputs(wildcards):
@@ -286,6 +367,9 @@ def get_leak_check_inputs(wildcards):
         [jobs.generate_prompts(S)] if DEMO and not S.data.prompts else []
     )
     data = [f for f in files["data"] if f in made or os.path.exists(f)]
+    if launches.generates_through_plain_launch(S):
+        # the plain launch reruns for the baseline's sake and restores the same data (get_train_data_input)
+        data = [ancient(f) if f == L.generated_data else f for f in data]
     return {"bench": bench, "data": data}
 
 
@@ -294,6 +378,12 @@ def get_generate_inputs(wildcards):
     is), the demo build and, with the server engine, the server spec."""
     inputs = {"target": L.target_record, "demo": get_demo()}
     prompts = jobs.generate_prompts(S)
+    if (
+        S.data.generated
+        and S.data.engine == "server"
+        and not launches.generates_through_plain_launch(S)
+    ):
+        inputs["server"] = L.generate_server
     if S.data.prompts and not os.path.exists(prompts):
         logger.warning(
             f"data.prompts {prompts} does not exist here; generate_data will fail until it does"
@@ -301,7 +391,6 @@ def get_generate_inputs(wildcards):
     elif S.data.prompts or DEMO:  # the demo's: rule demo_models writes them
         inputs["prompts"] = prompts
     if S.data.engine == "server":
-        inputs["server"] = L.generate_server
         inputs["extra"] = jobs.extra_arg_files(S.serve.extra_args)
     return inputs
 

@@ -1,9 +1,10 @@
-# Serve + benchmark: one job (one launch) per distinct server configuration; every client variant
-# runs against it. Then the probe gate: a checkpoint whose decision says whether the trained arms exist.
+# Serve + benchmark: one job per launch of the target (experiment.launches: probe, plain, arms), every
+# variant of a launch benched in turn with its draft weights swapped in, every client variant against each.
+# Then the probe gate: a checkpoint whose decision says whether the trained arms exist.
 
 
 rule bench_plan:
-    """What one server job runs: the server config and every client variant (from the config)."""
+    """One variant's server (as launched alone: the report's deploy command) and every client variant."""
     output:
         plan=L.bench_plan("{variant}", "{spec}"),
     log:
@@ -17,30 +18,57 @@ rule bench_plan:
         "../scripts/params_json.py"
 
 
-rule serve_bench:
-    """Launch the server once (command shown after --), run all clients, always tear it down."""
-    input:
-        unpack(get_serve_bench_inputs),
+rule launch_plan:
+    """What one launch job runs: its server (the first variant's), every variant's bench plan in order, the
+    swaps' rule and checks, and (the plain launch) the generate-data step."""
     output:
-        results=[L.bench_result("{variant}", "{spec}", c) for c in CLIENTS],
-        tables=[L.bench_result("{variant}", "{spec}", c, "csv") for c in CLIENTS],
-        serve=L.serve_summary("{variant}", "{spec}"),
+        plan=L.launch_plan("{launch}"),
     log:
-        bench=L.log("serve_bench", "{variant}-{spec}.log"),
-        server=L.server_log("{variant}", "{spec}"),
-    benchmark:
-        L.benchmark("serve_bench", "{variant}-{spec}.tsv")
+        L.log("launch_plan", "{launch}.log"),
+    localrule: True
     conda:
-        "../../envs/serving.yaml"
-    resources:
-        **gpu_resources(SERVER_GPUS),
-        # tok/s of two benchmarks on one host interfere: the profiles allow one at a time
-        # (bench_slot: 1); raise it there or with --resources bench_slot=N to run more at once.
-        bench_slot=1,
+        "../../envs/analysis.yaml"
     params:
-        command=get_server_command,
-    shell:
-        "draftlab serve-bench --plan {input.plan:q} -- {params.command} > {log.bench:q} 2>&1"
+        plan=get_launch_plan,
+    script:
+        "../scripts/params_json.py"
+
+
+# One job per launch of the target (experiment.launches): the probe launches (probe, then the reference
+# swapped in), the plain launch (baseline, then the fine-tune data), one arms launch per setting and swap
+# group (every trained arm, draft weights swapped between benches). Each job writes every (variant, spec,
+# client) result it measures, so records and the report read the same files as before; `-n -p` lists
+# them and prints, after the command, what the launch benches and swaps.
+for _launch in LAUNCHES:
+
+    rule:
+        name:
+            _launch.rule_name
+        input:
+            unpack(functools.partial(get_launch_inputs, _launch)),
+        output:
+            **launch_outputs(_launch),
+        log:
+            bench=L.log("serve_launch", f"{_launch.id}.log"),
+            server=L.launch_log(_launch.id),
+        benchmark:
+            L.benchmark("serve_launch", f"{_launch.id}.tsv")
+        conda:
+            "../../envs/serving.yaml"
+        threads: 2 if _launch.generate else 1
+        resources:
+            **gpu_resources(SERVER_GPUS),
+            # a cluster profile's `set-resources: serve_launch:` (every launch job)
+            **launch_cluster_resources(),
+            # tok/s of two benchmarks on one host interfere: the profiles allow one at a time
+            # (bench_slot: 1); raise it there or with --resources bench_slot=N to run more at once.
+            bench_slot=1,
+        params:
+            command=functools.partial(get_launch_command, _launch.id),
+            # a function: the note holds the literal `{url}` of the generate-data command
+            note=functools.partial(get_launch_note, _launch),
+        shell:
+            "draftlab serve-launch --plan {input.plan:q} -- {params.command} > {log.bench:q} 2>&1{params.note}"
 
 
 checkpoint probe_gate:

@@ -293,6 +293,8 @@ class _Run:
         for key in ("accept_by_position", "itl_s"):  # JSON only; the CSV keeps scalar columns
             if raw.get(key) is not None:
                 row[key] = raw[key]
+        if raw.get("output_sha256"):  # JSON only: what serve-launch compares with plain decoding's answers
+            row["output_sha256"] = raw["output_sha256"]
         row["cycle_ms"] = (
             1000.0 * raw["decode_time_s"] / verify if verify and raw.get("decode_time_s") is not None else None
         )

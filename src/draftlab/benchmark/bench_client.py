@@ -3,6 +3,7 @@ through :mod:`draftlab.http_client`, each answer's counts parsed, and vLLM's ``/
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -119,6 +120,16 @@ def parse_sglang_meta(meta: dict) -> dict[str, Any]:
     }
 
 
+def output_digest(answer: Any) -> str | None:
+    """SHA-256 of an answer's output (its token ids when the server returns them, else its text): a swapped
+    drafter's answers must equal plain decoding's at temperature 0 (benchmark.serve_launch checks it)."""
+    ids = answer.get("output_ids")
+    if isinstance(ids, list):
+        return hashlib.sha256(json.dumps(ids).encode()).hexdigest()
+    text = answer.get("text")
+    return hashlib.sha256(text.encode()).hexdigest() if isinstance(text, str) else None
+
+
 class Gaps:
     """Time to first token and inter-token latencies of one stream, as SGLang's ``bench_serving`` counts them.
 
@@ -218,7 +229,10 @@ class _Client:
             ids = ids if isinstance(ids, list) and not streamed else None  # a stream may end on an increment
             self.checks.check_output(row["completion_tokens"], url, ids=ids,
                                      returned=returned or bool(final.get("output_ids")) or bool(final.get("text")))
-        row.update(latency_s=latency, ttft_s=ttft, itl_s=itl.gaps if streamed else None, streamed=streamed)
+        # the whole answer's digest (serve_launch compares it with plain decoding's); a stream may end on an
+        # increment, so a streamed answer has none
+        row.update(latency_s=latency, ttft_s=ttft, itl_s=itl.gaps if streamed else None, streamed=streamed,
+                   output_sha256=None if streamed else output_digest(final))
         return row
 
     def _vllm(self, prompt: Prompt, stream: bool) -> dict[str, Any]:

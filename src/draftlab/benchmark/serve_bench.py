@@ -80,27 +80,37 @@ def _measure(plan: Mapping[str, Any], spec: ServerSpec, summary: dict[str, Any],
     client has run (a server dying mid-plan leaves no result)."""
     Path(plan["server_log"]).parent.mkdir(parents=True, exist_ok=True)
     print(f"serve-bench: launching {' '.join(summary['argv'])}", file=sys.stderr)
-    measured = []
     with running_server(spec, plan["server_log"]) as srv:
         summary["launches"] = 1
         summary["url"] = srv.url
         summary["ready_s"] = time.time() - summary["started_at"]
         print(f"serve-bench: server ready at {srv.url} after {summary['ready_s']:.1f}s", file=sys.stderr)
-        for c in plan["clients"]:
-            t0 = time.time()
-            result = run_benchmark(
-                srv.url, client_prompts(c), api=plan["api"], max_new_tokens=c["max_new_tokens"],
-                repeats=c["repeats"], warmup=c["warmup"], concurrency=c["concurrency"], limit=c.get("limit"),
-                ignore_eos=bool(c.get("ignore_eos")), require_speculation=plan["require_speculation"], progress=progress,
-                **_launched_numbers(spec), expect_server=planned_server_info(spec),
-                category=c["name"],  # a prompt whose record has no category is the client's
-            )
-            result.server = {**(result.server or {}), "fingerprint": plan["fingerprint"], "variant": plan["variant"],
-                             "spec_id": plan["spec_id"], "client": c["name"], "argv": summary["argv"]}
-            measured.append((result, c))
-            summary["clients"].append({"name": c["name"], "seconds": time.time() - t0,
-                                       "accept_length": result.summary.get("accept_length"),
-                                       "output_tps_median": result.summary.get("output_tps_median")})
+        return run_clients(srv.url, plan, spec, summary, progress)
+
+
+def run_clients(url: str, plan: Mapping[str, Any], spec: ServerSpec, summary: dict[str, Any], progress: bool,
+                clients: Sequence[Mapping[str, Any]] | None = None, launched: ServerSpec | None = None) -> list:
+    """Every client of ``plan`` (or ``clients``) against the server at ``url``: ``[(result, client)]``, each
+    result tagged with the plan's server (and ``summary["launch"]``, the launch it came from). ``launched``:
+    the server as started, when ``spec``'s drafter was swapped into it (its ``/server_info`` still names the
+    drafter it was launched with, as SGLang's does; the swap itself is proven by checksums)."""
+    measured = []
+    for c in plan["clients"] if clients is None else clients:
+        t0 = time.time()
+        result = run_benchmark(
+            url, client_prompts(c), api=plan["api"], max_new_tokens=c["max_new_tokens"],
+            repeats=c["repeats"], warmup=c["warmup"], concurrency=c["concurrency"], limit=c.get("limit"),
+            ignore_eos=bool(c.get("ignore_eos")), require_speculation=plan["require_speculation"], progress=progress,
+            **_launched_numbers(spec), expect_server=planned_server_info(launched or spec),
+            category=c["name"],  # a prompt whose record has no category is the client's
+        )
+        result.server = {**(result.server or {}), "fingerprint": plan["fingerprint"], "variant": plan["variant"],
+                         "spec_id": plan["spec_id"], "client": c["name"], "argv": summary["argv"],
+                         "launch": summary.get("launch")}
+        measured.append((result, c))
+        summary["clients"].append({"name": c["name"], "seconds": time.time() - t0,
+                                   "accept_length": result.summary.get("accept_length"),
+                                   "output_tps_median": result.summary.get("output_tps_median")})
     return measured
 
 

@@ -77,6 +77,19 @@ def _register_serve_bench_and_gate(sub) -> None:
     add_json_flag(p)
     p.set_defaults(func=_serve_bench)
 
+    p = sub.add_parser("serve-launch", help="launch the target once, bench every variant of a launch plan in turn "
+                       "(draft weights swapped between benches), check every swap, tear it down",
+                       description="Run one launch plan (workflow rule launch_<id>): the command after -- must be "
+                                   "the plan's own launch command. Before each bench the server's drafter checksum "
+                                   "is compared with the file swapped in; a launch that swapped benches its first "
+                                   "drafter again and refuses every result when the accept lengths differ beyond "
+                                   "the repeats' spread. Results are written only when every check passed.")
+    p.add_argument("--plan", required=True, help="launch plan JSON written by the workflow (rule launch_plan)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("argv", nargs=argparse.REMAINDER, help="-- the server launch command")
+    add_json_flag(p)
+    p.set_defaults(func=_serve_launch)
+
     p = sub.add_parser("probe-gate", aliases=["gate"], help="probe gate: fine-tune only if the probe's accept length is high enough")
     p.add_argument("results", nargs="+", help="probe benchmark result JSON files")
     p.add_argument("--min-accept-length", type=number(float, setting="gate.min_accept_length"), required=True)
@@ -275,16 +288,32 @@ def _human_standing(s: dict) -> str:
     return "\n".join(lines)
 
 
-def _serve_bench(args: argparse.Namespace) -> int:
-    from draftlab.benchmark.serve_bench import run_plan
-
-    plan = read_json(args.plan, "serve-bench plan")
+def _plan_and_argv(args: argparse.Namespace, what: str):
+    """The plan file of serve-bench / serve-launch and the launch command printed after ``--`` (or None)."""
     argv = list(args.argv)
     if argv and argv[0] == "--":
         argv = argv[1:]
-    summary = run_plan(plan, argv or None, progress=not args.no_progress)
+    return read_json(args.plan, what), argv or None
+
+
+def _serve_bench(args: argparse.Namespace) -> int:
+    from draftlab.benchmark.serve_bench import run_plan
+
+    plan, argv = _plan_and_argv(args, "serve-bench plan")
+    summary = run_plan(plan, argv, progress=not args.no_progress)
     emit(args, summary, lambda s: f"{s['variant']} {s['spec_id']}: launches {s['launches']}"
          + (f", skipped: {s['reason']}" if s.get("skipped") else ""))
+    return 0
+
+
+def _serve_launch(args: argparse.Namespace) -> int:
+    from draftlab.benchmark.serve_launch import run_launch
+
+    plan, argv = _plan_and_argv(args, "serve-launch plan")
+    summary = run_launch(plan, argv, progress=not args.no_progress)
+    emit(args, summary, lambda s: f"launch {s['launch']}: {len(s['benches'])} bench(es), {len(s['swaps'])} swap(s)"
+         + (f", fresh check {s['fresh_check']['fresh']:.3f} vs {s['fresh_check']['after_swaps']:.3f}"
+            if s.get("fresh_check") else ""))
     return 0
 
 

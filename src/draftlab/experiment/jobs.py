@@ -18,6 +18,7 @@ from typing import Any
 
 from draftlab.benchmark.bench_plan import build_plan
 from draftlab.benchmark.bench_prompts import default_prompts_path
+from draftlab.experiment import launches
 from draftlab.experiment.layout import Layout, demo_bench_prompts, demo_finetune_prompts
 from draftlab.settings.model import Settings, Spec
 from draftlab.experiment.variants import BASELINE, Variant
@@ -66,9 +67,12 @@ def load_settings(cfg: Any, source: str | None = None) -> Settings:
 
 
 def server(settings: Settings, layout: Layout, variant: str, spec: str) -> ServerSpec:
-    """The server of ``variant`` at speculative setting ``spec`` (``baseline``/``plain``: no drafter)."""
+    """The server of ``variant`` at speculative setting ``spec`` (``baseline``/``plain``: no drafter; the plain
+    launch's batches as many rows as data generation keeps in flight, as the generate server did)."""
     drafter = layout.drafter_dir(variant) if Variant(variant).has_drafter else None
     setting = None if spec == "plain" else settings.specs[spec]
+    if drafter is None and launches.generates_through_plain_launch(settings):
+        return generate_server(settings, layout)  # the plain launch also answers the fine-tune prompts
     return server_spec(settings, layout.target_model, drafter, setting)
 
 
@@ -143,6 +147,28 @@ def generate_command(settings: Settings, layout: Layout, server_log: str,
     cmd += ["--server", layout.generate_server, "--server-log", server_log, "--concurrency", str(d.concurrency),
             "--retries", str(d.retries)]
     return cmd + ["--"] + (server or generate_server(settings, layout)).command()
+
+
+URL_PLACEHOLDER = "{url}"  # the plain launch's address, filled in by serve-launch once its server is up
+
+
+def generate_url_command(settings: Settings, layout: Layout) -> list[str]:
+    """``draftlab generate-data`` against the plain launch's running server (``--url`` is filled in then)."""
+    d = settings.data
+    base = generate_command(settings, layout, "", None)
+    base = base[: base.index("--server")]
+    return base + ["--concurrency", str(d.concurrency), "--retries", str(d.retries), "--url", URL_PLACEHOLDER]
+
+
+# --- launches (experiment.launches decides them; the plan is built here from the bench plans) -------
+
+
+def launch_plan(settings: Settings, layout: Layout, launch_id: str) -> dict[str, Any]:
+    """The plan of one launch job: the bench plan of each of its variants in order, and its checks."""
+    launch = next(x for x in launches.launches(settings) if x.id == launch_id)
+    benches = [plan(settings, layout, v, launch.spec) for v in launch.variants]
+    generate = generate_url_command(settings, layout) if launch.generate else None
+    return launches.launch_plan(settings, layout, launch, benches, generate)
 
 
 def leak_check_files(settings: Settings, layout: Layout) -> dict[str, list[str]]:

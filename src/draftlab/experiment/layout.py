@@ -250,6 +250,27 @@ class Layout:
     def gate(self) -> str:
         return self._p("gate", "gate.json")
 
+    # --- launches (one start of the target, several benches: experiment.launches) ----------------
+    def launch_dir(self, launch: str) -> str:
+        return self._p("launch", launch)
+
+    def launch_plan(self, launch: str) -> str:
+        """What one launch job runs: its server, each variant's bench plan in order, the swaps, the checks."""
+        return f"{self.launch_dir(launch)}/plan.json"
+
+    def launch_summary(self, launch: str) -> str:
+        """What one launch did: ready time, each bench, each swap's checksums, the fresh-launch comparison."""
+        return f"{self.launch_dir(launch)}/launch.json"
+
+    def launch_cache(self, launch: str) -> str:
+        """Each swapped-in variant's results and the key they were measured under (outside the rule's
+        outputs, which Snakemake removes before a rerun): retraining one arm re-benches only it."""
+        return self._p("launch-cache", launch)
+
+    def launch_log(self, launch: str) -> str:
+        """The server log of one launch (its "listening on" line counts the target's starts)."""
+        return self.log("server", f"launch-{launch}.log")
+
     # --- records and report ---------------------------------------------------------------------
     @property
     def records_csv(self) -> str:

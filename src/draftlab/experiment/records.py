@@ -301,6 +301,10 @@ def _record_row(cfg: Mapping[str, Any], variant: str, sid: str, client: str, res
         "topk": spec.get("topk"),
         "num_draft_tokens": spec.get("num_draft_tokens"),
         "server_fingerprint": (res.get("server") or {}).get("fingerprint") or serve.get("fingerprint"),
+        # the start of the target this result was measured in (experiment.launches): its id, and whether the
+        # drafter was swapped in (or the one the server was launched with)
+        "launch_id": (res.get("server") or {}).get("launch") or serve.get("launch"),
+        "launch_swapped": serve.get("swapped"),
         "prompts_sha256": (res.get("prompt_set") or {}).get("sha256"),
         "prompt_count": (res.get("prompt_set") or {}).get("count"),
         "max_new_tokens": client_cfg["max_new_tokens"],

@@ -44,6 +44,7 @@ from draftlab.models.target import load_tokenizer
 from draftlab.serving import model_routes
 from draftlab.serving.endpoints import handle_chat_completions, handle_completions, handle_generate
 from draftlab.engine.core import Engine
+from draftlab.serving import weight_swap
 from draftlab.serving.server_state import BadRequest, ClientGone, HTTPFailure, ServerState
 from draftlab.serving.streaming import Stream, send_sse
 
@@ -222,6 +223,8 @@ class Handler(BaseHTTPRequestHandler):
                 self._answer(handle_completions(self.state, self._body(), self.client_gone))
             elif path == "/v1/chat/completions" and method == "POST":
                 self._answer(handle_chat_completions(self.state, self._body(), self.client_gone))
+            elif path in weight_swap.ROUTES:  # SGLang's draft-weight update (serving.weight_swap)
+                self._send(*weight_swap.handle(self.state, path, self._body() if method == "POST" else {}))
             elif path in ("/generate", "/v1/completions", "/v1/chat/completions"):
                 self._error(405, f"{path}: use POST")
             else:

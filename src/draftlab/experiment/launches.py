@@ -1,0 +1,197 @@
+"""Which target launches an experiment spends, and what each one benches (issue 35).
+
+A launch of the real target costs ~10 minutes (Kimi-K2.5 on 8 GPUs: weights, then CUDA graphs), so the
+pipeline spends launches, not jobs:
+
+- one **probe launch** per speculative setting: the probe, then the reference drafter swapped in;
+- one **plain launch**: the baseline bench, then (data generated through a server) the fine-tune data
+  answered by the same server. It runs after the probe gate; the data is answered whatever the gate says,
+  because the report's d2t coverage and diff read the corpus map either way (as before this change);
+- one **arms launch** per speculative setting and swap group: every trained arm in turn, the draft
+  weights swapped between benches.
+
+A swap group is the set of drafters one launch can serve. The builtin server replaces everything derived
+from a drafter's tensors (``d2t`` -> hot ids, fused weights, CUDA graphs), so all arms share one launch.
+SGLang 0.5.23 keeps the ``d2t`` map and the drafter's config of its launch (``models/llama_eagle3.py``
+``load_weights`` sets ``hot_token_id`` as a plain attribute; ``speculative/eagle_worker_v2.py``
+``init_lm_head`` copies it once, and its draft CUDA graph holds that copy): drafters group by the map
+they carry, named statically from the arm's kind (:func:`map_group`). vLLM's runtime draft update (read in
+0.33.0's wheel; 0.34's PR #46725 was not read here) takes weights over NCCL or IPC transfer engines only
+(``vllm/entrypoints/rl/online/api_router.py``), not a file the bench can send: one launch per drafter there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+from typing import Any
+
+from draftlab.experiment.layout import Layout
+from draftlab.experiment.variants import BASELINE, PROBE, REFERENCE, SCRATCH, SPECFORGE_PREFIX, Variant
+from draftlab.settings.model import Settings
+
+# backend -> (the file of the tool's code that decides what one launch can swap, what it decides)
+SWAP_RULES = {
+    "builtin": ("draftlab/serving/weight_swap.py",
+                "every drafter of the target's shape: a swap replaces the d2t map (hot ids), the fused weights and "
+                "the CUDA graphs too"),
+    "sglang": ("sglang/srt/models/llama_eagle3.py (load_weights: hot_token_id), "
+               "sglang/srt/speculative/eagle_worker_v2.py (init_lm_head copies it once, for the CUDA graph)",
+               "drafters sharing the launch's d2t map and config only: grouped by map"),
+    "vllm": ("vllm/entrypoints/rl/online/api_router.py (draft updates over NCCL/IPC transfer engines only)",
+             "no swap from a checkpoint file: one launch per drafter"),
+}
+
+# the d2t map a drafter carries, by its kind: the transferred drafter's (probe, keep pins it), the one rule
+# vocab_mapping derives from the corpus (remap, regenerate, and scratch built on it), the reference's own
+DRAFTER_MAP, CORPUS_MAP, REFERENCE_MAP = "drafter-map", "corpus-map", "reference-map"
+SPECFORGE_MAP = "specforge-map"
+
+
+def map_group(variant: str) -> str:
+    """The d2t map ``variant``'s drafter carries, named from its kind (no file read: a dry run plans it)."""
+    v = Variant(variant)
+    if variant == REFERENCE:
+        return REFERENCE_MAP
+    if variant == PROBE or v.finetune_mode == "keep":  # keep pins the transferred drafter's map (builtin or SpecForge)
+        return DRAFTER_MAP
+    if variant.startswith(SPECFORGE_PREFIX):  # SpecForge's own mapping from its capture: not rule vocab_mapping's
+        return SPECFORGE_MAP
+    if variant == SCRATCH or v.finetune_mode in ("remap", "regenerate"):
+        return CORPUS_MAP
+    raise ValueError(f"{variant}: not a drafter variant")
+
+
+def swap_groups(backend: str, variants, one_name: str) -> list[tuple[str, tuple[str, ...]]]:
+    """``variants`` split into the groups one launch of ``backend`` can serve, in order: ``one_name`` for
+    the builtin server's single group, the map name on SGLang, the variant itself on vLLM."""
+    variants = tuple(variants)
+    if not variants:
+        return []
+    if backend == "builtin":
+        return [(one_name, variants)]
+    if backend == "vllm":
+        return [(v, (v,)) for v in variants]
+    groups: dict[str, list[str]] = {}
+    for v in variants:
+        groups.setdefault(map_group(v), []).append(v)
+    return [(name, tuple(vs)) for name, vs in groups.items()]
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """One start of the target: the variants it benches in order (the first one launched, the rest swapped
+    in) at setting ``spec``; ``generate``: the plain launch also answers the fine-tune prompts."""
+
+    id: str
+    stage: str  # probe | plain | arms
+    spec: str
+    variants: tuple[str, ...]
+    generate: bool = False
+
+    @property
+    def rule_name(self) -> str:
+        """The Snakemake rule of this launch (``launch_<id>``, an identifier)."""
+        return "launch_" + re.sub(r"[^A-Za-z0-9_]", "_", self.id)
+
+    @property
+    def swaps(self) -> int:
+        return len(self.variants) - 1
+
+
+def generates_through_plain_launch(settings: Settings) -> bool:
+    """The fine-tune data is answered by the plain launch's server (generated, engine ``server``)."""
+    return bool(settings.data.generated and settings.data.engine == "server" and settings.arms)
+
+
+def launches(settings: Settings) -> list[Launch]:
+    """Every launch the experiment can spend, in the DAG's order. The arms launches exist in the DAG only
+    when the probe gate opened (records ask for the arms' results then)."""
+    backend = settings.serve.backend
+    pre_gate = [PROBE] + ([REFERENCE] if settings.has_reference else [])
+    out: list[Launch] = []
+    for spec in settings.specs:
+        for _, vs in swap_groups(backend, pre_gate, PROBE):
+            out.append(Launch(f"{vs[0]}-{spec}", "probe", spec, vs))
+    out.append(Launch("plain", "plain", "plain", (BASELINE,), generates_through_plain_launch(settings)))
+    for spec in settings.specs:
+        for name, vs in swap_groups(backend, settings.arms, "arms"):
+            out.append(Launch(f"{name}-{spec}", "arms", spec, vs))
+    return out
+
+
+def launch_of(settings: Settings, variant: str, spec: str) -> Launch:
+    """The launch that benches ``variant`` at ``spec``."""
+    for launch in launches(settings):
+        if launch.spec == spec and variant in launch.variants:
+            return launch
+    raise KeyError(f"no launch benches {variant} at {spec}")
+
+
+def launch_count(settings: Settings, gate_open: bool = True) -> int:
+    """Target starts of a whole run (the arms launches only behind an open gate)."""
+    return sum(1 for launch in launches(settings) if gate_open or launch.stage != "arms")
+
+
+def swap_rule(settings: Settings) -> dict[str, str]:
+    """What decides the grouping for this experiment's backend: the file of the tool's code and its rule."""
+    decided_by, rule = SWAP_RULES[settings.serve.backend]
+    return {"backend": settings.serve.backend, "decided_by": decided_by, "rule": rule}
+
+
+def describe(launch: Launch, settings: Settings, generate_argv: list[str] | None = None) -> str:
+    """Comment lines after a launch's command: what it benches and swaps (``snakemake -n -p`` prints them)."""
+    first, rest = launch.variants[0], launch.variants[1:]
+    lines = [f"launch {launch.id} ({launch.stage}, {launch.spec}): benches {first} (launched with)"
+             + (f", then swaps in {', '.join(rest)}" if rest else "")]
+    if launch.generate:
+        lines.append("then answers the fine-tune prompts through the same server: "
+                     + shlex.join(generate_argv or ["draftlab", "generate-data", "--url", "{url}"]))
+    if rest:
+        rule = swap_rule(settings)
+        lines.append(f"swap rule ({rule['backend']}): {rule['rule']}; decided by {rule['decided_by']}")
+        lines.append(f"trust: drafter checksum before each bench; {first} measured again after the swaps and "
+                     "compared with its fresh-launch accept length")
+    # comment lines bash skips: a line break inside a value (a path, a template kwarg) must not end the comment
+    return "".join("\n# " + line.replace("\r", "\\r").replace("\n", "\\n") for line in lines)
+
+
+def launch_outputs(layout: Layout, launch: Launch, clients) -> dict[str, list[str]]:
+    """A launch job's files: each variant's results (json, csv) and server summary, and its own summary."""
+    return {
+        "results": [layout.bench_result(v, launch.spec, c) for v in launch.variants for c in clients],
+        "tables": [layout.bench_result(v, launch.spec, c, "csv") for v in launch.variants for c in clients],
+        "serve": [layout.serve_summary(v, launch.spec) for v in launch.variants],
+        "launch": [layout.launch_summary(launch.id)],
+    }
+
+
+def launch_plan(settings: Settings, layout: Layout, launch: Launch, bench_plans: list[dict[str, Any]],
+                generate_argv: list[str] | None) -> dict[str, Any]:
+    """Everything ``draftlab serve-launch`` needs for one launch: the server (the first variant's), each
+    variant's bench plan in order, the swap rule, the fresh-launch check, the generate step."""
+    first = bench_plans[0]
+    return {
+        "version": 2,
+        "launch": launch.id,
+        "stage": launch.stage,
+        "spec_id": launch.spec,
+        "server": first["server"],
+        "argv": first["argv"],
+        "backend": settings.serve.backend,
+        "swap": swap_rule(settings),
+        "benches": bench_plans,
+        # the launch's first drafter benched again after every swap, on its first client: its accept
+        # length must match the fresh launch's within the two measurements' own repeat spread
+        "fresh_check": {"variant": launch.variants[0], "client": first["clients"][0]["name"]} if launch.swaps else None,
+        # the plain decoding results every speculative bench's output text must equal (temperature 0)
+        "plain_outputs": [layout.bench_result(BASELINE, "plain", c["name"]) for c in first["clients"]]
+        if launch.stage == "arms" else [],
+        # the data is kept under the launch's cache with what it was answered from (the command, the server, the
+        # target record, the prompt file): a rerun of the launch for the baseline's sake restores it unchanged
+        "generate": {"argv": generate_argv, "depends_on": [layout.target_record]} if launch.generate else None,
+        "server_log": layout.launch_log(launch.id),
+        "cache": layout.launch_cache(launch.id),
+        "summary": layout.launch_summary(launch.id),
+    }

@@ -1,0 +1,81 @@
+"""Which starts of the target an experiment spends (issue 35): the launch list, the swap groups per backend,
+and the plan a launch job runs, from the same functions the workflow calls."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from draftlab.experiment import jobs, launches
+from draftlab.experiment.layout import Layout
+from draftlab.settings.config import experiment_layers
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _settings(configfiles=(), **overrides):
+    return jobs.load_settings(*experiment_layers(ROOT / "config" / "config.yaml", [ROOT / f for f in configfiles],
+                                                 overrides))
+
+
+def test_the_smoke_run_starts_the_target_three_times():
+    s = _settings(size="smoke")
+    got = [(x.id, x.stage, x.variants, x.generate) for x in launches.launches(s)]
+    assert got == [("probe-s2-k1-d3", "probe", ("probe",), False),
+                   ("plain", "plain", ("baseline",), True),
+                   ("arms-s2-k1-d3", "arms", ("finetune-keep", "finetune-remap", "finetune-regenerate", "scratch"),
+                    False)]
+    assert launches.launch_count(s) == 3 and launches.launch_count(s, gate_open=False) == 2
+
+
+def test_the_default_sweep_shares_one_launch_per_setting_and_stage():
+    s = _settings()
+    assert [x.id for x in launches.launches(s)] == ["probe-s2-k1-d3", "probe-s4-k1-d5", "plain", "arms-s2-k1-d3",
+                                                    "arms-s4-k1-d5"]
+
+
+def test_sglang_groups_drafters_by_the_d2t_map_their_kind_carries():
+    s = _settings(["config/kimi-k25.yaml"])
+    arms = [x for x in launches.launches(s) if x.stage == "arms"]
+    assert [(x.id, x.variants) for x in arms] == [("drafter-map-s2-k1-d3", ("finetune-keep",)),
+                                                  ("corpus-map-s2-k1-d3", ("finetune-regenerate", "scratch"))]
+    assert launches.launch_count(s) == 2 + len(s.specs) * 2
+    assert launches.map_group("probe") == launches.map_group("finetune-keep") == "drafter-map"
+    assert {launches.map_group(v) for v in ("finetune-remap", "finetune-regenerate", "scratch")} == {"corpus-map"}
+    note = launches.describe(arms[1], s)
+    assert "sglang/srt/models/llama_eagle3.py" in note and "eagle_worker_v2.py" in note
+    # a reference drafter carries a map of its own: a probe launch of its own on SGLang, swapped in on the builtin
+    ref = {"reference": {"source": "hf:draftlab-demo/drafter-v1", "revision": "main"}}
+    with_ref = _settings(["config/kimi-k25.yaml"], **ref)
+    assert [x.variants for x in launches.launches(with_ref) if x.stage == "probe"] == [("probe",), ("reference",)]
+    assert [x.variants for x in launches.launches(_settings(**ref, size="smoke")) if x.stage == "probe"] == [
+        ("probe", "reference")]
+
+
+def test_vllm_keeps_one_launch_per_drafter():
+    s = _settings(serve={"backend": "vllm"}, size="smoke")
+    arms = [x for x in launches.launches(s) if x.stage == "arms"]
+    assert [x.variants for x in arms] == [("finetune-keep",), ("finetune-remap",), ("finetune-regenerate",),
+                                          ("scratch",)]
+    assert "api_router.py" in launches.swap_rule(s)["decided_by"]
+
+
+@pytest.mark.parametrize("launch_id", ["arms-s2-k1-d3", "plain"])
+def test_a_launch_plan_holds_every_bench_in_order_and_its_checks(launch_id):
+    s = _settings(size="smoke")
+    layout = Layout(s.experiment)
+    plan = jobs.launch_plan(s, layout, launch_id)
+    assert plan["argv"] == plan["benches"][0]["argv"] and plan["server"] == plan["benches"][0]["server"]
+    assert plan["summary"] == layout.launch_summary(launch_id) and plan["cache"] == layout.launch_cache(launch_id)
+    if launch_id == "plain":
+        assert plan["fresh_check"] is None and plan["plain_outputs"] == []
+        gen = plan["generate"]["argv"]
+        assert gen[:2] == ["draftlab", "generate-data"] and gen[-2:] == ["--url", "{url}"] and "--server" not in gen
+        assert "--max-batch-size" in plan["argv"]  # the builtin plain server batches the data's requests
+    else:
+        assert [b["variant"] for b in plan["benches"]] == ["finetune-keep", "finetune-remap", "finetune-regenerate",
+                                                           "scratch"]
+        assert plan["fresh_check"] == {"variant": "finetune-keep", "client": "short"}
+        assert plan["plain_outputs"] == [layout.bench_result("baseline", "plain", "short")]
+        assert plan["generate"] is None
