@@ -119,6 +119,28 @@ def test_swap_to_a_remapped_drafter_measures_as_a_fresh_launch(pair, server):
     assert swapped_outs == fresh_outs == plain_outs  # lossless whichever drafter drafts
 
 
+def _bfloat16(src: Path, dest: Path) -> Path:
+    """The drafter saved in bfloat16, as SpecForge exports one (seen on the H200: its swap into a float32
+    engine was refused, 13 of 15 tensors "different", because the file side hashed the bf16 bytes)."""
+    shutil.copytree(src, dest)
+    for f in dest.glob("*.safetensors"):
+        t = load_file(str(f))
+        save_file({k: v.to(torch.bfloat16) if v.dtype.is_floating_point else v for k, v in t.items()}, str(f))
+    return dest
+
+
+@pytest.mark.slow  # the smoke demo pair (a real drafter that drafts)
+def test_a_bfloat16_file_swapped_into_a_float32_server_is_checked_as_held(pair, server, tmp_path):
+    bf16 = _bfloat16(pair["drafter"], tmp_path / "bf16")
+    sent = drafter_swap.swap(server, bf16, "builtin")
+    assert sent["matched_tensors"] == sent["tensors_sent"] > 0  # the file's tensors, cast as the server holds them
+    held = drafter_swap.server_checksums(server)
+    assert set(held["dtypes"].values()) >= {"float32"}  # the engine still serves in float32
+    # and a real difference still shows: the float32 original is not what the server now holds
+    with pytest.raises(drafter_swap.SwapRefused, match="differs from the file"):
+        drafter_swap.compare_with_file(held, drafter_swap.drafter_tensors(pair["drafter"], "builtin"), "check")
+
+
 @pytest.mark.slow  # the smoke demo pair (a real drafter that drafts)
 def test_a_checksum_mismatch_is_refused(pair, server):
     drafter_swap.swap(server, pair["remapped"], "builtin")

@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from draftlab.errors import DraftlabError
 from draftlab.http_client import HTTPStatusError, json_call
 from draftlab.serving import weight_payload
@@ -79,12 +81,26 @@ def server_checksums(url: str, timeout: float = 600.0) -> dict[str, Any]:
     sums = ranks[0].get("checksums") if ranks and isinstance(ranks[0], dict) else None
     if not isinstance(sums, dict) or not reply.get("per_engine_checksum"):
         raise SwapRefused(f"{url}/weights_checker: no checksums in the answer")
-    return {"checksums": sums, "per_engine_checksum": reply["per_engine_checksum"]}
+    dtypes = ranks[0].get("draftlab_dtypes")  # the builtin server's: the dtype each tensor is held in
+    return {"checksums": sums, "per_engine_checksum": reply["per_engine_checksum"],
+            "dtypes": dtypes if isinstance(dtypes, dict) else {}}
+
+
+def _as_held(named: list[tuple[str, Any]], dtypes: dict[str, str]) -> list[tuple[str, Any]]:
+    """``named`` with each floating tensor cast to the dtype the server reports holding it in."""
+    out = []
+    for name, t in named:
+        want = dtypes.get("draft." + name)
+        cast = getattr(torch, want, None) if isinstance(want, str) else None
+        ok = isinstance(cast, torch.dtype) and cast.is_floating_point and t.dtype.is_floating_point
+        out.append((name, t.to(cast) if ok and t.dtype != cast else t))
+    return out
 
 
 def compare_with_file(held: dict[str, Any], named: list[tuple[str, Any]], what: str) -> dict[str, Any]:
-    """Every tensor sent must be held bit for bit (the builtin server): refused with the first difference."""
-    expect = weight_payload.checksums_of(named, prefix="draft.")
+    """Every tensor sent must be held bit for bit (the builtin server), as cast to the dtype the server holds it
+    in (a bf16 export served in float32 is cast on load, exactly): refused with the first difference."""
+    expect = weight_payload.checksums_of(_as_held(named, held.get("dtypes") or {}), prefix="draft.")
     sums = held["checksums"]
     missing = sorted(n for n in expect if n not in sums)
     wrong = sorted(n for n in expect if n in sums and sums[n] != expect[n])

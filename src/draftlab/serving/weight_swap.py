@@ -156,8 +156,12 @@ def _check(state: ServerState, body: dict[str, Any]) -> tuple[int, dict[str, Any
     skip = body.get("skip_tensor_list") or []
     with state.lock:
         sums = {n: c for n, c in drafter_checksums(state).items() if not any(p in n for p in skip)}
+        dtypes = {"draft." + n: str(t.dtype).removeprefix("torch.")
+                  for n, t in swap.drafter_state(state.engine).items()}
     per_gpu = weight_payload.overall_checksum(sums)
-    info = {"checksums": sums, "per_gpu_checksum": per_gpu,
+    # draftlab_dtypes (a draftlab-only key): the dtype each tensor is held in, so a client can hash a file's
+    # tensors as the server must hold them (a bf16 SpecForge export served by a float32 engine is cast on load)
+    info = {"checksums": sums, "per_gpu_checksum": per_gpu, "draftlab_dtypes": {n: dtypes[n] for n in sums},
             "parallelism_info": [{"role": "draft", "tp_rank": 0, "tp_size": 1, "dp_rank": 0, "dp_size": 1,
                                   "pp_rank": 0, "pp_size": 1, "rank": 0, "size": 1}]}
     return 200, {"success": True, "message": "Success", "ranks": [info],
