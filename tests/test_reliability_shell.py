@@ -121,6 +121,10 @@ def _run_lines(workdir: Path, jobs: list[dict], tmp_path: Path) -> list[list[str
     stub = stub_dir / "draftlab"
     stub.write_text(STUB.format(python=sys.executable))
     stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
+    for tool in ("torchrun", "specforge"):  # a SpecForge arm's capture launcher and trainer, recorded by name
+        other = stub_dir / tool
+        other.write_text(STUB.format(python=sys.executable).replace("sys.argv[1:]", f"[{tool!r}] + sys.argv[1:]"))
+        other.chmod(other.stat().st_mode | stat.S_IXUSR)
     log = tmp_path / "argv.jsonl"
     env = {**os.environ, "PATH": f"{stub_dir}{os.pathsep}{os.environ['PATH']}", "ARGV_LOG": str(log)}
     for job in jobs:
@@ -150,6 +154,7 @@ def test_every_rules_shell_line_passes_hostile_values_as_one_argument_and_runs_n
     data = _hostile("data", sentinel) + ".jsonl"
     target, drafter, reference = (_hostile(n, sentinel) for n in ("target", "drafter", "reference"))
     model_path = _hostile("model", sentinel)
+    checkout = _hostile("specforge", sentinel)
     serve_arg = f"$(touch {sentinel})\nnext line;touch {sentinel}"  # a line break inside one argument
     train_arg = f"`touch {sentinel}`"
     kwargs_value = f"'; touch {sentinel}; echo '"
@@ -165,6 +170,12 @@ def test_every_rules_shell_line_passes_hostile_values_as_one_argument_and_runs_n
         "transformers": common + (f"demo: {{enabled: true, out: {json.dumps(demo_out)}}}\n"
                                   f"data: {{prompts: {json.dumps(prompts)}, engine: transformers, "
                                   f"chat_template_kwargs: {{note: {json.dumps(kwargs_value)}}}}}\n"),
+        # a SpecForge arm captured on this host (rule capture) from a hostile checkout path
+        "specforge": (f"experiment: hostile\nsize: smoke\n"
+                      f"serve: {{extra_args: [--threads, '1', {json.dumps(serve_arg)}]}}\n"
+                      f"train: {{extra_args: [--log-every, {json.dumps(train_arg)}], specforge: {{arms: [keep], "
+                      f"capture: specforge, checkout: {json.dumps(checkout)}}}}}\n"
+                      f"demo: {{enabled: true, out: {json.dumps(demo_out)}}}\n"),
         # local model folders, a model path, a reference and a data file with hostile names
         "local": common + (f"demo: {{enabled: false}}\ndata: {{path: {json.dumps(data)}}}\n"
                            f"target: {{source: {json.dumps(target)}, revision: null, "
@@ -198,6 +209,8 @@ def test_every_rules_shell_line_passes_hostile_values_as_one_argument_and_runs_n
     shown = [line for line in note.splitlines() if "generate-data" in line]
     assert len(shown) == 1 and shown[0].startswith("# ") and shlex.quote(prompts) in shown[0]
     assert all(train_arg in a for a in _calls(argvs, "train"))
+    script = [x for a in argvs for x in a if x.endswith("prepare_hidden_states.py")]
+    assert script and set(script) == {f"{checkout}/scripts/prepare_hidden_states.py"}  # the hostile checkout, one argument
     assert model_path in {a[1] for a in _calls(argvs, "resolve-target")}
     assert {a[1] for a in _calls(argvs, "acquire")} >= {drafter, reference}
     assert data in {_after(a, "--data") for a in _calls(argvs, "tokenize")}

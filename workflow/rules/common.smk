@@ -190,7 +190,7 @@ def launch_outputs(launch):
 
 def get_launch_inputs(launch, wildcards):
     """The launch's plan, the target, each variant's drafter and doctor report; the plain launch's prompts
-    and the gate (it runs after it) when it generates data; an arms launch's plain-decoding results (the outputs every swapped
+    and the gate (it runs after it) when it generates data; an arms launch's plain-decoding answers (the outputs every swapped
     bench must equal)."""
     inputs = {
         "plan": L.launch_plan(launch.id),
