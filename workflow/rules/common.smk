@@ -1,6 +1,7 @@
 # Input functions and names every rule file uses, over the experiment's Settings and Layout.
 # No path is spelled here: every results/<experiment>/... path comes from draftlab.experiment.layout,
 # every command and server from draftlab.experiment.jobs.
+import ast
 import functools
 import json
 import os
@@ -170,7 +171,20 @@ def launch_cluster_resources():
     of a GPU job) for every launch job: their rule names are per launch (`launch_<id>`), so a profile names
     them all once as `serve_launch`."""
     given = workflow.resource_settings.overwrite_resources.get("serve_launch") or {}
-    return {k: getattr(v, "raw", v) for k, v in dict(given).items()}
+    return {k: _resource_value(v) for k, v in dict(given).items()}
+
+
+def _resource_value(res):
+    """A parsed profile resource as a rule's `resources:` takes it: its value once evaluated (a partition given
+    as `?repr(...)` in the profile is the string `debug`; its raw text `'debug'` kept the quotes, and sbatch
+    refused the partition), the raw expression only for one still to be evaluated per job."""
+    if hasattr(res, "is_evaluable") and not res.is_evaluable():
+        return res.value
+    raw = getattr(res, "raw", res)
+    try:  # Snakemake keeps a quoted string as an expression to evaluate: a literal is its own value
+        return ast.literal_eval(raw) if isinstance(raw, str) else raw
+    except (ValueError, SyntaxError):
+        return raw
 
 
 def get_launch_note(launch, wildcards=None):
