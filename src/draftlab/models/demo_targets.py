@@ -209,9 +209,11 @@ def bench_holdout(docs: list[Document], chunk_chars: int,
                   per_category: int = BENCH_PER_CATEGORY) -> tuple[list[list[dict[str, str]]], list[dict[str, str]]]:
     """Split the v2 slice's conversations into fine-tune prompts and held-out bench prompts.
 
-    Explicit and deterministic: of each kind's conversations (in corpus order, n of them), those at
-    positions ``floor((i + 0.5) * n / m)`` for ``i < m = min(per_category, n // 2)`` are the bench's, spread
-    evenly over the slice's documents; every other conversation stays a fine-tune prompt, in the slice's order. A bench prompt is
+    Explicit and deterministic: of each kind's conversations (in corpus order, n of them), the second half's
+    (h = n // 2 of them) at positions ``floor((i + 0.5) * h / m)`` for ``i < m = min(per_category, h)`` are the
+    bench's, spread evenly over the second half's documents; every other conversation stays a fine-tune
+    prompt, in the slice's order. The first half stays whole, so a run that answers only its first prompts
+    (``data.limit``, the smoke run's 10) trains on the same data as before the bench held any out. A bench prompt is
     the conversation's user turn (what the target is asked to continue), as the bench sends it, with its id
     (``<category>-<document>-<part>``) and category (:data:`BENCH_CATEGORIES`). The target v2 learnt these
     documents; the drafter's fine-tune data never holds these prompts (``draftlab leak-check`` refuses one).
@@ -221,7 +223,8 @@ def bench_holdout(docs: list[Document], chunk_chars: int,
     for kind in BENCH_CATEGORIES:
         at = [j for j, (d, _) in enumerate(pairs) if d.kind == kind]
         m = min(per_category, len(at) // 2)
-        held |= {at[int((i + 0.5) * len(at) / m)] for i in range(m)}
+        half = at[len(at) - len(at) // 2:]  # the second half: a run's first fine-tune prompts stay as they were
+        held |= {half[int((i + 0.5) * len(half) / m)] for i in range(m)}
     finetune: list[list[dict[str, str]]] = []
     bench: list[dict[str, str]] = []
     for j, (d, conv) in enumerate(pairs):
