@@ -328,6 +328,8 @@ def test_every_launch_job_of_the_workflow_gets_the_profiles_gpu_job_settings(tmp
     launches = {rule: res for rule, res in rules if rule.startswith("launch_") and rule != "launch_plan"}
     assert set(launches) == {"launch_probe_s2_k1_d3", "launch_plain"}, sorted(launches)  # up to the gate
     for rule, res in launches.items():
-        assert "mem_mb=128000" in res and "cpus_per_task=16" in res and "slurm_partition='gpu-h100'" in res, (rule, res)
+        # the partition as sbatch must get it: the value, not the profile's quoted expression ('gpu-h100', which
+        # sbatch refused as an invalid partition: every launch failed under the slurm profile)
+        assert "mem_mb=128000" in res and "cpus_per_task=16" in res and "slurm_partition=gpu-h100," in res, (rule, res)
     inspect = dict(rules)["inspect"]
     assert "gpu-h100" not in inspect and "mem_mb=4000" in inspect
