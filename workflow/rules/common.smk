@@ -177,7 +177,8 @@ def launch_cluster_resources():
 def _resource_value(res):
     """A parsed profile resource as a rule's `resources:` takes it: its value once evaluated (a partition given
     as `?repr(...)` in the profile is the string `debug`; its raw text `'debug'` kept the quotes, and sbatch
-    refused the partition), the raw expression only for one still to be evaluated per job."""
+    refused the partition), the raw expression only for one still to be evaluated per job.
+    """
     if hasattr(res, "is_evaluable") and not res.is_evaluable():
         return res.value
     raw = getattr(res, "raw", res)
