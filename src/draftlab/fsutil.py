@@ -262,7 +262,7 @@ def to_json(obj: Any, where: str = "JSON output", **dumps: Any) -> str:
     try:
         return json.dumps(obj, **{"indent": 2, **dumps}, default=_json_default, allow_nan=False) + "\n"
     except ValueError:
-        found = _non_finite(obj)
+        found = first_non_finite(obj)
         if found is None:
             raise
         key, value = found
@@ -270,7 +270,7 @@ def to_json(obj: Any, where: str = "JSON output", **dumps: Any) -> str:
                             "infinity, and draftlab records no such number: nothing was written") from None
 
 
-def _non_finite(obj: Any) -> tuple[str, float] | None:
+def first_non_finite(obj: Any) -> tuple[str, float] | None:
     """(key path, value) of the first NaN or infinity in ``obj``, looking through what JSON writes."""
     stack: list[tuple[str, Any]] = [("", obj)]
     while stack:

@@ -7,13 +7,12 @@ model under ``text_config``) are read through by :func:`text_config`.
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any
 
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import parse_json_text, read_text_file
+from draftlab.fsutil import first_non_finite, parse_json_text, read_text_file
 from draftlab.hf_cache import is_hf_source, is_offline, hub_call, parse_hf_source
 
 # Keys under which multimodal wrappers nest the language model's config, most common first.
@@ -31,18 +30,14 @@ def load_json_config(path: str | os.PathLike) -> dict[str, Any]:
     return cfg
 
 
-def _check_finite(value: Any, path: str | os.PathLike, key: str = "") -> None:
+def _check_finite(cfg: dict[str, Any], path: str | os.PathLike) -> None:
     """JSON has no NaN or infinity, yet Python's parser reads ``NaN``/``Infinity``: such a value would travel
     into reports and records (where writing it is refused far from the cause), so the file is refused here,
     naming the key."""
-    if isinstance(value, float) and not math.isfinite(value):
+    found = first_non_finite(cfg)
+    if found is not None:
+        key, value = found
         raise DraftlabError(f"{path}: key '{key}' is {value}: expected a finite number (JSON has no NaN or infinity)")
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _check_finite(v, path, f"{key}.{k}" if key else str(k))
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _check_finite(v, path, f"{key}[{i}]")
 
 
 # Keys that every transformers / EAGLE-3 config holds as integers. A string ("131072") parses as
