@@ -165,7 +165,8 @@ def test_a_reader_that_falls_behind_costs_no_queue(started):
     state = httpd.state
     snaps = streaming.token_stream(state, [3, 4, 5], 240, True, [], lambda: False)
     res, n, finished = next(snaps)
-    assert n == 1 and not finished
+    # the prefill's token, or a few more where the scheduler stepped before this reader woke up (a loaded host)
+    assert 1 <= n < 240 and not finished
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
