@@ -158,61 +158,29 @@ def run_benchmark(
     passes the client's name). ``expect_server``: the ``/server_info`` values the launch asked for
     (model, drafter, speculative setting); the server must name them before and after the run.
     """
-    url = _checked_args(url, api, max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup,
-                        concurrency=concurrency, sample_seed=sample_seed, num_steps=num_steps,
-                        num_draft_tokens=num_draft_tokens, request_timeout_s=request_timeout_s, limit=limit)
-    prompt_list, prompt_set = _prompt_set(prompts, category, limit, sample_seed)
-    if api == "vllm" and model is None:
-        model = served_model(url, request_timeout_s)
-    # the server's speculative settings bound what its answers can say (bench_checks)
-    settings = server_info(url, min(request_timeout_s, 30.0)) if api == "sglang" else {}
-    checks = Plausibility.from_server_info(max_new_tokens, settings, num_steps, num_draft_tokens)
-    client = _Client(url, api, max_new_tokens, ignore_eos, request_timeout_s, model, checks)
-    total = warmup + repeats * len(prompt_list) + (len(prompt_list) if measure_ttft else 0)
-    run = _Run(client, total, progress, on_row, prompt_set["path"])
-    try:
-        run.warmup(prompt_list, warmup, guard=require_speculation and api == "sglang")
-        before = _vllm_metrics(url, request_timeout_s) if api == "vllm" else None
-        walls = run.passes(prompt_list, repeats, concurrency, guard=require_speculation and api == "sglang")
-        delta = None
-        if api == "vllm":
-            delta = _metrics_delta(before or {}, _vllm_metrics(url, request_timeout_s))
-            checks.check_vllm_delta(delta, f"{url}/metrics")
-            if require_speculation:
-                _guard_vllm(delta, repeats * len(prompt_list))
-        if measure_ttft:
-            for p in prompt_list:
-                run.record(run.one(p, "ttft", None, stream=True))
-    finally:
-        run.bar.close()
-
-    rows = run.sorted_rows(prompt_list)
-    summary = summarize(rows, walls, api=api, vllm_delta=delta)
-    if api == "vllm":
-        summary["vllm_metrics_delta"] = delta
     config = dict(url=url, api=api, model=model, max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup,
                   concurrency=concurrency, require_speculation=require_speculation, ignore_eos=ignore_eos,
                   temperature=0.0, measure_ttft=measure_ttft, limit=limit, category=category, sample_seed=sample_seed)
-    server = server_info(url, min(request_timeout_s, 30.0)) if api == "sglang" else {}
-    where = f"{url}{server.get('endpoint') or settings.get('endpoint') or '/server_info'}"
-    check_same_server(settings, server, where, expect_server)
-    checks.check_server_info(server, where)
-    summary["warnings"] = _warnings(summary, server)
-    return BenchResult(summary=summary, rows=rows, config=config, prompt_set=prompt_set, server=server)
+    config["url"] = _checked_args(config, num_steps, num_draft_tokens, request_timeout_s)
+    prompt_list, prompt_set = _prompt_set(prompts, category, limit, sample_seed)
+    client, settings = _connect(config, request_timeout_s, num_steps, num_draft_tokens)
+    config["model"] = client.model
+    rows, walls, delta = _measure(client, prompt_list, prompt_set["path"], config, progress, on_row)
+    return _result(client, rows, walls, delta, config, prompt_set, settings, expect_server)
 
 
-def _checked_args(url: str, api: str, *, max_new_tokens: int, repeats: int, warmup: int, concurrency: int,
-                  sample_seed: int, num_steps: int | None, num_draft_tokens: int | None,
-                  request_timeout_s: float, limit: int | None) -> str:
+def _checked_args(config: dict[str, Any], num_steps: int | None, num_draft_tokens: int | None,
+                  request_timeout_s: float) -> str:
     """Refuse a bad argument in one line naming its flag; returns the URL without a trailing slash."""
+    api, limit = config["api"], config["limit"]
     if api not in APIS:
         raise DraftlabError(f"--api: expected one of {', '.join(APIS)}, got {api!r}")
     for name, value, low in (
-        ("--max-new-tokens", max_new_tokens, 1),
-        ("--repeats", repeats, 1),
-        ("--warmup", warmup, 0),
-        ("--concurrency", concurrency, 1),
-        ("--sample-seed", sample_seed, 0),
+        ("--max-new-tokens", config["max_new_tokens"], 1),
+        ("--repeats", config["repeats"], 1),
+        ("--warmup", config["warmup"], 0),
+        ("--concurrency", config["concurrency"], 1),
+        ("--sample-seed", config["sample_seed"], 0),
     ):
         if isinstance(value, bool) or int(value) != value or value < low:
             raise DraftlabError(f"{name}: expected an integer >= {low}, got {value!r}")
@@ -223,10 +191,72 @@ def _checked_args(url: str, api: str, *, max_new_tokens: int, repeats: int, warm
         raise DraftlabError(f"--timeout: expected a number of seconds > 0, got {request_timeout_s!r}")
     if limit is not None and limit < 1:
         raise DraftlabError(f"--limit: expected an integer >= 1, got {limit!r}")
-    url = url.rstrip("/")
+    url = config["url"].rstrip("/")
     if not re.match(r"^https?://", url):
         raise DraftlabError(f"--url: expected http://HOST:PORT, got {url!r}")
     return url
+
+
+def _connect(config: dict[str, Any], timeout: float, num_steps: int | None,
+             num_draft_tokens: int | None) -> tuple[_Client, dict[str, Any]]:
+    """The client for the server, and the speculative settings the server says it runs before any request.
+
+    Those settings bound what its answers can say (bench_checks) and are compared with what it says after
+    the run. vLLM is asked which model it serves when the caller does not name one.
+    """
+    url, api, model = config["url"], config["api"], config["model"]
+    if api == "vllm" and model is None:
+        model = served_model(url, timeout)
+    settings = server_info(url, min(timeout, 30.0)) if api == "sglang" else {}
+    checks = Plausibility.from_server_info(config["max_new_tokens"], settings, num_steps, num_draft_tokens)
+    client = _Client(url, api, config["max_new_tokens"], config["ignore_eos"], timeout, model, checks)
+    return client, settings
+
+
+def _measure(client: _Client, prompt_list: list[Prompt], source: str | None, config: dict[str, Any], progress: bool,
+             on_row: Callable[[dict[str, Any]], None] | None) -> tuple[list[dict[str, Any]], list[float], dict | None]:
+    """Send the requests of every phase: the warm-up, the timed passes, then the TTFT requests.
+
+    The speculation guard runs between phases so that a silent fallback fails early. Returns the sorted
+    rows, each pass's wall time and, for vLLM, the delta of its speculative counters over the passes.
+    """
+    url, api, n = config["url"], config["api"], len(prompt_list)
+    guard_sglang = config["require_speculation"] and api == "sglang"
+    total = config["warmup"] + config["repeats"] * n + (n if config["measure_ttft"] else 0)
+    run = _Run(client, total, progress, on_row, source)
+    try:
+        run.warmup(prompt_list, config["warmup"], guard=guard_sglang)
+        before = _vllm_metrics(url, client.timeout) if api == "vllm" else None
+        walls = run.passes(prompt_list, config["repeats"], config["concurrency"], guard=guard_sglang)
+        delta = None
+        if api == "vllm":
+            delta = _metrics_delta(before or {}, _vllm_metrics(url, client.timeout))
+            client.checks.check_vllm_delta(delta, f"{url}/metrics")
+            if config["require_speculation"]:
+                _guard_vllm(delta, config["repeats"] * n)
+        if config["measure_ttft"]:
+            for p in prompt_list:
+                run.record(run.one(p, "ttft", None, stream=True))
+    finally:
+        run.bar.close()
+    return run.sorted_rows(prompt_list), walls, delta
+
+
+def _result(client: _Client, rows: list[dict[str, Any]], walls: list[float], delta: dict | None,
+            config: dict[str, Any], prompt_set: dict[str, Any], settings: dict[str, Any],
+            expect_server: dict[str, Any] | None) -> BenchResult:
+    """Summarize the rows, after checking that the server still names what it ran before the run and what
+    the launch asked for; a run whose server changed under it is refused, not recorded."""
+    url, api = config["url"], config["api"]
+    summary = summarize(rows, walls, api=api, vllm_delta=delta)
+    if api == "vllm":
+        summary["vllm_metrics_delta"] = delta
+    server = server_info(url, min(client.timeout, 30.0)) if api == "sglang" else {}
+    where = f"{url}{server.get('endpoint') or settings.get('endpoint') or '/server_info'}"
+    check_same_server(settings, server, where, expect_server)
+    client.checks.check_server_info(server, where)
+    summary["warnings"] = _warnings(summary, server)
+    return BenchResult(summary=summary, rows=rows, config=config, prompt_set=prompt_set, server=server)
 
 
 def _prompt_set(prompts: str | Path | Sequence[Prompt] | Sequence[str | Path], category: str | None, limit: int | None,
