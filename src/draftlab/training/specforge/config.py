@@ -104,29 +104,59 @@ def num_epochs_for(job: SpecForgeJob) -> tuple[int, list[str]]:
 def run_config(job: SpecForgeJob, *, control_dir: str, resume_from: str | None = None,
                target_cfg: dict[str, Any] | None = None) -> tuple[dict[str, Any], list[str]]:
     """SpecForge's ``Config`` for the job, as a plain mapping (and warnings)."""
-    warnings: list[str] = []
-    out = Path(job.output_dir)
-    embed, head = job.embedding_key, job.lm_head_key
-    if embed is None or head is None:
-        try:
-            found = target_weight_keys(job.target_model_path)
-        except DraftlabError as exc:
-            if Path(job.target_model_path).exists():
-                raise
-            warnings.append(f"{exc}; SpecForge's default weight keys are shown (the job reads the index)")
-            found = ("model.embed_tokens.weight", "lm_head.weight")
-        embed, head = embed or found[0], head or found[1]
-    aux = job.aux_layer_ids
-    if aux is None:
-        cfg_file = Path(job.draft_config_file())
-        if target_cfg is not None and cfg_file.is_file():
-            aux = specforge_aux_ids(read_json(cfg_file), target_cfg)
-        else:
-            warnings.append("target or drafter config not readable here: aux layer ids left to SpecForge")
+    model, warnings = _model_section(job, resume_from, target_cfg)
     epochs, more = num_epochs_for(job)
-    warnings += more
+    cfg = {
+        "run_id": RUN_ID,
+        "output_dir": str(Path(job.output_dir)),
+        "model": model,
+        "data": _data_section(job),
+        "training": _training_section(job, epochs, resume_from),
+        "deployment": _deployment_section(job, control_dir),
+    }
+    return _deep_merge(cfg, job.overrides), warnings + more
+
+
+def _weight_keys(job: SpecForgeJob) -> tuple[str, str, list[str]]:
+    """The target's embedding and lm_head keys: the job's own, else those its weight index names.
+
+    A target that is not on this machine gets SpecForge's defaults and a warning (the job reads the index
+    where it runs); a target that is here but names no such tensor is refused.
+    """
+    embed, head = job.embedding_key, job.lm_head_key
+    if embed is not None and head is not None:
+        return embed, head, []
+    warnings = []
+    try:
+        found = target_weight_keys(job.target_model_path)
+    except DraftlabError as exc:
+        if Path(job.target_model_path).exists():
+            raise
+        warnings.append(f"{exc}; SpecForge's default weight keys are shown (the job reads the index)")
+        found = ("model.embed_tokens.weight", "lm_head.weight")
+    return embed or found[0], head or found[1], warnings
+
+
+def _aux_ids(job: SpecForgeJob, target_cfg: dict[str, Any] | None) -> tuple[list[int] | None, list[str]]:
+    """The aux layer ids: the job's own, else the ids the drafter config maps to for this target; ``None``
+    (with a warning) leaves them to SpecForge when neither config can be read here."""
+    if job.aux_layer_ids is not None:
+        return job.aux_layer_ids, []
+    cfg_file = Path(job.draft_config_file())
+    if target_cfg is not None and cfg_file.is_file():
+        return specforge_aux_ids(read_json(cfg_file), target_cfg), []
+    return None, ["target or drafter config not readable here: aux layer ids left to SpecForge"]
+
+
+def _model_section(job: SpecForgeJob, resume_from: str | None,
+                   target_cfg: dict[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
+    """``model``: the target (offline: the view of it that :mod:`.offline` writes), the drafter, the weight
+    keys and aux layer ids, and the checkpoint to start from; with the warnings of what was guessed."""
+    embed, head, warnings = _weight_keys(job)
+    aux, more = _aux_ids(job, target_cfg)
+    out = Path(job.output_dir)
     model = {
-        "target_model_path": job.target_model_path,
+        "target_model_path": str(out / TARGET_VIEW) if job.hidden_states_path else job.target_model_path,
         "draft_model_config": job.draft_config_file(),
         "vocab_mapping_path": str(out / MAPPING_FILE),
         "embedding_key": embed,
@@ -138,6 +168,25 @@ def run_config(job: SpecForgeJob, *, control_dir: str, resume_from: str | None =
         model["aux_hidden_state_layer_ids"] = [int(i) for i in aux]
     if job.draft_checkpoint and resume_from is None:  # a resume restores the weights itself
         model["draft_checkpoint_path"] = job.draft_checkpoint
+    return model, warnings + more
+
+
+def _data_section(job: SpecForgeJob) -> dict[str, Any]:
+    """``data``: offline features, else the prompts a capture server turns into features, else the
+    conversations draftlab writes as SpecForge's rows."""
+    out = Path(job.output_dir)
+    return {
+        **({"hidden_states_path": job.hidden_states_path} if job.hidden_states_path
+           else {"prompts_path": job.prompts_path} if job.prompts_path
+           else {"train_data_path": str(out / CONVERSATIONS_FILE)}),
+        "chat_template": job.chat_template,
+        "max_length": job.max_length,
+        "cache_dir": str(out / "cache"),
+    }
+
+
+def _training_section(job: SpecForgeJob, epochs: int, resume_from: str | None) -> dict[str, Any]:
+    """``training``: EAGLE-3 for exactly ``job.steps`` optimizer steps, resumed from ``resume_from`` if given."""
     training = {
         "strategy": "eagle3",
         "max_steps": job.steps,
@@ -155,30 +204,20 @@ def run_config(job: SpecForgeJob, *, control_dir: str, resume_from: str | None =
     }
     if resume_from is not None:
         training["resume_from"] = resume_from
-    cfg = {
-        "run_id": RUN_ID,
-        "output_dir": str(out),
-        "model": model,
-        "data": {
-            **({"hidden_states_path": job.hidden_states_path} if job.hidden_states_path
-               else {"prompts_path": job.prompts_path} if job.prompts_path
-               else {"train_data_path": str(out / CONVERSATIONS_FILE)}),
-            "chat_template": job.chat_template,
-            "max_length": job.max_length,
-            "cache_dir": str(out / "cache"),
-        },
-        "training": training,
-        "deployment": {
-            "mode": "disaggregated",
-            "trainer": {"nnodes": 1, "nproc_per_node": job.nproc},
-            "disaggregated": {"backend": "mooncake", **job.deployment, "control_dir": control_dir},
-        },
-    }
-    if job.hidden_states_path:  # offline: SpecForge's own colocated trainer reads the features, nothing captures
+    return training
 
-        cfg["deployment"] = {"mode": "local_colocated", "trainer": {"nnodes": 1, "nproc_per_node": job.nproc}}
-        model["target_model_path"] = str(out / TARGET_VIEW)
-    return _deep_merge(cfg, job.overrides), warnings
+
+def _deployment_section(job: SpecForgeJob, control_dir: str) -> dict[str, Any]:
+    """``deployment``: online runs are disaggregated (a capture server feeds the trainer through Mooncake);
+    offline runs use SpecForge's own colocated trainer, which reads the features, and nothing captures."""
+    trainer = {"nnodes": 1, "nproc_per_node": job.nproc}
+    if job.hidden_states_path:
+        return {"mode": "local_colocated", "trainer": trainer}
+    return {
+        "mode": "disaggregated",
+        "trainer": trainer,
+        "disaggregated": {"backend": "mooncake", **job.deployment, "control_dir": control_dir},
+    }
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
