@@ -31,6 +31,7 @@ import os
 import sys
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -88,35 +89,44 @@ def generate(
                                        max_failed_fraction=max_failed_fraction, turns=turns,
                                        template_kwargs=template_kwargs)
     batch_size, concurrency, retries, max_failed_fraction = knobs
-    if server is not None and url is not None:
-        raise DraftlabError("generate-data: give a server to launch or the --url of a running one, not both")
-    spec = _server_spec(server, sampling) if server is not None else None
-    out = Path(out)
-    state = Path(state_dir) if state_dir else out.with_name(out.name + ".parts")
+    engine = _choose_engine(target, sampling, turns, server, url, server_log=server_log, device=device,
+                            batch_size=batch_size, trust_remote_code=trust_remote_code, concurrency=concurrency,
+                            retries=retries, request_timeout_s=request_timeout_s)
+    return _run(engine, prompts, Path(out), state_dir, limit=limit, max_prompt_chars=max_prompt_chars,
+                max_failed_fraction=max_failed_fraction, stats=stats, progress=progress)
 
+
+def _run(engine: _Engine, prompts: str | os.PathLike, out: Path, state_dir: str | os.PathLike | None, *,
+         limit: int | None, max_prompt_chars: int | None, max_failed_fraction: float,
+         stats: str | os.PathLike | None, progress: bool) -> dict[str, Any]:
+    """Answer the prompts the state folder lacks, merge every stored answer into ``out``, then remove the
+    state; returns the stats (also written to ``stats``).
+
+    The answers stay in the state folder when too many prompts failed (one error) so that a rerun asks
+    only for the rest; the engine is started only when something is left to answer.
+    """
+    state = Path(state_dir) if state_dir else out.with_name(out.name + ".parts")
     t0 = time.perf_counter()
     plan = _Plan.read(prompts, limit, max_prompt_chars)
-    urls = [url] if isinstance(url, str) else list(url or [])
-    identity = _identity(target, spec, _what_urls_serve(urls) if urls else None, sampling, trust_remote_code, turns)
+    identity = _identity(engine.target, engine.spec, _what_urls_serve(engine.urls) if engine.urls else None,
+                         engine.sampling, engine.trust_remote_code, engine.turns)
     with AnswerShards(state, identity, say=_say) as shards, ExitStack() as stack:
         todo = sum(1 for pid, digest in plan.wanted if not shards.answered(pid, digest))
         resumed = len(plan.wanted) - todo
         if resumed:
             _say(f"generate-data: resuming: {resumed} of {len(plan.wanted)} answers are already stored in {state}")
-        engine: dict[str, Any] = {}
+        described: dict[str, Any] = {}
         server_record: dict[str, Any] | None = None
         failures: list[Failure] = []
         run = _RunCounts()
         if todo:
-            answerer, engine, server_record = _answerer(stack, target, sampling, spec, server_log, urls, device,
-                                                        batch_size, trust_remote_code, concurrency, retries,
-                                                        request_timeout_s, turns)
+            answerer, described, server_record = _answerer(stack, engine)
             _answer_all(answerer, plan, shards, run, failures, _Meter(todo, progress), stack)
         seconds = time.perf_counter() - t0
-        result = _stats(out, plan, sampling, turns, engine, server_record, state, resumed, run, failures, seconds,
-                        shards)
-        _refuse_too_many_failures(failures, len(plan.wanted), max_failed_fraction, retries, result, stats, shards,
-                                  state)
+        result = _stats(out, plan, engine.sampling, engine.turns, described, server_record, state, resumed, run,
+                        failures, seconds, shards)
+        _refuse_too_many_failures(failures, len(plan.wanted), max_failed_fraction, engine.retries, result, stats,
+                                  shards, state)
         counts = shards.merge(out, plan.wanted)
         result.update(answers=counts["rows"], prompt_tokens=counts["prompt_tokens"],
                       generated_tokens=counts["completion_tokens"], empty=counts["empty"])
@@ -248,17 +258,45 @@ def _server_spec(server, sampling: Sampling):
     return spec
 
 
-def _answerer(stack: ExitStack, target, sampling, spec, server_log, urls, device, batch_size, trust_remote_code,
-              concurrency, retries, request_timeout_s, turns):
+@dataclass(frozen=True)
+class _Engine:
+    """What answers the prompts: a server to launch (``spec``), running servers (``urls``), else
+    transformers in this process; with the settings each of them takes."""
+
+    target: str | os.PathLike
+    sampling: Sampling
+    turns: str
+    spec: ServerSpec | None
+    urls: list[str]
+    server_log: str | os.PathLike | None
+    device: str | None
+    batch_size: int
+    trust_remote_code: bool
+    concurrency: int
+    retries: int
+    request_timeout_s: float
+
+
+def _choose_engine(target, sampling: Sampling, turns: str, server, url, **settings) -> _Engine:
+    """The engine the arguments ask for: a server to launch or running ones, never both."""
+    if server is not None and url is not None:
+        raise DraftlabError("generate-data: give a server to launch or the --url of a running one, not both")
+    spec = _server_spec(server, sampling) if server is not None else None
+    urls = [url] if isinstance(url, str) else list(url or [])
+    return _Engine(target, sampling, turns, spec, urls, **settings)
+
+
+def _answerer(stack: ExitStack, engine: _Engine):
     """The engine (and, for a launched server, the server itself, torn down by ``stack``)."""
+    spec, urls, sampling, turns = engine.spec, engine.urls, engine.sampling, engine.turns
     if spec is None and not urls:
-        a = TransformersAnswerer(str(target), sampling, device=device, batch_size=batch_size,
-                                 trust_remote_code=trust_remote_code, turns=turns)
+        a = TransformersAnswerer(str(engine.target), sampling, device=engine.device, batch_size=engine.batch_size,
+                                 trust_remote_code=engine.trust_remote_code, turns=turns)
         return a, a.describe(), None
     alive = None
     record: dict[str, Any]
     if spec is not None:
-        log = server_log or "generate-data-server.log"
+        log = engine.server_log or "generate-data-server.log"
         _say(f"generate-data: launching {' '.join(spec.argv())}")
         srv = stack.enter_context(running_server(spec, log))
         urls = [srv.url]
@@ -271,8 +309,8 @@ def _answerer(stack: ExitStack, target, sampling, spec, server_log, urls, device
     info = server_info(urls[0], 30.0)
     if info:
         record["info"] = info
-    a = ServerAnswerer(urls, sampling, concurrency=concurrency, retries=retries,
-                       request_timeout_s=request_timeout_s, alive=alive, turns=turns)
+    a = ServerAnswerer(urls, sampling, concurrency=engine.concurrency, retries=engine.retries,
+                       request_timeout_s=engine.request_timeout_s, alive=alive, turns=turns)
     return a, a.describe(), record
 
 
