@@ -265,16 +265,43 @@ class BatchDecoder:
         return done
 
     def _spec_step(self) -> list[Row]:
-        eng, drafter = self.engine, self.engine.drafter
-        rows, dev = self.rows, self.pending.device
+        """One speculative cycle for every row: draft, verify in one target forward, accept each row's
+        prefix, then let the drafter read the accepted positions for the next cycle's first draft."""
+        eng, rows, dev = self.engine, self.rows, self.pending.device
         single = self.mask is None  # one row: no masks, rejected drafts cropped (as ``Engine.generate``)
         k_eff = [min(eng.num_steps, r.max_new - len(r.res.output_ids) - 1) for r in rows]
         kb = max(k_eff)
         lengths = self._lengths()
         t0 = eng._tick()
+        d_start = self.dcache.length
+        drafts = self._draft(k_eff, kb, lengths, single)
+        t1 = eng._tick()
+        verify_in = torch.cat([self.pending, *drafts], dim=1)  # [B, kb+1]
+        span = torch.arange(kb + 1, device=dev)
+        out = self._verify(verify_in, lengths, span, single)
+        greedy = out.logits.argmax(-1)  # [B, kb+1]
+        accepted, done, m_t, keep = self._accept(greedy, verify_in, k_eff, span, single)
+        t2 = eng._tick()
+        for r in rows:
+            r.res.verify_time += t2 - t1
+            r.res.draft_time += t1 - t0
+        self._forget_drafts(d_start, single)
+        self.pending = greedy.gather(1, m_t[:, None])
+        live = [i for i, r in enumerate(rows) if r not in done]
+        self.remove(done)
+        if live:
+            idx = torch.tensor(live, device=dev)
+            aux = eng._aux(out)[idx]
+            del out  # the target's hidden states go before the drafter's forward
+            self._read_accepted(rows, live, idx, greedy, aux, lengths[:, None] + span, accepted, m_t, keep, single, t2)
+        return done
+
+    def _draft(self, k_eff: list[int], kb: int, lengths: Tensor, single: bool) -> list[Tensor]:
+        """``kb`` greedy drafts per row ([B, 1] target ids each), chained through the drafter's cache;
+        a row's ``draft_calls`` counts only the forwards among its own first ``k_eff`` drafts."""
+        eng, drafter, rows = self.engine, self.engine.drafter, self.rows
         drafts = []
         d_logits, d_hidden = self.d_logits, self.d_hidden
-        d_start = self.dcache.length
         for j in range(kb):
             d_tok = eng._hot[d_logits.argmax(-1, keepdim=True)]  # [B, 1] target ids
             drafts.append(d_tok)
@@ -285,14 +312,23 @@ class BatchDecoder:
                 d_logits = d_logits[:, -1]
                 for r, ke in zip(rows, k_eff):
                     r.res.draft_calls += j + 1 < ke
-        t1 = eng._tick()
-        verify_in = torch.cat([self.pending, *drafts], dim=1)  # [B, kb+1]
-        span = torch.arange(kb + 1, device=dev)
+        return drafts
+
+    def _verify(self, verify_in: Tensor, lengths: Tensor, span: Tensor, single: bool):
+        """The target's forward over each row's pending token and drafts, with the hidden states the
+        drafter reads next."""
         if single:
-            out = eng._target(verify_in, self.cache, hidden=True)
-        else:
-            out = self._target(verify_in, lengths[:, None] + span, hidden=True)
-        greedy = out.logits.argmax(-1)  # [B, kb+1]
+            return self.engine._target(verify_in, self.cache, hidden=True)
+        return self._target(verify_in, lengths[:, None] + span, hidden=True)
+
+    def _accept(self, greedy: Tensor, verify_in: Tensor, k_eff: list[int], span: Tensor,
+                single: bool) -> tuple[list[int], list[Row], Tensor, Tensor]:
+        """Accept each row's drafts up to the first the target disagrees with (``accept_cycle``: counters
+        and outputs as the one-request engine's), and keep only those slots in the target cache.
+
+        Returns the accepted counts, the rows that finished, the counts as a tensor and the kept slots.
+        """
+        rows = self.rows
         g_rows, v_rows = greedy.tolist(), verify_in[:, 1:].tolist()
         accepted, done = [], []
         for r, g, v, ke in zip(rows, g_rows, v_rows, k_eff):
@@ -301,43 +337,40 @@ class BatchDecoder:
             if stopped or len(r.res.output_ids) >= r.max_new:
                 r.res.finish_reason = "stop" if stopped else "length"
                 done.append(r)
-        m_t = torch.tensor(accepted, device=dev)
+        m_t = torch.tensor(accepted, device=greedy.device)
         keep = span[None] <= m_t[:, None]  # [B, kb+1]: the accepted drafts and the bonus token's slot
         if single:
             crop_cache(self.cache, rows[0].length + accepted[0] + 1)
         else:
             self.mask = torch.cat([self.mask, keep], dim=1)
-        t2 = eng._tick()
-        for r in rows:
-            r.res.verify_time += t2 - t1
-            r.res.draft_time += t1 - t0
-        # the drafter forgets this cycle's chain and reads the accepted positions with real features
+        return accepted, done, m_t, keep
+
+    def _forget_drafts(self, d_start: int, single: bool) -> None:
+        """The drafter forgets this cycle's chain (its own guesses): cropped alone, masked in a batch."""
         if single:
             self.dcache.crop(d_start)
         else:
             self.dmask[:, d_start:] = False
-        self.pending = greedy.gather(1, m_t[:, None])
-        live = [i for i, r in enumerate(rows) if r not in done]
-        self.remove(done)
-        if live:
-            idx = torch.tensor(live, device=dev)
-            aux = eng._aux(out)[idx]
-            del out
-            pos = lengths[:, None] + span
-            if single:  # extend over the accepted positions only
-                n = accepted[0] + 1
-                lg, hid = drafter(greedy[:, :n], aux[:, :n], pos[:, :n], self.dcache)
-                self.d_logits, self.d_hidden = lg[:, -1], hid[:, -1:]
-            else:
-                m_live, keep = m_t[idx], keep[idx]
-                self.dmask = torch.cat([self.dmask, keep], dim=1)
-                lg, hid = drafter(greedy[idx], aux, pos[idx], self.dcache, key_mask=self.dmask)
-                ar = torch.arange(len(live), device=dev)
-                self.d_logits, self.d_hidden = lg[ar, m_live], hid[ar, m_live][:, None]
-            for i in live:
-                rows[i].res.draft_calls += 1
-                rows[i].length += accepted[i] + 1
-            t3 = eng._tick()
-            for i in live:
-                rows[i].res.draft_time += t3 - t2
-        return done
+
+    def _read_accepted(self, rows: list[Row], live: list[int], idx: Tensor, greedy: Tensor, aux: Tensor,
+                       pos: Tensor, accepted: list[int], m_t: Tensor, keep: Tensor, single: bool, t2: float) -> None:
+        """The drafter reads the live rows' accepted positions with the target's real features, which
+        gives the logits and hidden state of the next cycle's first draft; ``rows`` is the batch as it
+        was before the finished rows left, ``live`` indexes it."""
+        drafter, dev = self.engine.drafter, greedy.device
+        if single:  # extend over the accepted positions only
+            n = accepted[0] + 1
+            lg, hid = drafter(greedy[:, :n], aux[:, :n], pos[:, :n], self.dcache)
+            self.d_logits, self.d_hidden = lg[:, -1], hid[:, -1:]
+        else:
+            m_live, keep = m_t[idx], keep[idx]
+            self.dmask = torch.cat([self.dmask, keep], dim=1)
+            lg, hid = drafter(greedy[idx], aux, pos[idx], self.dcache, key_mask=self.dmask)
+            ar = torch.arange(len(live), device=dev)
+            self.d_logits, self.d_hidden = lg[ar, m_live], hid[ar, m_live][:, None]
+        for i in live:
+            rows[i].res.draft_calls += 1
+            rows[i].length += accepted[i] + 1
+        t3 = self.engine._tick()
+        for i in live:
+            rows[i].res.draft_time += t3 - t2
