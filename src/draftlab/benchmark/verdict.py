@@ -216,8 +216,21 @@ def decide(rows: Sequence[dict[str, Any]], client: str, bench: Bench | None = No
     if base is None:
         return {**empty, "verdict": "cannot-tell",
                 "lines": ["**Decision:** the run cannot tell: no baseline was measured."]}
-    lines = []
-    arms = []
+    arms, lines = _candidates(rows, client, bench)
+    best = best_settings(arms)
+    if not best:
+        return {**empty, "verdict": "cannot-tell",
+                "lines": lines + ["**Decision:** the run cannot tell: no drafter result pairs with the baseline's."]}
+    lines += like_for_like(rows, client, bench, best)
+    res = {**empty, "arms": best, "paired": best[0]["paired"], "runner_up": best[1]["row"] if len(best) > 1 else None}
+    return _against_plain(res, lines, best, base, client, bench)
+
+
+def _candidates(rows: Sequence[dict[str, Any]], client: str,
+                bench: Bench) -> tuple[list[dict[str, Any]], list[str]]:
+    """The arms that may be the decision (paired with the baseline, not disqualified), and a line for
+    each arm that may not, saying why."""
+    lines, arms = [], []
     for a in arm_table(rows, client, bench):
         why = disqualified(a["row"])
         if why:
@@ -226,13 +239,14 @@ def decide(rows: Sequence[dict[str, Any]], client: str, bench: Bench | None = No
             lines.append(f"{label(a['row'])} is not compared: {a['paired']['reason']} (no pairing with the baseline).")
         else:
             arms.append(a)
-    best = best_settings(arms)
-    if not best:
-        return {**empty, "verdict": "cannot-tell",
-                "lines": lines + ["**Decision:** the run cannot tell: no drafter result pairs with the baseline's."]}
-    lines += like_for_like(rows, client, bench, best)
+    return arms, lines
+
+
+def _against_plain(res: dict[str, Any], lines: list[str], best: list[dict[str, Any]], base: Mapping[str, Any],
+                   client: str, bench: Bench) -> dict[str, Any]:
+    """The arms (each at its best setting, fastest first) against plain decoding: keep plain decoding when
+    every one is slower, cannot tell when none clears it, else choose among those that do."""
     p = best[0]["paired"]
-    res = {**empty, "arms": best, "paired": p, "runner_up": best[1]["row"] if len(best) > 1 else None}
     standing = "; ".join(f"{label(a['row'])} {speedup_text(a['paired'])}" for a in best)
     if all(a["paired"]["below"] for a in best):
         lines.append(f"**Decision:** keep serving without speculation: every drafter, at its best setting, is slower "
@@ -249,7 +263,13 @@ def decide(rows: Sequence[dict[str, Any]], client: str, bench: Bench | None = No
                      f"{what_would_tell(p)}.")
         return {**res, "verdict": "cannot-tell", "candidates": [base, top["row"]], "versus": p,
                 "prompts_needed": p.get("prompts_needed"), "lines": lines}
-    cand = faster[0]
+    return _among_arms(res, lines, faster[0], best, base, client, bench)
+
+
+def _among_arms(res: dict[str, Any], lines: list[str], cand: dict[str, Any], best: list[dict[str, Any]],
+                base: Mapping[str, Any], client: str, bench: Bench) -> dict[str, Any]:
+    """``cand`` (the fastest arm that clears plain decoding) is served only when it also clears every other
+    arm head to head; otherwise the run cannot tell it from the runner-up it does not clear."""
     res.update(paired=cand["paired"])
     others = [(a, head_to_head(bench, cand["row"], a["row"])) for a in best if a is not cand]
     unresolved = [(a, h) for a, h in others if not h["clears"]]
@@ -268,8 +288,7 @@ def decide(rows: Sequence[dict[str, Any]], client: str, bench: Bench | None = No
         res.update(runner_up=runner["row"], versus_runner_up=h2h)
         vs = (f"; {speedup_text(h2h)} over the runner-up {label(runner['row'])}, same prompts"
               + (", and clear of every other arm head to head" if len(others) > 1 else ""))
-    top = cand
-    lines.append(f"**Decision:** serve {label(top['row'])}: {speedup_text(top['paired'])} over plain decoding, paired per "
-                 f"prompt{vs} (median {fmt(top['row']['tps_median'], '{:.1f}')} tok/s against the baseline's "
+    lines.append(f"**Decision:** serve {label(cand['row'])}: {speedup_text(cand['paired'])} over plain decoding, paired "
+                 f"per prompt{vs} (median {fmt(cand['row']['tps_median'], '{:.1f}')} tok/s against the baseline's "
                  f"{fmt(base['tps_median'], '{:.1f}')}, client {code(client)}).")
-    return {**res, "verdict": "serve", "winner": top["row"], "lines": lines}
+    return {**res, "verdict": "serve", "winner": cand["row"], "lines": lines}
