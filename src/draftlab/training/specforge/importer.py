@@ -102,50 +102,14 @@ def import_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
     mapping; the rows of ``lm_head`` now mean other tokens). ``expect_steps``: a run that stopped
     before ``train.steps`` optimizer steps (data shorter than planned) is an error, not a result.
     """
-
-    from draftlab.static.d2t import mapping_from  # deferred: loads numpy
-
     src = Path(src)
-    if not src.exists():
-        raise DraftlabError(f"{src}: not found (expected a SpecForge output dir, a <run_id>-step<N> folder or an export)")
-    state_file = resolve_state_file(src) if src.is_dir() or src.name == STATE_FILE else None
-    meta: dict[str, Any] = {}
-    if state_file is not None:
-        raw, meta = _read_state(state_file)
-        canon = canonical_names((k, str(state_file)) for k in raw)  # two names for one weight: refused
-        tensors = {canon[k]: v for k, v in raw.items()}
-        had_embed = "embed_tokens.weight" in tensors
-        ckpt = state_file.parent
-    elif (src / "config.json").is_file():
-        tensors, had_embed, ckpt = read_drafter_tensors(src), _has_embeddings(src), src
-    else:
-        raise DraftlabError(f"{src}: no {STATE_FILE}, no <run_id>-step<N>/ folder and no exported config.json")
+    tensors, had_embed, ckpt, state_file, meta = _read_checkpoint(src)
     cfg_path, cfg = _draft_config(src, state_file, draft_config)
-    for key in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"):
-        if key not in cfg:
-            raise DraftlabError(f"{cfg_path}: key {key!r} is missing (expected an EAGLE-3 drafter config)")
-    if expect_steps is not None and meta.get("global_step") is not None and meta["global_step"] != expect_steps:
-        raise DraftlabError(f"{state_file}: SpecForge stopped at step {meta['global_step']}, train.steps is "
-                            f"{expect_steps}: the data ran out (fewer usable samples than planned)")
-    cfg = dict(cfg)
-    cfg["architectures"] = [fmt.ARCHITECTURE]
-    cfg.setdefault("draft_vocab_size", int(tensors["lm_head.weight"].shape[0]) if "lm_head.weight" in tensors
-                   else cfg["vocab_size"])
+    cfg = _served_config(cfg_path, cfg, tensors, state_file, meta, expect_steps)
     expected = fmt.expected_tensor_shapes(cfg)
-    missing = [k for k in expected if k not in tensors]
-    if missing:
-        raise DraftlabError(f"{ckpt}: tensors {missing} are missing from the checkpoint")
-    for name, shape in expected.items():
-        if tuple(tensors[name].shape) != tuple(shape):
-            raise DraftlabError(f"{ckpt}: tensor {name} has shape {tuple(tensors[name].shape)}, "
-                                f"{cfg_path} implies {tuple(shape)}")
     # Kept: every tensor SGLang loads for this config (eagle3_format); embed_tokens only where the drafter owns it.
     extra = sorted(set(tensors) - set(expected) - {"embed_tokens.weight"})
-    tensors = {k: tensors[k].contiguous() for k in expected}
-    # the mapping as every reader checks it: integer offsets (a fractional d2t was truncated), inside the vocab
-    mapping = mapping_from({"d2t": tensors["d2t"], "t2d": tensors["t2d"]}, f"{ckpt} (SpecForge checkpoint)",
-                           int(cfg["vocab_size"]))
-    tensors["d2t"], tensors["t2d"] = mapping.d2t.to(torch.int64), mapping.t2d.to(torch.bool)
+    tensors = _served_tensors(tensors, expected, cfg, ckpt, cfg_path)
     mapping_check = _check_mapping(ckpt, tensors, expect_mapping) if expect_mapping is not None else None
     dtype = str(tensors["fc.weight"].dtype).removeprefix("torch.")
     cfg["torch_dtype"] = dtype
@@ -162,6 +126,60 @@ def import_checkpoint(src: str | os.PathLike, out: str | os.PathLike,
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "draftlab_import.json").write_text(to_json(record), encoding="utf-8")
     return {"out": str(out), "dtype": dtype, "draft_vocab_size": int(cfg["draft_vocab_size"]), **record}
+
+
+def _read_checkpoint(src: Path) -> tuple[dict[str, torch.Tensor], bool, Path, Path | None, dict[str, Any]]:
+    """The drafter's tensors under their canonical names, from a training state or an exported folder:
+    ``(tensors, had embeddings, checkpoint folder, state file or None, the state's step metadata)``."""
+    if not src.exists():
+        raise DraftlabError(f"{src}: not found (expected a SpecForge output dir, a <run_id>-step<N> folder or an export)")
+    state_file = resolve_state_file(src) if src.is_dir() or src.name == STATE_FILE else None
+    if state_file is not None:
+        raw, meta = _read_state(state_file)
+        canon = canonical_names((k, str(state_file)) for k in raw)  # two names for one weight: refused
+        tensors = {canon[k]: v for k, v in raw.items()}
+        return tensors, "embed_tokens.weight" in tensors, state_file.parent, state_file, meta
+    if (src / "config.json").is_file():
+        return read_drafter_tensors(src), _has_embeddings(src), src, None, {}
+    raise DraftlabError(f"{src}: no {STATE_FILE}, no <run_id>-step<N>/ folder and no exported config.json")
+
+
+def _served_config(cfg_path: Path, cfg: dict, tensors: dict[str, torch.Tensor], state_file: Path | None,
+                   meta: dict[str, Any], expect_steps: int | None) -> dict[str, Any]:
+    """The drafter config SGLang loads: checked for what an EAGLE-3 drafter needs, with its architecture
+    and draft vocabulary; a run that stopped before ``expect_steps`` is refused here."""
+    for key in ("hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"):
+        if key not in cfg:
+            raise DraftlabError(f"{cfg_path}: key {key!r} is missing (expected an EAGLE-3 drafter config)")
+    if expect_steps is not None and meta.get("global_step") is not None and meta["global_step"] != expect_steps:
+        raise DraftlabError(f"{state_file}: SpecForge stopped at step {meta['global_step']}, train.steps is "
+                            f"{expect_steps}: the data ran out (fewer usable samples than planned)")
+    cfg = dict(cfg)
+    cfg["architectures"] = [fmt.ARCHITECTURE]
+    cfg.setdefault("draft_vocab_size", int(tensors["lm_head.weight"].shape[0]) if "lm_head.weight" in tensors
+                   else cfg["vocab_size"])
+    return cfg
+
+
+def _served_tensors(tensors: dict[str, torch.Tensor], expected: dict[str, Any], cfg: dict[str, Any], ckpt: Path,
+                    cfg_path: Path) -> dict[str, torch.Tensor]:
+    """Exactly the tensors SGLang loads for ``cfg``, each of the shape the config implies, with the vocab
+    mapping as every reader checks it."""
+    from draftlab.static.d2t import mapping_from  # deferred: loads numpy
+
+    missing = [k for k in expected if k not in tensors]
+    if missing:
+        raise DraftlabError(f"{ckpt}: tensors {missing} are missing from the checkpoint")
+    for name, shape in expected.items():
+        if tuple(tensors[name].shape) != tuple(shape):
+            raise DraftlabError(f"{ckpt}: tensor {name} has shape {tuple(tensors[name].shape)}, "
+                                f"{cfg_path} implies {tuple(shape)}")
+    tensors = {k: tensors[k].contiguous() for k in expected}
+    # the mapping as every reader checks it: integer offsets (a fractional d2t was truncated), inside the vocab
+    mapping = mapping_from({"d2t": tensors["d2t"], "t2d": tensors["t2d"]}, f"{ckpt} (SpecForge checkpoint)",
+                           int(cfg["vocab_size"]))
+    tensors["d2t"], tensors["t2d"] = mapping.d2t.to(torch.int64), mapping.t2d.to(torch.bool)
+    return tensors
 
 
 def _check_mapping(ckpt: Path, tensors: dict[str, torch.Tensor], expect_mapping) -> str:
