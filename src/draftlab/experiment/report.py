@@ -13,7 +13,6 @@ doctor findings, the gate. HTML views of the same for ``snakemake --report``: dr
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -31,61 +30,25 @@ from draftlab.benchmark.verdict import (
     num,
     speedup_text,
 )
-from draftlab.errors import DraftlabError
 from draftlab.benchmark.leak_check import markdown as leak_markdown
 from draftlab.experiment import report_html as html_view
 from draftlab.experiment.report_categories import category_section
-from draftlab.experiment.layout import REPORT_FILES, Layout, is_trained
+from draftlab.experiment.layout import REPORT_FILES
 from draftlab.experiment.latency_table import latency_table
-from draftlab.experiment.records import LATENCY_COLUMNS, read_table
+from draftlab.experiment.records import LATENCY_COLUMNS
+from draftlab.experiment.report_inputs import (Bench, for_client, input_files, load_bench,  # noqa: F401 - load_rows, report_inputs: the report's API
+                                               load_plans, load_rows, load_standing, report_inputs, ttt_curves)
+from draftlab.experiment.report_inputs import read_json_or_none as _read_json
 from draftlab.experiment.report_plots import ok as _ok
 from draftlab.experiment.report_plots import plot_accept, plot_tps, plot_ttt
-from draftlab.fsutil import read_json, to_json, write_text
+from draftlab.fsutil import to_json, write_text
 from draftlab.textsafe import code, md_table
 from draftlab.textsafe import md as esc
 
 PLOTS = ("accept", "tps", "ttt")  # keys of Layout's REPORT_FILES: the three PNGs
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
 _num, _fmt = num, fmt
-
-
-REQUIRED_COLUMNS = ("experiment", "variant", "spec_id", "client", "status")
-
-
-def load_rows(records_csv: str | os.PathLike) -> list[dict[str, Any]]:
-    """The experiment's records; an empty file or one without the columns the report reads is a user error."""
-    frame = read_table(records_csv, "records table")
-    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
-    if missing:
-        raise DraftlabError(f"{records_csv}: key {missing[0]!r}: the records table has no such column; "
-                            "expected the table draftlab's records rule writes")
-    return frame.to_dict("records")
-
-
-Bench = dict[tuple[str, str, str], dict[str, Any]]  # (variant, spec, client) -> bench result JSON
-
-
-def load_bench(paths: Sequence[str | os.PathLike]) -> Bench:
-    """Bench results by (variant, spec, client), from their place in the layout
-    (``bench/<variant>/<spec>/<client>.json``); skipped or unreadable results are left out."""
-    out: Bench = {}
-    for p in map(Path, paths):
-        res = _read_json(p)
-        if isinstance(res, dict) and not res.get("skipped") and res.get("rows") is not None:
-            out[(p.parent.parent.name, p.parent.name, p.stem)] = res
-    return out
-
-
-def for_client(bench: Bench, client: str) -> dict[tuple[str, str], dict[str, Any]]:
-    return {(v, s): r for (v, s, c), r in bench.items() if c == client}
 
 
 def decision_text(rows: list[dict[str, Any]], gate: dict[str, Any] | None, bench: Bench | None = None,
@@ -314,11 +277,6 @@ def goal_cell(goal: dict[str, Any], measured: float | None) -> str:
     return f"{need:.2f} ({ran})"
 
 
-def load_standing(paths: Sequence[str | os.PathLike]) -> list[tuple[str, str, dict[str, Any]]]:
-    """``(spec, client, standing)`` per ``report/breakeven/<spec>/<client>.json`` the breakeven rule wrote."""
-    return [(Path(p).parent.name, Path(p).stem, read_json(p, "break-even standing")) for p in paths]
-
-
 def breakeven_table(standing: Sequence[tuple[str, str, dict[str, Any]]]) -> list[str]:
     """The ``breakeven`` rule's standing files as one table (nothing recomputed here)."""
     if not standing:
@@ -340,18 +298,6 @@ def breakeven_table(standing: Sequence[tuple[str, str, dict[str, Any]]]) -> list
                          f"{d['break_even_accept_length']:.2f}{mark}", verdict] + cells)
     return _table(["variant", "spec", "client", "accept length", "break-even accept length", "vs break-even"]
                   + [f"needed for {t:g} tok/s" for t in goals], body) + (["", E2E_NOTE] if marked else [])
-
-
-def ttt_curves(train_dirs: Sequence[str | os.PathLike]) -> dict[str, list[float]]:
-    """Validation accuracy per TTT step of each given arm's folder that holds a trained drafter."""
-    out = {}
-    for d in map(Path, train_dirs):
-        val = _read_json(d / "validation.json")
-        if isinstance(val, dict) and val.get("acc"):
-            out[d.name] = [float(a) for a in val["acc"]]
-    return out
-
-
 
 
 def _count(v: Any) -> str:
@@ -427,30 +373,6 @@ def data_section(stats_path: str | os.PathLike | None) -> list[str]:
     return lines
 
 
-def report_inputs(exp_dir: str | os.PathLike, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The files the report reads when not handed them (a hand-typed ``draftlab report --exp-dir``):
-    those of the variants records.csv holds, named by the experiment's Layout, never globbed."""
-    exp_dir = Path(exp_dir)
-    layout = Layout(exp_dir.name, str(exp_dir.parent))
-    variants = list(dict.fromkeys(r["variant"] for r in rows))
-    return {"gate": layout.gate, "d2t_diff": layout.d2t_diff(), "d2t_coverage": layout.d2t_coverage(),
-            "doctor": [layout.doctor(v) for v in variants if v != "baseline"],
-            "train": [layout.train_dir(v) for v in variants if is_trained(v)],
-            "bench": [layout.bench_result(r["variant"], r["spec_id"], r["client"]) for r in rows],
-            "plans": list(dict.fromkeys(layout.bench_plan(r["variant"], r["spec_id"]) for r in rows)),
-            "leak_check": layout.leak_check}
-
-
-def load_plans(paths: Sequence[str | os.PathLike]) -> dict[tuple[str, str], dict[str, Any]]:
-    """Server plans by (variant, spec), from the plans themselves."""
-    out = {}
-    for p in map(Path, paths):
-        plan = _read_json(p)
-        if isinstance(plan, dict) and plan.get("server"):
-            out[(str(plan.get("variant")), str(plan.get("spec_id")))] = plan
-    return out
-
-
 def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records_csv: str | os.PathLike,
                  target_tps: Sequence[float] = (), standing: Sequence[str | os.PathLike] = (),
                  static_md: Sequence[str | os.PathLike] = (), *, gate: str | os.PathLike | None = None,
@@ -480,12 +402,30 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
     exp_dir, out_dir = Path(exp_dir), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows = load_rows(records_csv)
-    implied = report_inputs(exp_dir, rows)
-    doctor = implied["doctor"] if doctor is None else doctor
-    results = load_bench(implied["bench"] if bench is None else bench)
-    server_plans = load_plans(implied["plans"] if plans is None else plans)
-    gate = _read_json(Path(gate or implied["gate"]))
+    files = input_files(exp_dir, rows, gate=gate, doctor=doctor, train=train, d2t_diff=d2t_diff,
+                        d2t_coverage=d2t_coverage, bench=bench, plans=plans, leak_check=leak_check)
+    results = load_bench(files["bench"])
+    server_plans = load_plans(files["plans"])
+    gate = _read_json(Path(files["gate"]))
     client = rows[0]["client"] if rows else None
+    decision, rec_path, deploy = _write_recommendation(out_dir, rows, results, client, server_plans)
+    paths, standing_rows, curves = _write_plots(out_dir, rows, results, client, files["train"], standing)
+    experiment = rows[0]["experiment"] if rows else exp_dir.name
+    decision_lines = decision_text(rows, gate, results, decision) if rows else decision_text(rows, gate)
+    md = _results_markdown(experiment, deploy + decision_lines, rows, results, decision, client, standing_rows, curves)
+    md += _inputs_markdown(files, data_stats, gate)
+    summary = out_dir / REPORT_FILES["summary"]
+    write_text(summary, "\n".join(md) + "\n")
+    views = write_views(out_dir, experiment, md, paths, deploy + decision_lines[:1],
+                        landing_table(rows, results, client) if rows else [], records_csv, static_md)
+    return {"summary": str(summary), "recommendation": str(rec_path),
+            **{k: str(v) for k, v in paths.items()}, **views}
+
+
+def _write_recommendation(out_dir: Path, rows: list[dict[str, Any]], results: Bench, client: str | None,
+                          server_plans: dict[tuple[str, str], dict[str, Any]]) -> tuple[dict[str, Any], Path, list[str]]:
+    """Decide (draftlab.benchmark.verdict) and write ``recommendation.json``, what to launch on that decision;
+    returns the decision, the file and the recommendation in words."""
     decision = decide(rows, client, for_client(results, client)) if rows else {"lines": [], "verdict": "none"}
     win = decision.get("winner")
     rec = recommend.recommendation(decision, baseline_row(rows, client) if rows else None,
@@ -493,34 +433,45 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
                                    plans=server_plans)
     rec_path = out_dir / REPORT_FILES["recommendation"]
     write_text(rec_path, to_json(rec, str(rec_path)))
-    curves = ttt_curves(implied["train"] if train is None else train)
+    return decision, rec_path, recommend.markdown(rec)
+
+
+def _write_plots(out_dir: Path, rows: list[dict[str, Any]], results: Bench, client: str | None,
+                 train: Sequence[str | os.PathLike], standing: Sequence[str | os.PathLike]):
+    """The three plots (accept length, throughput, TTT accuracy); returns their paths and the standing rows
+    and TTT curves the summary's tables show beside them."""
+    curves = ttt_curves(train)
     paths = {k: out_dir / REPORT_FILES[k] for k in PLOTS}
     standing_rows = load_standing(standing)
     plot_accept(rows, paths["accept"], standing_rows)
     plot_tps(rows, paths["tps"])
     plot_ttt(curves, paths["ttt"], acceptance_by_position(rows, results, client) if rows else {})
-    experiment = rows[0]["experiment"] if rows else exp_dir.name
-    deploy = recommend.markdown(rec)
-    decision_lines = decision_text(rows, gate, results, decision) if rows else decision_text(rows, gate)
+    return paths, standing_rows, curves
+
+
+def _results_markdown(experiment: str, decision_lines: list[str], rows: list[dict[str, Any]], results: Bench,
+                      decision: dict[str, Any], client: str | None, standing_rows, curves) -> list[str]:
+    """The summary's first half, what the run measured: the decision, the tables, each client's paired
+    results and the plots."""
     md = [f"# draftlab report: {esc(experiment)}", ""]
-    md += ["## Decision", ""] + [p for line in deploy + decision_lines for p in (line, "")]
+    md += ["## Decision", ""] + [p for line in decision_lines for p in (line, "")]
     md += ["## Comparison", ""] + comparison_table(rows) + [""]
     md += ["## Latency as users measure it (streamed)", ""] + latency_table(rows) + [""]
     if client is not None:
         md += client_sections(rows, results, decision, client)
-    md += plot_sections(standing_rows, curves)
-    md += ["## Fine-tune data", ""] + data_section(data_stats)
-    md += leak_markdown(_read_json(Path(leak_check or implied["leak_check"]))) + [""]
+    return md + plot_sections(standing_rows, curves)
+
+
+def _inputs_markdown(files: dict[str, Any], data_stats: str | os.PathLike | None,
+                     gate: dict[str, Any] | None) -> list[str]:
+    """The summary's second half, what went into the drafters: the fine-tune data, the leak check, the
+    d2t mapping, the doctor's findings and the probe gate."""
+    md = ["## Fine-tune data", ""] + data_section(data_stats)
+    md += leak_markdown(_read_json(Path(files["leak_check"]))) + [""]
     md += ["## d2t: transferred mapping vs the fine-tune data's", ""]
-    md += d2t_section(d2t_diff or implied["d2t_diff"], d2t_coverage or implied["d2t_coverage"]) + [""]
-    md += ["## Doctor findings", ""] + doctor_section(doctor) + [""]
-    md += ["## Probe gate", ""] + gate_section(gate)
-    summary = out_dir / REPORT_FILES["summary"]
-    write_text(summary, "\n".join(md) + "\n")
-    views = write_views(out_dir, experiment, md, paths, deploy + decision_lines[:1],
-                        landing_table(rows, results, client) if rows else [], records_csv, static_md)
-    return {"summary": str(summary), "recommendation": str(rec_path),
-            **{k: str(v) for k, v in paths.items()}, **views}
+    md += d2t_section(files["d2t_diff"], files["d2t_coverage"]) + [""]
+    md += ["## Doctor findings", ""] + doctor_section(files["doctor"]) + [""]
+    return md + ["## Probe gate", ""] + gate_section(gate)
 
 
 def client_sections(rows: list[dict[str, Any]], results: Bench, decision: dict[str, Any], client: str) -> list[str]:
