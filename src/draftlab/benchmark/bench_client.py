@@ -177,7 +177,19 @@ class _Client:
         send = self._sglang if self.api == "sglang" else self._vllm
         return send(prompt, stream)
 
+    def _exchange(self, url: str, payload: dict[str, Any], stream: bool, read_events, read_answer) -> "_Exchange":
+        """Send one request and read its answer with the client's clock around it: both APIs share this
+        shape (a stream only where the server answers with one); each reads its own events and answer."""
+        start = time.perf_counter()
+        itl = Gaps(start)
+        with http_client.request(url, payload, self.timeout) as resp:
+            streamed = stream and "text/event-stream" in resp.content_type
+            answer = read_events(resp.events(), url, itl) if streamed else read_answer(resp, url)
+        latency = time.perf_counter() - start
+        return _Exchange(answer, streamed, latency, itl.ttft if streamed else None, itl.gaps if streamed else None)
+
     def _sglang(self, prompt: Prompt, stream: bool) -> dict[str, Any]:
+        """One greedy ``/generate`` request: the server's own counts and timings, and the client's clock."""
         payload: dict[str, Any] = {
             "text": prompt.text,
             "sampling_params": {
@@ -189,28 +201,34 @@ class _Client:
         if stream:
             payload["stream"] = True
         url = f"{self.url}/generate"
-        start = time.perf_counter()
-        ttft = None
-        itl = Gaps(start)
+        ex = self._exchange(url, payload, stream, self._sglang_events, _sglang_answer)
+        final, returned = ex.answer
+        final, row = self._sglang_row(final, url, ex, returned)
+        # the whole answer's digest (serve_launch compares it with plain decoding's); a stream may end on an
+        # increment, so a streamed answer has none
+        row.update(**ex.clock(), output_sha256=None if ex.streamed else output_digest(final))
+        return row
+
+    def _sglang_events(self, events, url: str, itl: Gaps) -> tuple[Any, bool]:
+        """A ``/generate`` stream read to its last event, each refused above ``max_new_tokens`` before it is
+        timed: (the last event, whether any output came back)."""
+        final: Any = {}
         returned = False  # whether any output (ids or text) came back
-        with http_client.request(url, payload, self.timeout) as resp:
-            streamed = stream and "text/event-stream" in resp.content_type
-            if streamed:
-                final: Any = {}
-                for n, event in enumerate(resp.events()):
-                    meta = http_client.JsonReader(event, url, f"event {n}").get("meta_info", "object", default={})
-                    tokens = max(0, _int_or_none(meta.get("completion_tokens")) or 0)
-                    if tokens > self.max_new_tokens:  # before it sizes anything (a lying count is refused)
-                        raise DraftlabError(f"{url}: event {n}: meta_info.completion_tokens {tokens} is above "
-                                            f"max_new_tokens {self.max_new_tokens}, which this benchmark asked for")
-                    if tokens >= 1 or event.get("text"):
-                        itl.tokens_at(time.perf_counter(), tokens)
-                    returned = returned or bool(event.get("output_ids")) or bool(event.get("text"))
-                    final = event
-                ttft = itl.ttft
-            else:
-                final = resp.json()
-        latency = time.perf_counter() - start
+        for n, event in enumerate(events):
+            meta = http_client.JsonReader(event, url, f"event {n}").get("meta_info", "object", default={})
+            tokens = max(0, _int_or_none(meta.get("completion_tokens")) or 0)
+            if tokens > self.max_new_tokens:  # before it sizes anything (a lying count is refused)
+                raise DraftlabError(f"{url}: event {n}: meta_info.completion_tokens {tokens} is above "
+                                    f"max_new_tokens {self.max_new_tokens}, which this benchmark asked for")
+            if tokens >= 1 or event.get("text"):
+                itl.tokens_at(time.perf_counter(), tokens)
+            returned = returned or bool(event.get("output_ids")) or bool(event.get("text"))
+            final = event
+        return final, returned
+
+    def _sglang_row(self, final: Any, url: str, ex: "_Exchange", returned: bool) -> tuple[dict, dict[str, Any]]:
+        """The counts of a ``/generate`` answer's ``meta_info``, checked for plausibility where asked:
+        (the answer, its row); refused with one error where it is not an SGLang-style answer."""
         if isinstance(final, list):  # a batch answer to a single prompt
             final = final[0] if final else {}
         if not isinstance(final, dict) or "meta_info" not in final:
@@ -219,23 +237,21 @@ class _Client:
         if not isinstance(meta, dict):
             raise DraftlabError(f"{url}: key 'meta_info': expected an object, got {type(meta).__name__}")
         if self.checks is not None:
-            self.checks.check_sglang_meta(meta, url, accept_count_keys(meta), latency)
+            self.checks.check_sglang_meta(meta, url, accept_count_keys(meta), ex.latency)
         row = parse_sglang_meta(meta)
         if row["completion_tokens"] is None:
             raise DraftlabError(f"{url}: key 'meta_info.completion_tokens' missing from the response")
         if self.checks is not None:  # on the parsed counts: the same for every field naming
             self.checks.check_parsed(row, url, accept_by_position(meta)[0])
             ids = final.get("output_ids")
-            ids = ids if isinstance(ids, list) and not streamed else None  # a stream may end on an increment
+            ids = ids if isinstance(ids, list) and not ex.streamed else None  # a stream may end on an increment
             self.checks.check_output(row["completion_tokens"], url, ids=ids,
                                      returned=returned or bool(final.get("output_ids")) or bool(final.get("text")))
-        # the whole answer's digest (serve_launch compares it with plain decoding's); a stream may end on an
-        # increment, so a streamed answer has none
-        row.update(latency_s=latency, ttft_s=ttft, itl_s=itl.gaps if streamed else None, streamed=streamed,
-                   output_sha256=None if streamed else output_digest(final))
-        return row
+        return final, row
 
     def _vllm(self, prompt: Prompt, stream: bool) -> dict[str, Any]:
+        """One greedy ``/v1/completions`` request: its usage counts, timed by the client alone (the
+        speculative counts come from ``/metrics``, around the whole run)."""
         payload: dict[str, Any] = {
             "model": self.model,
             "prompt": prompt.text,
@@ -248,29 +264,11 @@ class _Client:
             payload["stream"] = True
             payload["stream_options"] = {"include_usage": True}
         url = f"{self.url}/v1/completions"
-        start = time.perf_counter()
-        ttft = None
-        itl = Gaps(start)
-        usage: dict = {}
-        choices: list = []
-        with http_client.request(url, payload, self.timeout) as resp:
-            streamed = stream and "text/event-stream" in resp.content_type
-            if streamed:
-                for n, event in enumerate(resp.events()):
-                    ev = http_client.JsonReader(event, url, f"event {n}")
-                    choices = ev.get("choices", "list", default=[])
-                    if choices and ev.field("choices", "list").item(0).get("text", "str"):
-                        itl.chunk_at(time.perf_counter())
-                    usage = ev.get("usage", "object") or usage
-                ttft = itl.ttft
-            else:
-                answer = http_client.JsonReader(resp.json(dict), url)
-                usage = answer.get("usage", "object", default={})
-                choices = answer.get("choices", "list", default=[])
-        latency = time.perf_counter() - start
+        ex = self._exchange(url, payload, stream, _vllm_events, _vllm_answer)
+        usage, choices = ex.answer
         if self.checks is not None:
             self.checks.check_usage(usage, url)
-            if not streamed and not choices and (_int_or_none(usage.get("completion_tokens")) or 0) > 0:
+            if not ex.streamed and not choices and (_int_or_none(usage.get("completion_tokens")) or 0) > 0:
                 raise DraftlabError(f"{url}: usage.completion_tokens is {usage.get('completion_tokens')} but the "
                                     "answer holds no choices; refusing to record tokens the server did not return")
         completion = _int_or_none(usage.get("completion_tokens"))
@@ -283,13 +281,49 @@ class _Client:
             "accepted_drafts": None,
             "proposed_drafts": None,
             "server_latency_s": None,
-            "decode_time_s": latency,
+            "decode_time_s": ex.latency,
             "decode_time_source": "client_latency",
-            "latency_s": latency,
-            "ttft_s": ttft,
-            "itl_s": itl.gaps if streamed else None,
-            "streamed": streamed,
+            **ex.clock(),
         }
+
+
+@dataclass(frozen=True)
+class _Exchange:
+    """One request's answer as its API's reader returned it, and the client's clock around it."""
+
+    answer: Any
+    streamed: bool
+    latency: float
+    ttft: float | None
+    itl: list[float] | None
+
+    def clock(self) -> dict[str, Any]:
+        """The row's client-side timing columns, the same for both APIs."""
+        return {"latency_s": self.latency, "ttft_s": self.ttft, "itl_s": self.itl, "streamed": self.streamed}
+
+
+def _sglang_answer(resp, url: str) -> tuple[Any, bool]:
+    """A whole ``/generate`` answer, as parsed (checked by ``_sglang_row``); no stream returned anything."""
+    return resp.json(), False
+
+
+def _vllm_events(events, url: str, itl: Gaps) -> tuple[dict, list]:
+    """A ``/v1/completions`` stream: each chunk with text timed; (the last usage sent, the last choices)."""
+    usage: dict = {}
+    choices: list = []
+    for n, event in enumerate(events):
+        ev = http_client.JsonReader(event, url, f"event {n}")
+        choices = ev.get("choices", "list", default=[])
+        if choices and ev.field("choices", "list").item(0).get("text", "str"):
+            itl.chunk_at(time.perf_counter())
+        usage = ev.get("usage", "object") or usage
+    return usage, choices
+
+
+def _vllm_answer(resp, url: str) -> tuple[dict, list]:
+    """A whole ``/v1/completions`` answer: (its usage, its choices)."""
+    answer = http_client.JsonReader(resp.json(dict), url)
+    return answer.get("usage", "object", default={}), answer.get("choices", "list", default=[])
 
 
 # --- vLLM /metrics --------------------------------------------------------------------------------

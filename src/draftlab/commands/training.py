@@ -204,24 +204,21 @@ def _add_generate_engines(g: argparse.ArgumentParser) -> None:
 
 def _add_specforge(sub) -> None:
     """the SpecForge backend: run config out, features, preflight, checkpoint in."""
+    _add_specforge_command(sub)
+    _add_specforge_features(sub)
+    _add_specforge_preflight(sub)
+    _add_import_specforge(sub)
+
+
+def _add_specforge_command(sub) -> None:
+    """Run config out: what the arm is made of, where its features come from, where the run writes."""
     s = sub.add_parser("specforge-command",
                        help="write the SpecForge 0.2.0 run config of an arm and print `specforge train --config FILE`")
     s.add_argument("--config", required=True,
                    help="a job file (YAML/JSON, keys of draftlab.training.specforge.SpecForgeJob) "
                         "or an experiment config, e.g. the merged one the pipeline writes (then give the paths below)")
-    s.add_argument("--target", help="target model path as SpecForge sees it (experiment config only)")
-    s.add_argument("--draft-config", help="drafter config.json (experiment config only)")
-    s.add_argument("--data", help="training JSONL conversations (experiment config only)")
-    s.add_argument("--tokens", help="draftlab tokens.jsonl of the same data: SpecForge's data.prompts_path (the "
-                                    "builtin trainer's exact tokens); its sample count sets num_epochs")
-    s.add_argument("--mapping", help="vocab mapping to pin through model.vocab_mapping_path (experiment config only)")
-    s.add_argument("--hidden-states", default=None,
-                   help="SpecForge's offline mode: a folder of its .ckpt features (draftlab specforge-features); "
-                        "data.hidden_states_path, deployment local_colocated, no capture server")
-    s.add_argument("--capture", default=None,
-                   help="the one-host capture's record (rule capture: results/<exp>/capture/capture.json): its features "
-                        "become data.hidden_states_path (local_colocated), after checking they are of this target "
-                        "and this drafter's aux ids")
+    _add_specforge_arm_paths(s)
+    _add_specforge_feature_source(s)
     s.add_argument("--output-dir", help="SpecForge output_dir: checkpoints, run config, job file (experiment config only)")
     s.add_argument("--ckpt-dir", help="warm-start drafter folder: model.draft_checkpoint_path (experiment config only)")
     s.add_argument("--specforge-dir", default=None,
@@ -233,6 +230,30 @@ def _add_specforge(sub) -> None:
     add_json_flag(s)
     s.set_defaults(func=_specforge_command)
 
+
+def _add_specforge_arm_paths(s) -> None:
+    """The arm's inputs an experiment config does not carry itself (a job file has them as keys)."""
+    s.add_argument("--target", help="target model path as SpecForge sees it (experiment config only)")
+    s.add_argument("--draft-config", help="drafter config.json (experiment config only)")
+    s.add_argument("--data", help="training JSONL conversations (experiment config only)")
+    s.add_argument("--tokens", help="draftlab tokens.jsonl of the same data: SpecForge's data.prompts_path (the "
+                                    "builtin trainer's exact tokens); its sample count sets num_epochs")
+    s.add_argument("--mapping", help="vocab mapping to pin through model.vocab_mapping_path (experiment config only)")
+
+
+def _add_specforge_feature_source(s) -> None:
+    """Offline features instead of a capture server: a converted dump, or the one-host capture's record."""
+    s.add_argument("--hidden-states", default=None,
+                   help="SpecForge's offline mode: a folder of its .ckpt features (draftlab specforge-features); "
+                        "data.hidden_states_path, deployment local_colocated, no capture server")
+    s.add_argument("--capture", default=None,
+                   help="the one-host capture's record (rule capture: results/<exp>/capture/capture.json): its features "
+                        "become data.hidden_states_path (local_colocated), after checking they are of this target "
+                        "and this drafter's aux ids")
+
+
+def _add_specforge_features(sub) -> None:
+    """Features: a draftlab hidden-state dump converted to SpecForge's offline format."""
     f = sub.add_parser("specforge-features",
                        help="a draftlab hidden-state dump (--store last_hidden) as SpecForge 0.2.0's offline .ckpt features")
     f.add_argument("--dump", required=True, help="folder written by draftlab dump-hidden-states")
@@ -240,6 +261,9 @@ def _add_specforge(sub) -> None:
     add_json_flag(f)
     f.set_defaults(func=_specforge_features)
 
+
+def _add_specforge_preflight(sub) -> None:
+    """Preflight: the capture servers and Mooncake asked what they are before a run is spent on them."""
     c = sub.add_parser("specforge-preflight",
                        help="before `specforge train`: ask each capture server and the Mooncake master what they are")
     c.add_argument("--job", required=True, help="draftlab_specforge_job.json written by specforge-command")
@@ -249,6 +273,9 @@ def _add_specforge(sub) -> None:
     add_json_flag(c)
     c.set_defaults(func=_specforge_preflight)
 
+
+def _add_import_specforge(sub) -> None:
+    """Checkpoint in: a SpecForge checkpoint checked against the run and turned into a drafter folder."""
     i = sub.add_parser("import-specforge", help="turn a SpecForge checkpoint into a draftlab drafter folder")
     i.add_argument("src", help="SpecForge output_dir (latest <run_id>-step<N>/), one step folder, or an export")
     i.add_argument("--out", required=True)

@@ -304,60 +304,30 @@ class Engine:
 
     def _speculative(self, prompt: list[int], max_new: int, stops: set[int], should_stop,
                      on_tokens) -> GenerationResult:
-        drafter, k, dev = self.drafter, self.num_steps, self.device
+        """Greedy EAGLE decoding of one request: prefill both models, then cycles of drafting a chain,
+        verifying it in one target forward and extending the drafter over the accepted tokens."""
         t_start = self._tick()
-        n = len(prompt)
-        # pending: [1, 1], the next token, not yet in the cache
-        cache, out, pending = self.prefill_target(prompt, hidden=True)
-        tok = int(pending.item())
-        res = GenerationResult(output_ids=[tok], prompt_tokens=n, finish_reason="length", num_steps=k,
-                               accept_histogram=[0] * (k + 1), accept_by_position=[0] * k)
-        finished = tok in stops
-        dcache = None
-        if not finished and max_new > 1:
-            dcache, d_logits, d_hidden = self.prefill_drafter(prompt, out, pending)
-        del out
-        L = n  # positions in both caches
+        res, cache, pending, (dcache, d_logits, d_hidden) = self._speculative_prefill(prompt, max_new, stops)
+        finished = res.output_ids[0] in stops
+        L = len(prompt)  # positions in both caches
         t = self._tick()
         res.prefill_time = t - t_start
         on_tokens(res)
         while not finished and len(res.output_ids) < max_new:
             if should_stop():
                 raise GenerationStopped(len(res.output_ids))
-            k_eff = min(k, max_new - len(res.output_ids) - 1)
-            # 1. draft a chain of k_eff tokens (target ids)
+            k_eff = min(self.num_steps, max_new - len(res.output_ids) - 1)
             t0 = self._tick()
-            drafts = []
-            for j in range(k_eff):
-                d_tok = self._hot[d_logits.argmax(-1, keepdim=True)]  # [1, 1] target id
-                drafts.append(d_tok)
-                if j + 1 < k_eff:
-                    pos = torch.full((1, 1), L + j, device=dev, dtype=torch.long)
-                    d_logits, d_hidden = drafter(d_tok, d_hidden, pos, dcache)
-                    d_logits = d_logits[:, -1]
-                    res.draft_calls += 1
-            # 2. verify x, d_1..d_k in one target forward
+            drafts = self._draft_chain(res, d_logits, d_hidden, dcache, L, k_eff)
             t1 = self._tick()
-            verify_in = torch.cat([pending, *drafts], dim=1)  # [1, k_eff+1]
-            out = self._target(verify_in, cache, hidden=True)
-            greedy = out.logits[0].argmax(-1)  # [k_eff+1]
-            v = verify_in[0, 1:].tolist()
-            m, finished = accept_cycle(res, v, greedy.tolist(), k_eff, stops, max_new)
-            if self.trace is not None:
-                self.trace.append({"length": L, "drafts": v, "accepted": m})
-            crop_cache(cache, L + m + 1)
+            out, greedy, m, finished = self._verify_chain(res, cache, pending, drafts, L, k_eff, stops, max_new)
             t2 = self._tick()
             res.verify_time += t2 - t1
             res.draft_time += t1 - t0
             on_tokens(res)
             if finished or len(res.output_ids) >= max_new:
                 break
-            # 4. roll the drafter back to L and extend it over the accepted positions L..L+m
-            dcache.crop(L)
-            pos = torch.arange(L, L + m + 1, device=dev).unsqueeze(0)
-            d_logits, d_hidden = drafter(greedy[: m + 1].unsqueeze(0), self._aux(out, m + 1), pos, dcache)
-            d_logits, d_hidden = d_logits[:, -1], d_hidden[:, -1:]
-            res.draft_calls += 1
+            d_logits, d_hidden = self._extend_drafter(res, out, greedy, m, L, dcache)
             del out
             L += m + 1
             pending = greedy[m : m + 1].unsqueeze(0)
@@ -365,6 +335,57 @@ class Engine:
         res.finish_reason = "stop" if finished else "length"
         res.e2e_time = self._tick() - t_start
         return res
+
+    def _speculative_prefill(self, prompt: list[int], max_new: int, stops: set[int]):
+        """Prefill the target (its next token is the result's first) and, unless that token already ends
+        the request, the drafter: the result, the target cache, the pending token and the drafter's state."""
+        k = self.num_steps
+        # pending: [1, 1], the next token, not yet in the cache
+        cache, out, pending = self.prefill_target(prompt, hidden=True)
+        tok = int(pending.item())
+        res = GenerationResult(output_ids=[tok], prompt_tokens=len(prompt), finish_reason="length", num_steps=k,
+                               accept_histogram=[0] * (k + 1), accept_by_position=[0] * k)
+        drafter_state = (None, None, None)
+        if tok not in stops and max_new > 1:
+            drafter_state = self.prefill_drafter(prompt, out, pending)
+        return res, cache, pending, drafter_state
+
+    def _draft_chain(self, res: GenerationResult, d_logits: Tensor, d_hidden: Tensor, dcache, L: int,
+                     k_eff: int) -> list[Tensor]:
+        """Draft a chain of ``k_eff`` tokens (target ids, ``[1, 1]`` each) from the drafter's state at ``L``."""
+        drafts = []
+        for j in range(k_eff):
+            d_tok = self._hot[d_logits.argmax(-1, keepdim=True)]  # [1, 1] target id
+            drafts.append(d_tok)
+            if j + 1 < k_eff:
+                pos = torch.full((1, 1), L + j, device=self.device, dtype=torch.long)
+                d_logits, d_hidden = self.drafter(d_tok, d_hidden, pos, dcache)
+                d_logits = d_logits[:, -1]
+                res.draft_calls += 1
+        return drafts
+
+    def _verify_chain(self, res: GenerationResult, cache, pending: Tensor, drafts: list[Tensor], L: int,
+                      k_eff: int, stops: set[int], max_new: int):
+        """Verify the pending token and the drafts in one target forward, accept the longest agreeing
+        prefix into ``res`` and crop the target cache past it: (forward output, greedy tokens, accepted, stopped)."""
+        verify_in = torch.cat([pending, *drafts], dim=1)  # [1, k_eff+1]
+        out = self._target(verify_in, cache, hidden=True)
+        greedy = out.logits[0].argmax(-1)  # [k_eff+1]
+        v = verify_in[0, 1:].tolist()
+        m, finished = accept_cycle(res, v, greedy.tolist(), k_eff, stops, max_new)
+        if self.trace is not None:
+            self.trace.append({"length": L, "drafts": v, "accepted": m})
+        crop_cache(cache, L + m + 1)
+        return out, greedy, m, finished
+
+    def _extend_drafter(self, res: GenerationResult, out, greedy: Tensor, m: int, L: int, dcache):
+        """Roll the drafter back to ``L`` and extend it over the accepted positions ``L..L+m`` (the target's
+        hidden states of the verify): its logits and hidden state for the next cycle's first draft."""
+        dcache.crop(L)
+        pos = torch.arange(L, L + m + 1, device=self.device).unsqueeze(0)
+        d_logits, d_hidden = self.drafter(greedy[: m + 1].unsqueeze(0), self._aux(out, m + 1), pos, dcache)
+        res.draft_calls += 1
+        return d_logits[:, -1], d_hidden[:, -1:]
 
 
 def accept_cycle(res: GenerationResult, drafts: list[int], greedy: list[int], k_eff: int, stops: set[int],

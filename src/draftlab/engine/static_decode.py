@@ -181,9 +181,18 @@ class StaticDecoder(DraftTreeCycle):
             raise ValueError(refusal)
         self.engine = engine
         self.log = log or (lambda msg: print(f"draftlab-serve: {msg}", file=sys.stderr, flush=True))
-        tgt, dev = engine.target, engine.device
-        cfg = tgt.config
-        dtype = next(tgt.parameters()).dtype
+        dtype = next(engine.target.parameters()).dtype
+        self._size_slots(engine, max_rows)
+        self._bind_layers(engine, fused)
+        if self.tree:
+            self._tree_tables(engine.device)
+        self._allocate_caches(engine, max_rows, dtype)
+        self._allocate_step_buffers(engine, dtype)
+        self._plan_graphs(engine.device, graph_max_bs)
+
+    def _size_slots(self, engine: Engine, max_rows: int) -> None:
+        """The cycle's shape (draft steps, beams, verify width) and from it how many slots a row needs:
+        every buffer below is allocated once at this size."""
         self.k = engine.num_steps if engine.speculative else 0
         self.topk = engine.topk if engine.speculative else 1
         self.tree = engine.tree
@@ -193,6 +202,10 @@ class StaticDecoder(DraftTreeCycle):
         self.reach = max(self.n_verify, (self.k - 1) * self.topk, self.k + 1) if engine.speculative else 1
         self.max_rows = int(max_rows)
         self.slots = engine.context_length + self.reach + 1
+
+    def _bind_layers(self, engine: Engine, fused: bool) -> None:
+        """Which forward each step calls: the fused target and drafter over the slots where the layers
+        can be fused (``fused_refusal`` logs why not), else transformers' own layers and the drafter's forward."""
         self.fused, self.fused_reason = None, "off"
         # the drafter's step every cycle calls: its fused form where the layers are fused, else its own forward
         self.draft_step = engine.drafter
@@ -204,8 +217,12 @@ class StaticDecoder(DraftTreeCycle):
                 self.fused = FusedLlama(engine.target, self.slots)
             if engine.speculative:
                 self.draft_step = FusedDrafter(engine.drafter, self.slots)
-        if self.tree:
-            self._tree_tables(engine.device)
+
+    def _allocate_caches(self, engine: Engine, max_rows: int, dtype: torch.dtype) -> None:
+        """The target's and the drafter's slot caches, refused up front (``ValueError``) where they would
+        take more than ``MAX_CACHE_FRACTION`` of the free memory, rather than fail mid-decode."""
+        tgt, dev = engine.target, engine.device
+        cfg = tgt.config
         n_layers = int(cfg.num_hidden_layers)
         hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
@@ -223,6 +240,11 @@ class StaticDecoder(DraftTreeCycle):
         self._layer_cache_kw = _cache_kw(tgt.model.layers[0])
         self._sdpa = getattr(cfg, "_attn_implementation", "sdpa") == "sdpa"
         self._dtype = dtype
+
+    def _allocate_step_buffers(self, engine: Engine, dtype: torch.dtype) -> None:
+        """The per-row tensors a cycle reads and writes in place (pending token, lengths, outputs, the
+        drafter's carried state): fixed addresses, so a captured graph replays over them."""
+        dev = engine.device
         R, k = self.max_rows, self.k
         self.pending = torch.zeros(R, 1, dtype=torch.long, device=dev)
         self.L = torch.zeros(R, dtype=torch.long, device=dev)
@@ -236,6 +258,9 @@ class StaticDecoder(DraftTreeCycle):
         self.span = torch.arange(k + 1, device=dev)
         self.ar = torch.arange(R, device=dev)
         self.rows: list[Row] = []
+
+    def _plan_graphs(self, dev: torch.device, graph_max_bs: int) -> None:
+        """The batch and width buckets ``capture()`` will record, or why none will be (off CUDA, or 0)."""
         self.graphs: dict[tuple[int, int], Any] = {}  # (batch bucket, width) -> graph
         self.buckets: list[int] = []
         self.widths = width_buckets(self.slots)

@@ -274,13 +274,26 @@ def _record_row(cfg: Mapping[str, Any], variant: str, sid: str, client: str, res
                 serve: Mapping[str, Any], spec: Mapping[str, Any], client_cfg: Mapping[str, Any],
                 drafter: Mapping[str, Any], validation: tuple[Any, Any], run: Mapping[str, Any],
                 inputs: RecordInputs) -> dict[str, Any]:
-    """One benchmark result as a records row (its columns in the tables' order), before its ids."""
-    import pandas as pd  # deferred: the records rules alone need pandas
+    """One benchmark result as a records row (its columns in the tables' order), before its ids.
 
-    summary = res.get("summary") or {}
+    The row is read in blocks a reader asks about in turn: what was measured, on which setup, what it
+    measured, where it came from and when; the blocks' order is the tables' column order.
+    """
+    return {
+        **_subject_columns(cfg, variant, sid, client, res, run),
+        **drafter,
+        **_setup_columns(cfg, variant, res, serve=serve, spec=spec, client_cfg=client_cfg, inputs=inputs),
+        **_measured_columns(res),
+        "speedup": None,
+        **_provenance_columns(variant, validation=validation, run=run, inputs=inputs),
+        **_clock_columns(serve),
+    }
+
+
+def _subject_columns(cfg: Mapping[str, Any], variant: str, sid: str, client: str, res: Mapping[str, Any],
+                     run: Mapping[str, Any]) -> dict[str, Any]:
+    """Which arm, spec and client a row is, whether it ran, and the target it ran on: the row's key."""
     skipped = bool(res.get("skipped"))
-    ci = summary.get("output_tps_ci95") or [None, None]
-    created = serve.get("finished_at")
     return {
         "experiment": cfg["experiment"],
         "variant": variant,
@@ -292,7 +305,16 @@ def _record_row(cfg: Mapping[str, Any], variant: str, sid: str, client: str, res
         "target_revision": cfg["target"].get("revision"),
         "target_commit": run["target"].get("resolved_commit"),
         "target_weights_sha256": run["target"].get("weights_sha256"),
-        **drafter,
+    }
+
+
+def _setup_columns(cfg: Mapping[str, Any], variant: str, res: Mapping[str, Any], *, serve: Mapping[str, Any],
+                   spec: Mapping[str, Any], client_cfg: Mapping[str, Any], inputs: RecordInputs) -> dict[str, Any]:
+    """How the number was taken: the server, the speculative settings, the prompts and the client's load,
+    so two rows are compared only where these agree."""
+    server = res.get("server") or {}
+    prompt_set = res.get("prompt_set") or {}
+    return {
         "backend": cfg["serve"]["backend"],
         "tp": cfg["serve"]["tp"],
         "serve_device": cfg["serve"].get("device"),
@@ -300,16 +322,24 @@ def _record_row(cfg: Mapping[str, Any], variant: str, sid: str, client: str, res
         "num_steps": spec.get("num_steps"),
         "topk": spec.get("topk"),
         "num_draft_tokens": spec.get("num_draft_tokens"),
-        "server_fingerprint": (res.get("server") or {}).get("fingerprint") or serve.get("fingerprint"),
+        "server_fingerprint": server.get("fingerprint") or serve.get("fingerprint"),
         # the start of the target this result was measured in (experiment.launches): its id, and whether the
         # drafter was swapped in (or the one the server was launched with)
-        "launch_id": (res.get("server") or {}).get("launch") or serve.get("launch"),
+        "launch_id": server.get("launch") or serve.get("launch"),
         "launch_swapped": serve.get("swapped"),
-        "prompts_sha256": (res.get("prompt_set") or {}).get("sha256"),
-        "prompt_count": (res.get("prompt_set") or {}).get("count"),
+        "prompts_sha256": prompt_set.get("sha256"),
+        "prompt_count": prompt_set.get("count"),
         "max_new_tokens": client_cfg["max_new_tokens"],
         "concurrency": client_cfg["concurrency"],
         "repeats": client_cfg["repeats"],
+    }
+
+
+def _measured_columns(res: Mapping[str, Any]) -> dict[str, Any]:
+    """What the benchmark measured, from its summary: counts, acceptance, throughput and latency."""
+    summary = res.get("summary") or {}
+    ci = summary.get("output_tps_ci95") or [None, None]
+    return {
         "requests": summary.get("requests"),
         "completion_tokens": summary.get("total_completion_tokens"),
         "verify_ct": summary.get("total_verify_ct"),
@@ -326,7 +356,14 @@ def _record_row(cfg: Mapping[str, Any], variant: str, sid: str, client: str, res
         "ttft_note": _ttft_note(res, summary),
         **{col: summary.get(col) for col in LATENCY_COLUMNS},
         "latency_s_median": summary.get("latency_s_median"),
-        "speedup": None,
+    }
+
+
+def _provenance_columns(variant: str, *, validation: tuple[Any, Any], run: Mapping[str, Any],
+                        inputs: RecordInputs) -> dict[str, Any]:
+    """Where the row came from: the drafter's validation, the gate, the config and training data hashes,
+    the code, the packages and the machine, so a surprising number can be traced to its cause."""
+    return {
         "val_acc_per_step": validation[0],
         "val_acc_mean": validation[1],
         "gate_decision": run["gate"].get("decision"),
@@ -335,6 +372,15 @@ def _record_row(cfg: Mapping[str, Any], variant: str, sid: str, client: str, res
         "draftlab_commit": run["commit"],
         "versions": run["versions"],
         "hardware": run["hardware"],
+    }
+
+
+def _clock_columns(serve: Mapping[str, Any]) -> dict[str, Any]:
+    """When the measurement finished, and how long the server took to come up and to be benchmarked."""
+    import pandas as pd  # deferred: the records rules alone need pandas
+
+    created = serve.get("finished_at")
+    return {
         "bench_seconds": (created - serve["started_at"]) if created and serve.get("started_at") else None,
         "server_ready_s": serve.get("ready_s"),
         "created_at": pd.Timestamp(created, unit="s", tz="UTC").isoformat() if created else None,

@@ -128,22 +128,42 @@ def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", se
           f"under {out}; one line per finished stage", file=sys.stderr)
     corpus = load_corpus(spec)
     slices = split_corpus(corpus)
-    convs = {k: conversations(v, spec.chunk_chars) for k, v in slices.items()}
-    with torch_threads(1):
-        torch.manual_seed(seed)
-        random.seed(seed)
-        built = _train_all(spec, convs, out / "work", seed, threads, device, timings, t0)
-
-    # publish as Hub repos in an HF cache under out/
+    built = _train_seeded(spec, slices, out / "work", seed, threads, device, timings, t0)
     hf_cache = out / "hf_cache"
-    result: dict[str, Any] = {}
-    for key in REPO_IDS:
-        publish_to_cache(built["dirs"][key], REPO_IDS[key], hf_cache)
-        result[key] = str(snapshot_folder(hf_cache, REPO_IDS[key]))
+    result = _publish_pair(built["dirs"], hf_cache)
     timings["total_s"] = time.perf_counter() - t0
     timings["cpu_s"] = _cpu_seconds() - cpu0  # this process + its finished children (wall ≈ this on 1 idle core)
     result.update(hf_cache=str(hf_cache), corpus_sha256=corpus_sha256(corpus), data=str(built["data"]),
                   size=spec.name, **write_prompt_files(out, spec))
+    _write_manifest(out, args, result, slices, built, timings, threads)
+    return dict(result, reused=False)
+
+
+def _train_seeded(spec: DemoSize, slices: dict[str, Any], work: Path, seed: int, threads: int, device: str,
+                  timings: _StageTimes, t0: float) -> dict[str, Any]:
+    """Train the pair from the corpus slices under one seed and one intra-op thread, so a size and a
+    seed give the same weights on every build."""
+    convs = {k: conversations(v, spec.chunk_chars) for k, v in slices.items()}
+    with torch_threads(1):
+        torch.manual_seed(seed)
+        random.seed(seed)
+        return _train_all(spec, convs, work, seed, threads, device, timings, t0)
+
+
+def _publish_pair(dirs: dict[str, Any], hf_cache: Path) -> dict[str, Any]:
+    """Publish the built folders as Hub repos in an HF cache under out/, so the pipeline loads them as
+    it loads any model: the snapshot folder of each repo by its key."""
+    result: dict[str, Any] = {}
+    for key in REPO_IDS:
+        publish_to_cache(dirs[key], REPO_IDS[key], hf_cache)
+        result[key] = str(snapshot_folder(hf_cache, REPO_IDS[key]))
+    return result
+
+
+def _write_manifest(out: Path, args: dict[str, Any], result: dict[str, Any], slices: dict[str, Any],
+                    built: dict[str, Any], timings: _StageTimes, threads: int) -> None:
+    """The manifest, written last: its presence says the build is complete (``_reuse`` keys on its args),
+    and it records what the pair was trained from, how well it held out and how long each stage took."""
     write_json(out / "manifest.json", {
         "args": args,
         "result": result,
@@ -156,7 +176,6 @@ def build_demo_models(out: str | os.PathLike, size: str | DemoSize = "smoke", se
         "timings": dict(timings),
         "threads": threads,
     })
-    return dict(result, reused=False)
 
 
 FINETUNE_PROMPTS = "finetune-prompts.jsonl"  # under <out>/work/data/: what generate_data answers by default
