@@ -102,6 +102,17 @@ def test_full_run_produces_records_and_report(smoke):
     arms = json.loads((res / "launch" / "arms-s2-k1-d3" / "launch.json").read_text())
     assert len(arms["swaps"]) == 3 and arms["fresh_check"]["ok"]
     assert all(s["matched_tensors"] == s["tensors_sent"] for s in arms["swaps"])
+    # issue 38: the probe swapped into the arms launch last and benched as its own launch did: the launch noise
+    check = arms["launch_check"]
+    assert check["launches"] == ["probe-s2-k1-d3", "arms-s2-k1-d3"] and check["variant"] == "probe"
+    assert check["swap"]["matched_tensors"] == check["swap"]["tensors_sent"]
+    own = json.loads((res / "bench" / "probe" / "s2-k1-d3" / "short.json").read_text())
+    assert check["prompts"] == len({r["prompt_id"] for r in own["rows"] if r["phase"] == "measure"})
+    assert check["noise"] == max(check["speedup"], 1 / check["speedup"]) - 1 and check["ci95"]
+    rec = json.loads((res / "report" / "recommendation.json").read_text())
+    assert rec["launch_noise"] == check["noise"] and rec["launch_check"]["arms_launch"] == "arms-s2-k1-d3"
+    assert ("**Launch check:** `probe` in its own launch `probe-s2-k1-d3` vs swapped into `arms-s2-k1-d3`: "
+            f"{check['speedup']:.2f}x") in md and "one pair of launches: a floor, not an interval" in md
     assert set(records.launch_id) == {"plain", "probe-s2-k1-d3", "arms-s2-k1-d3"}
 
 

@@ -70,6 +70,7 @@ def test_a_launch_plan_holds_every_bench_in_order_and_its_checks(launch_id):
     assert plan["summary"] == layout.launch_summary(launch_id) and plan["cache"] == layout.launch_cache(launch_id)
     if launch_id == "plain":
         assert plan["fresh_check"] is None and plan["plain_outputs"] == []
+        assert plan["launch_check"] is None
         gen = plan["generate"]["argv"]
         assert gen[:2] == ["draftlab", "generate-data"] and gen[-2:] == ["--url", "{url}"] and "--server" not in gen
         assert "--max-batch-size" in plan["argv"]  # the builtin plain server batches the data's requests
@@ -77,5 +78,30 @@ def test_a_launch_plan_holds_every_bench_in_order_and_its_checks(launch_id):
         assert [b["variant"] for b in plan["benches"]] == ["finetune-keep", "finetune-remap", "finetune-regenerate",
                                                            "scratch"]
         assert plan["fresh_check"] == {"variant": "finetune-keep", "client": "short"}
+        # issue 38: the probe swapped in last, benched as its own launch benched it, paired with that result
+        check = plan["launch_check"]
+        assert {k: check[k] for k in ("variant", "client", "own_launch", "own_result")} == {
+            "variant": "probe", "client": "short", "own_launch": "probe-s2-k1-d3",
+            "own_result": layout.bench_result("probe", "s2-k1-d3", "short")}
+        assert check["bench"] == jobs.plan(s, layout, "probe", "s2-k1-d3")
         assert plan["plain_outputs"] == [layout.bench_result("baseline", "plain", "short")]
         assert plan["generate"] is None
+
+
+def test_the_launch_check_is_planned_only_where_an_arms_launch_can_serve_the_probe():
+    """Issue 38: SGLang swaps the probe only into the launch of its own d2t map (the keep arms'); vLLM into
+    none; the builtin server into its one arms launch. The note of `-n -p` says so."""
+    layout = Layout("x")
+    sglang = _settings(["config/kimi-k25.yaml"])
+    got = {x.id: jobs.launch_plan(sglang, layout, x.id)["launch_check"] for x in launches.launches(sglang)}
+    assert [k for k, v in got.items() if v] == [f"drafter-map-{spec}" for spec in sglang.specs]
+    first = next(x for x in launches.launches(sglang) if x.id.startswith("drafter-map-"))
+    assert got[first.id]["own_launch"] == f"probe-{first.spec}" and got[first.id]["bench"]["variant"] == "probe"
+    assert "launch check: probe swapped in last" in launches.describe(first, sglang)
+    vllm = _settings(serve={"backend": "vllm"}, size="smoke")
+    assert not any(jobs.launch_plan(vllm, layout, x.id)["launch_check"] for x in launches.launches(vllm))
+    assert not any(launches.checks_launch_noise(vllm, x) for x in launches.launches(vllm))
+    smoke = _settings(size="smoke")
+    assert [x.id for x in launches.launches(smoke) if launches.checks_launch_noise(smoke, x)] == ["arms-s2-k1-d3"]
+    assert launches.launch_check_result(smoke, layout, launches.launches(smoke)[-1], "short") == \
+        layout.bench_result("probe", "s2-k1-d3", "short")

@@ -87,7 +87,9 @@ def test_no_winner_while_the_runner_up_is_not_separated():
     rec = recommendation(d, rows[0], None)
     assert {k: rec[k] for k in ("winner", "verdict", "reason")} == {
         "winner": None, "verdict": "cannot-tell", "reason": last.replace("**", "").replace("`", "")}
-    assert set(rec) == {"winner", "verdict", "reason", "deploy"}  # issue 38: the deploy block is new
+    # issue 38: the deploy block is new, and the launch noise it was decided with (null: unmeasured)
+    assert set(rec) == {"winner", "verdict", "reason", "deploy", "launch_noise", "launch_check"}
+    assert rec["launch_noise"] is None and rec["launch_check"] is None
 
 
 def test_an_interval_that_holds_one_cannot_tell_and_says_how_many_prompts_would():

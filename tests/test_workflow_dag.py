@@ -241,12 +241,15 @@ def test_report_is_handed_exactly_the_configured_arms(workdir, tmp_path):
     # issue 22: the per-request results (paired speedups) and the plans (the recommendation's launch
     # command) of exactly the configured servers; the recommendation is the rule's output
     bench = report.split("--bench ", 1)[1].split(" --", 1)[0].split()
-    plans = report.split("--plans ", 1)[1].split(" >", 1)[0].split()
+    plans = report.split("--plans ", 1)[1].split(" --launches", 1)[0].split()
     assert f"{exp}/bench/baseline/plain/default.json" in bench and all("scratch" not in b for b in bench)
     # issue 38: the baseline's plan too, the plain server a plain or cannot-tell verdict's deploy block names
     assert f"{exp}/bench/finetune-keep/s2-k1-d3/plan.json" in plans and f"{exp}/bench/baseline/plain/plan.json" in plans
     job = next(b for b in job_blocks(out) if "rule report:" in b)
     assert f"{exp}/report/recommendation.json" in job
+    # issue 38: every arms launch's summary, whose launch_check sets the launch noise the decision carries
+    launches = report.split("--launches ", 1)[1].split(" >", 1)[0].split()
+    assert launches == [f"{exp}/launch/arms-{spec}/launch.json" for spec in ("s2-k1-d3", "s4-k1-d5")]
 
 
 def test_unknown_config_key_stops_the_workflow(workdir, tmp_path):

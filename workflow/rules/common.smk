@@ -227,6 +227,11 @@ def get_launch_inputs(launch, wildcards):
         )
     if launch.stage == "arms":
         inputs["plain"] = [L.bench_result("baseline", "plain", c) for c in CLIENTS]
+        # the launch check (issue 38): the probe's drafter, swapped in last, and its result in its own
+        # launch, paired with the probe benched here (a new probe result measures the launch check again)
+        own = launches.launch_check_result(S, L, launch, CLIENTS[0])
+        if own is not None:
+            inputs.update(probe_result=own, probe_drafter=L.drafter_marker("probe"))
     return inputs
 
 
@@ -284,6 +289,9 @@ def get_report_inputs(wildcards):
         # the servers' plans: the recommendation's launch command comes from the same builder
         # the baseline's too: a plain verdict's deploy block names its launch command
         "plans": [L.bench_plan(v, s) for v, s in servers],
+        # the arms launches' summaries: their launch_check (the probe benched again in an arms launch) sets
+        # the launch-to-launch noise each comparison across launches must clear
+        "launches": [L.launch_summary(x.id) for x in LAUNCHES if x.stage == "arms"] if get_open_arms() else [],
     }
 
 
@@ -301,6 +309,7 @@ REPORT_FLAGS = (
     ("leak_check", "--leak-check"),
     ("bench", "--bench"),
     ("plans", "--plans"),
+    ("launches", "--launches"),
 )
 
 

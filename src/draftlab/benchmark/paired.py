@@ -112,16 +112,24 @@ def prompts_needed(n: int, est: float, lo: float | None, hi: float | None, again
     return max(n + 1, math.ceil(n * (half / effect) ** 2))  # an interval that holds it: more than now
 
 
-def _ratios(base: Mapping[str, Any], variant: Mapping[str, Any]) -> tuple[dict[str, float], str]:
-    rows = _measured(base) + _measured(variant)
-    field = _time_source([r for r in rows if (r.get("completion_tokens") or 0) > 0])
+def time_field(*results: Mapping[str, Any]) -> str:
+    """The time field a pairing of ``results`` uses: ``decode_time_s`` only where all their rows have one."""
+    rows = [r for res in results for r in _measured(res)]
+    return _time_source([r for r in rows if (r.get("completion_tokens") or 0) > 0])
+
+
+def _ratios(base: Mapping[str, Any], variant: Mapping[str, Any],
+            field: str | None = None) -> tuple[dict[str, float], str]:
+    field = field or time_field(base, variant)
     tb, tv = seconds_per_token(base, field), seconds_per_token(variant, field)
     return {p: tb[p] / tv[p] for p in tb if p in tv and tv[p] > 0 and tb[p] > 0}, field
 
 
 def paired_speedup(base: Mapping[str, Any], variant: Mapping[str, Any], *, seed: int = SEED,
-                   resamples: int = BOOTSTRAP_RESAMPLES, by_category: bool = True) -> dict[str, Any]:
-    """``variant``'s speedup over ``base`` on the same prompts (>1: the variant is faster).
+                   resamples: int = BOOTSTRAP_RESAMPLES, by_category: bool = True,
+                   field: str | None = None) -> dict[str, Any]:
+    """``variant``'s speedup over ``base`` on the same prompts (>1: the variant is faster); ``field``: the
+    time field to pair on (default: :func:`time_field` of the two).
 
     Keys: ``paired`` (False with ``reason`` when the results cannot be paired), ``speedup`` (geometric
     mean over prompts), ``ci95`` ([low, high], bootstrap over prompts; None for one prompt),
@@ -131,7 +139,7 @@ def paired_speedup(base: Mapping[str, Any], variant: Mapping[str, Any], *, seed:
     why = pairing_problem(base, variant)
     if why:
         return {"paired": False, "reason": why, "speedup": None, "ci95": None, "prompts": 0}
-    ratios, field = _ratios(base, variant)
+    ratios, field = _ratios(base, variant, field)
     if not ratios:
         return {"paired": False, "reason": "no prompt has timings on both sides", "speedup": None, "ci95": None,
                 "prompts": 0}

@@ -36,7 +36,7 @@ def recommendation(decision: Mapping[str, Any], baseline: Mapping[str, Any] | No
     plans = plans or {}
     if win is None:
         out = {"winner": None, "verdict": decision.get("verdict"), "reason": reason}
-        out.update(_launch(plans.get(("baseline", "plain"))))
+        out.update(_launch(plans.get(("baseline", "plain"))), **launch_noise_keys(decision))
         out["deploy"] = deploy_block(decision, out, plans)
         return out
 
@@ -69,8 +69,21 @@ def recommendation(decision: Mapping[str, Any], baseline: Mapping[str, Any] | No
         out["versus_runner_up"] = {"runner_up": decision["runner_up"]["variant"],
                                    "runner_up_setting": decision["runner_up"]["spec_id"],
                                    "speedup": r.get("speedup"), "ci95": r.get("ci95")}
+    out.update(launch_noise_keys(decision))
     out["deploy"] = deploy_block(decision, out, plans)
     return out
+
+
+def launch_noise_keys(decision: Mapping[str, Any]) -> dict[str, Any]:
+    """``launch_noise`` (the launch-to-launch noise the run measured, None where unmeasured) and
+    ``launch_check`` (the measurement behind it: the probe in its own launch vs in an arms launch)."""
+    launch = decision.get("launch") or {}
+    if not launch.get("measured"):
+        return {"launch_noise": None, "launch_check": None}
+    c = launch["check"]
+    keys = ("variant", "own_launch", "arms_launch", "launches", "client", "time_field", "speedup", "ci95", "prompts",
+            "noise")
+    return {"launch_noise": launch["noise"], "launch_check": {k: c.get(k) for k in keys}}
 
 
 def _launch(plan: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -5,7 +5,9 @@ The plan (``experiment.launches.launch_plan``) lists each variant's bench plan; 
 one's. Before each bench the server's drafter checksum is compared with the file swapped in
 (:mod:`draftlab.benchmark.drafter_swap`). A launch that swapped benches its first drafter once more
 after the swaps (``fresh_check``) and refuses every result when that accept length differs from the fresh
-launch's by more than the two measurements' own repeat spread. An arms launch's every answer must equal
+launch's by more than the two measurements' own repeat spread. An arms launch that can serve the probe then
+swaps it in last (``launch_check``, issue 38) and pairs it with the probe's result in its own launch: the
+launch-to-launch noise (:mod:`draftlab.benchmark.launch_noise`). An arms launch's every answer must equal
 plain decoding's (temperature 0). Results are written only once every check has passed; each carries
 its launch id. The plain launch then answers the fine-tune prompts through the same server
 (``generate-data --url``).
@@ -19,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from draftlab.benchmark import drafter_swap, launch_cache
+from draftlab.benchmark import drafter_swap, launch_cache, launch_noise
 from draftlab.benchmark.bench import write_results
 from draftlab.benchmark.serve_bench import run_clients
 from draftlab.errors import DraftlabError
@@ -81,7 +83,8 @@ def run_launch(plan: Mapping[str, Any], argv: Sequence[str] | None = None, progr
     spec = ServerSpec.from_dict(plan["server"], source=f"launch plan {plan['launch']}")
     launch: dict[str, Any] = {"launch": plan["launch"], "stage": plan["stage"], "spec_id": plan["spec_id"],
                               "argv": list(plan["argv"]), "launches": 1, "swap_rule": plan["swap"],
-                              "started_at": time.time(), "benches": [], "swaps": [], "fresh_check": None}
+                              "started_at": time.time(), "benches": [], "swaps": [], "fresh_check": None,
+                              "launch_check": None}
     Path(plan["server_log"]).parent.mkdir(parents=True, exist_ok=True)
     _say(f"launching {' '.join(plan['argv'])}")
     keys, reused = _reusable(plan)
@@ -91,6 +94,8 @@ def run_launch(plan: Mapping[str, Any], argv: Sequence[str] | None = None, progr
         measured = _bench_all(plan, srv.url, launch, progress, reused)
         if plan.get("fresh_check") and launch["swaps"]:
             launch["fresh_check"] = _fresh_check(plan, srv.url, launch, measured, progress)
+        if plan.get("launch_check"):
+            launch["launch_check"] = _launch_check(plan, srv.url, launch, progress)
         if plan.get("generate"):
             launch["generate"] = _generate(plan, srv.url)
     if launch["fresh_check"] is not None and not launch["fresh_check"]["ok"]:
@@ -158,7 +163,7 @@ def _launch_reference(plan: Mapping[str, Any], url: str, first: Mapping[str, Any
     """What the launch loaded from disk for its first drafter: the server's checksum (checked against the file
     on the builtin server) and the file's d2t digest (SGLang keeps that map for every swap)."""
     folder = first["server"].get("drafter")
-    if not folder or len(plan["benches"]) < 2:
+    if not folder or (len(plan["benches"]) < 2 and not plan.get("launch_check")):
         return None
     held = drafter_swap.server_checksums(url)
     ref = {"drafter": folder, "per_engine_checksum": held["per_engine_checksum"],
@@ -211,12 +216,44 @@ def _fresh_check(plan: Mapping[str, Any], url: str, launch: dict[str, Any], meas
     return out
 
 
+def _launch_check(plan: Mapping[str, Any], url: str, launch: dict[str, Any], progress: bool) -> dict[str, Any]:
+    """The probe swapped in last and benched with its own launch's client, prompts, budget and settings,
+    paired with its result there: how far this launch runs from that one (one draw, a floor)."""
+    check = plan["launch_check"]
+    bench = check["bench"]
+    own = read_json(check["own_result"], f"the probe's result in its own launch {check['own_launch']}")
+    spec = ServerSpec.from_dict(bench["server"], source="launch check")
+    rec = _swap(plan, url, spec.drafter, launch["launch_drafter"])  # kept in the check, not among the arms' swaps
+    client = next(c for c in bench["clients"] if c["name"] == check["client"])
+    scratch = {"argv": list(plan["argv"]), "clients": [], "launch": plan["launch"]}
+    launched = ServerSpec.from_dict(plan["server"], source=f"launch plan {plan['launch']}")
+    again = run_clients(url, bench, spec, scratch, progress, clients=[client], launched=launched)[0][0]
+    plain = _plain_rows(plan).get(check["client"])
+    if plain is not None:
+        compare_outputs(again.rows, plain, f"{check['variant']} {plan['spec_id']} {check['client']} (launch check)")
+    base = {"rows": plain} if plain is not None else None
+    out = launch_noise.measure(own, again.to_dict(), variant=check["variant"], own_launch=check["own_launch"],
+                               arms_launch=plan["launch"], client=check["client"], baseline=base)
+    out["swap"] = rec
+    _say(f"launch check {check['variant']}: {out['speedup'] or float('nan'):.3f}x in {plan['launch']} over its own "
+         f"launch {check['own_launch']} ({out['prompts']} prompts): launch noise {out['noise']}")
+    return out
+
+
+def _plain_rows(plan: Mapping[str, Any]) -> dict[str, list]:
+    """Plain decoding's rows per client, from the plain launch's results the plan names."""
+    out = {}
+    for f in plan.get("plain_outputs") or []:
+        res = read_json(f, "plain decoding result")
+        out[res.get("client") or (res.get("server") or {}).get("client")] = res["rows"]
+    return out
+
+
 def _check_plain(plan: Mapping[str, Any], measured: list) -> None:
     plain_files = plan.get("plain_outputs") or []
     if not plain_files:
         return
-    plain_rows = {read_json(f, "plain decoding result").get("client"): read_json(f, "plain decoding result")["rows"]
-                  for f in plain_files}
+    plain_rows = _plain_rows(plan)
     for result, c, variant in measured:
         rows = plain_rows.get(c["name"])
         if rows is not None:

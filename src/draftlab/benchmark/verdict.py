@@ -13,7 +13,10 @@ fastest arm, or two arms) and how many prompts would. No step rests on which poi
 two runs whose intervals agree give the same verdict, however their point estimates are ordered. An interval
 over prompts cannot see what moves a whole launch (the host's load when it ran), so each comparison also
 carries the hosts' own noise (:func:`host_noise`: how much the two servers' repeats disagree per prompt): a
-result decides only where its interval clears 1.0 by that margin; inside it the run cannot tell, every run. Results that cannot be paired
+result decides only where its interval clears 1.0 by that margin; inside it the run cannot tell, every run.
+Results from different launches (each arm against the baseline, the probe against anything) carry the
+launch-to-launch noise too where the run measured it (:mod:`draftlab.benchmark.launch_noise`): their margin is
+max(both hosts' noise, launch noise); arms swapped into one launch keep the hosts' margin. Results that cannot be paired
 (other prompts or budget than the baseline's) are listed and left out. Transfer vs scratch and
 fine-tuned vs probe are compared at one setting. A trained arm that learnt nothing (validation
 accuracy 0) is never the decision.
@@ -24,6 +27,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
+from draftlab.benchmark import launch_noise
 from draftlab.benchmark import paired as pairing
 from draftlab.textsafe import code, md
 
@@ -88,7 +92,8 @@ def disqualified(row: Mapping[str, Any]) -> str | None:
     return None
 
 
-def arm_table(rows: Sequence[dict[str, Any]], client: str, bench: Bench) -> list[dict[str, Any]]:
+def arm_table(rows: Sequence[dict[str, Any]], client: str, bench: Bench,
+              launch: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
     """Every measured drafter row with its paired speedup against the baseline (same client)."""
     base = baseline_row(rows, client)
     base_res = bench.get(("baseline", "plain")) if base else None
@@ -101,7 +106,7 @@ def arm_table(rows: Sequence[dict[str, Any]], client: str, bench: Bench) -> list
             p = {"paired": False, "reason": "no per-request results for the baseline or this arm", "speedup": None,
                  "prompts": 0}
         else:
-            p = with_margin(pairing.paired_speedup(base_res, res), max(host_noise(base_res), host_noise(res)))
+            p = with_margin(pairing.paired_speedup(base_res, res), *margin_for(base_res, res, launch))
         out.append({"row": r, "paired": p})
     return out
 
@@ -114,11 +119,36 @@ def host_noise(result: Mapping[str, Any] | None) -> float:
     return float(pairing.host_stability(result)["prompt_spread"] or 0.0) if result else 0.0
 
 
-def with_margin(p: Mapping[str, Any], margin: float) -> dict[str, Any]:
-    """``p`` with the hosts' noise carried into the decision: ``margin``; ``clears`` (faster than 1 + margin over
-    its whole interval), ``below`` (slower than 1 / (1 + margin) over it); ``prompts_needed`` against that bound
-    (None where the speed-up sits inside the noise: no number of prompts tells there, a quieter host does)."""
-    out = dict(p, margin=margin, clears=False, below=False)
+def launch_of(result: Mapping[str, Any] | None) -> str | None:
+    """The launch a bench result was measured in (``server.launch``; None for a result of no known launch)."""
+    return ((result or {}).get("server") or {}).get("launch")
+
+
+def same_launch(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
+    """Both results measured in one launch (drafters swapped into the same start of the target)."""
+    return launch_of(a) is not None and launch_of(a) == launch_of(b)
+
+
+def margin_for(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None,
+               launch: Mapping[str, Any] | None = None) -> tuple[float, str, Mapping[str, Any] | None]:
+    """The margin a comparison of ``a`` and ``b`` must clear, what sets it (``host`` or ``launch``) and the
+    launch noise behind it: the hosts' repeat noise within one launch or where the launch noise is
+    unmeasured, else max(hosts' noise, launch noise)."""
+    host = max(host_noise(a), host_noise(b))
+    if same_launch(a, b) or not launch or not launch.get("measured"):
+        return host, "host", None
+    noise = float(launch["noise"])
+    return (noise, "launch", launch) if noise > host else (host, "host", launch)
+
+
+def with_margin(p: Mapping[str, Any], margin: float, source: str = "host",
+                launch: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``p`` with the noise carried into the decision: ``margin`` (``margin_source``: the hosts' repeat noise or
+    the launch-to-launch noise, ``launch`` where that was measured and the results come from two launches);
+    ``clears`` (faster than 1 + margin over its whole interval), ``below`` (slower than 1 / (1 + margin) over
+    it); ``prompts_needed`` against that bound (None where the speed-up sits inside the noise: no number of
+    prompts tells there; a quieter host, or replicated launches for launch noise, does)."""
+    out = dict(p, margin=margin, margin_source=source, clears=False, below=False, launch=launch)
     ci, est = p.get("ci95"), p.get("speedup")
     if not p.get("paired") or not ci or not est:
         return out
@@ -143,12 +173,14 @@ def best_settings(arms: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(best.values(), key=lambda a: -a["paired"]["speedup"])
 
 
-def head_to_head(bench: Bench, a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
-    """``a``'s paired speedup over ``b`` (rows), on the prompts both answered."""
+def head_to_head(bench: Bench, a: Mapping[str, Any], b: Mapping[str, Any],
+                 launch: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``a``'s paired speedup over ``b`` (rows), on the prompts both answered, with the margin of
+    :func:`margin_for` (launch noise only where they come from two launches)."""
     ra, rb = bench.get((a["variant"], a["spec_id"])), bench.get((b["variant"], b["spec_id"]))
     if ra is None or rb is None:
         return {"paired": False, "reason": "no per-request results", "speedup": None, "prompts": 0}
-    return with_margin(pairing.paired_speedup(rb, ra, by_category=False), max(host_noise(ra), host_noise(rb)))
+    return with_margin(pairing.paired_speedup(rb, ra, by_category=False), *margin_for(rb, ra, launch))
 
 
 def _within(p: Mapping[str, Any]) -> str:
@@ -156,12 +188,18 @@ def _within(p: Mapping[str, Any]) -> str:
     m = p.get("margin") or 0.0
     if not m:
         return "an interval that holds 1.0"
+    if p.get("margin_source") == "launch":
+        return (f"an interval that reaches into the launch-to-launch noise around 1.0 ({1 / (1 + m):.2f} to "
+                f"{1 + m:.2f}: {launch_noise.where(p['launch'])})")
     return f"an interval that reaches into the hosts' own noise around 1.0 ({1 / (1 + m):.2f} to {1 + m:.2f})"
 
 
 def what_would_tell(p: Mapping[str, Any]) -> str:
     m = p.get("margin") or 0.0
-    if m > 0 and not p.get("prompts_needed") and p.get("speedup") and 1 / (1 + m) <= p["speedup"] <= 1 + m:
+    inside = m > 0 and not p.get("prompts_needed") and p.get("speedup") and 1 / (1 + m) <= p["speedup"] <= 1 + m
+    if p.get("margin_source") == "launch":
+        return _launch_would_tell(p, m, bool(inside))
+    if inside:
         return (f"a quieter host: {p['speedup']:.2f}x sits inside the {m:.0%} these servers' own repeats disagree "
                 "by per prompt, which more prompts do not shrink (one `bench_slot`, nothing else running)")
     noise = f"; each result must clear 1.0 by the hosts' own noise, {m:.0%} per prompt between repeats" if m else ""
@@ -169,8 +207,20 @@ def what_would_tell(p: Mapping[str, Any]) -> str:
             f"(one `bench_slot`, the default){noise}")
 
 
+def _launch_would_tell(p: Mapping[str, Any], m: float, inside: bool) -> str:
+    """What tells where the launch-to-launch noise sets the margin: replicated launches or a quieter host
+    when the estimate sits inside it (more prompts do not), else more prompts against that bound."""
+    came = (f"the {m:.1%} one launch of the target ran from another ({launch_noise.where(p['launch'])}; "
+            f"{launch_noise.FLOOR_NOT_INTERVAL})")
+    if inside:
+        return (f"replicated launches or a quieter host: {p['speedup']:.2f}x sits inside {came}, which more prompts "
+                "do not shrink (rerun the launches, or bench on a host whose launches agree)")
+    return (f"{_needed(p)} (`bench.clients[].limit` or a larger prompt file), each result clearing 1.0 by {came}; "
+            "or replicated launches")
+
+
 def like_for_like(rows: Sequence[dict[str, Any]], client: str, bench: Bench,
-                  best: Sequence[dict[str, Any]]) -> list[str]:
+                  best: Sequence[dict[str, Any]], launch: Mapping[str, Any] | None = None) -> list[str]:
     """Transfer vs scratch and fine-tuned vs probe, each pair at one setting (the fine-tuned arm's best)."""
     tuned = [a for a in best if a["row"]["variant"].startswith("finetune-")]
     if not tuned:
@@ -182,14 +232,13 @@ def like_for_like(rows: Sequence[dict[str, Any]], client: str, bench: Bench,
         peer = next((r for r in ok_rows(rows, client) if r["variant"] == other and r["spec_id"] == ft["spec_id"]), None)
         if peer is None:
             continue
-        p = head_to_head(bench, ft, peer)
+        p = head_to_head(bench, ft, peer, launch)
         if not p.get("paired"):
             lines.append(f"{what}, at {ft['spec_id']}: {speedup_text(p)}.")
             continue
-        ci = p.get("ci95")
-        if ci and ci[0] > 1.0:
+        if p["clears"]:
             verb = "faster than"
-        elif ci and ci[1] < 1.0:
+        elif p["below"]:
             verb = "slower than"
         else:
             verb = "not separable from"
@@ -198,40 +247,43 @@ def like_for_like(rows: Sequence[dict[str, Any]], client: str, bench: Bench,
     return lines
 
 
-def decide(rows: Sequence[dict[str, Any]], client: str, bench: Bench | None = None) -> dict[str, Any]:
+def decide(rows: Sequence[dict[str, Any]], client: str, bench: Bench | None = None,
+           launch: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``{"verdict": serve|plain|cannot-tell|none, "winner": row|None, "paired": {...}|None, "lines": [...]}``.
 
     ``bench`` maps (variant, spec) to that result's bench JSON for ``client`` (per-request rows); the
     last line is the decision sentence. Also returned: ``arms`` (best setting per variant, fastest first,
     with paired numbers), ``runner_up`` and ``versus_runner_up``; a cannot-tell verdict between arms or
     against plain decoding adds ``candidates`` (two rows: the baseline's first when the question is plain
-    decoding), ``versus`` (their paired comparison) and ``prompts_needed``.
+    decoding), ``versus`` (their paired comparison) and ``prompts_needed``. ``launch``: the run's launch
+    noise (:func:`draftlab.benchmark.launch_noise.from_summaries`; None: unmeasured), returned as ``launch``.
     """
     bench = bench or {}
     base = baseline_row(rows, client)
     drafted = [r for r in ok_rows(rows, client) if r["variant"] != "baseline" and num(r["accept_length"]) is not None]
-    empty = {"winner": None, "paired": None, "arms": [], "runner_up": None, "versus_runner_up": None}
+    empty = {"winner": None, "paired": None, "arms": [], "runner_up": None, "versus_runner_up": None,
+             "launch": launch}
     if not drafted:
         return {**empty, "verdict": "none", "lines": ["**Decision:** no drafter was measured."]}
     if base is None:
         return {**empty, "verdict": "cannot-tell",
                 "lines": ["**Decision:** the run cannot tell: no baseline was measured."]}
-    arms, lines = _candidates(rows, client, bench)
+    arms, lines = _candidates(rows, client, bench, launch)
     best = best_settings(arms)
     if not best:
         return {**empty, "verdict": "cannot-tell",
                 "lines": lines + ["**Decision:** the run cannot tell: no drafter result pairs with the baseline's."]}
-    lines += like_for_like(rows, client, bench, best)
+    lines += like_for_like(rows, client, bench, best, launch)
     res = {**empty, "arms": best, "paired": best[0]["paired"], "runner_up": best[1]["row"] if len(best) > 1 else None}
     return _against_plain(res, lines, best, base, client, bench)
 
 
-def _candidates(rows: Sequence[dict[str, Any]], client: str,
-                bench: Bench) -> tuple[list[dict[str, Any]], list[str]]:
+def _candidates(rows: Sequence[dict[str, Any]], client: str, bench: Bench,
+                launch: Mapping[str, Any] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """The arms that may be the decision (paired with the baseline, not disqualified), and a line for
     each arm that may not, saying why."""
     lines, arms = [], []
-    for a in arm_table(rows, client, bench):
+    for a in arm_table(rows, client, bench, launch):
         why = disqualified(a["row"])
         if why:
             lines.append(f"{label(a['row'])} is not a candidate: {why}.")
@@ -271,7 +323,7 @@ def _among_arms(res: dict[str, Any], lines: list[str], cand: dict[str, Any], bes
     """``cand`` (the fastest arm that clears plain decoding) is served only when it also clears every other
     arm head to head; otherwise the run cannot tell it from the runner-up it does not clear."""
     res.update(paired=cand["paired"])
-    others = [(a, head_to_head(bench, cand["row"], a["row"])) for a in best if a is not cand]
+    others = [(a, head_to_head(bench, cand["row"], a["row"], res.get("launch"))) for a in best if a is not cand]
     unresolved = [(a, h) for a, h in others if not h["clears"]]
     if unresolved:
         other, h2h = min(unresolved, key=lambda x: x[1].get("speedup") or 0.0)

@@ -48,6 +48,8 @@ def register(sub) -> None:
     p.add_argument("--leak-check", metavar="JSON",
                    help="leak-check's record (no bench prompt in the fine-tune data), shown with the data "
                         "(default <exp-dir>/data/leak-check.json when it exists)")
+    p.add_argument("--launches", nargs="*", metavar="JSON", help="arms launches' launch.json: their launch_check "
+                   "sets the launch noise comparisons across launches must clear (left out: unmeasured)")
     add_json_flag(p)
     p.set_defaults(func=_report)
 
@@ -76,7 +78,8 @@ def _report(args: argparse.Namespace) -> int:
     out = write_report(args.exp_dir, args.out_dir, args.records, target_tps=args.target_tps, standing=args.standing,
                        static_md=args.static_md, gate=args.gate, doctor=args.doctor, train=args.train,
                        d2t_diff=args.d2t_diff, d2t_coverage=args.d2t_coverage, data_stats=args.data_stats,
-                       bench=args.bench, plans=args.plans, leak_check=args.leak_check)
+                       bench=args.bench, plans=args.plans, leak_check=args.leak_check,
+                       launches=args.launches)
     emit(args, out, lambda o: f"report: {o['summary']}")
     return 0
 

@@ -21,7 +21,7 @@ from draftlab.benchmark.bench_prompts import default_prompts_path
 from draftlab.experiment import launches
 from draftlab.experiment.layout import Layout, demo_bench_prompts, demo_finetune_prompts
 from draftlab.settings.model import Settings, Spec
-from draftlab.experiment.variants import BASELINE, Variant
+from draftlab.experiment.variants import BASELINE, PROBE, Variant
 from draftlab.formats.target_config import load_json_config
 from draftlab.fsutil import read_json
 from draftlab.serving.server_spec import ServerSpec
@@ -168,7 +168,8 @@ def launch_plan(settings: Settings, layout: Layout, launch_id: str) -> dict[str,
     launch = next(x for x in launches.launches(settings) if x.id == launch_id)
     benches = [plan(settings, layout, v, launch.spec) for v in launch.variants]
     generate = generate_url_command(settings, layout) if launch.generate else None
-    return launches.launch_plan(settings, layout, launch, benches, generate)
+    probe = plan(settings, layout, PROBE, launch.spec) if launches.checks_launch_noise(settings, launch) else None
+    return launches.launch_plan(settings, layout, launch, benches, generate, probe)
 
 
 def leak_check_files(settings: Settings, layout: Layout) -> dict[str, list[str]]:

@@ -134,6 +134,22 @@ def launch_count(settings: Settings, gate_open: bool = True) -> int:
     return sum(1 for launch in launches(settings) if gate_open or launch.stage != "arms")
 
 
+def checks_launch_noise(settings: Settings, launch: Launch) -> bool:
+    """This arms launch can swap the probe in (issue 38's launch check): the builtin server serves every
+    drafter of the target's shape; SGLang only a drafter of its launch's d2t map, the keep arms' group
+    (:data:`DRAFTER_MAP`), which the probe shares; vLLM swaps no drafter from a file."""
+    if launch.stage != "arms" or PROBE in launch.variants:
+        return False
+    if settings.serve.backend == "builtin":
+        return True
+    return settings.serve.backend == "sglang" and map_group(launch.variants[0]) == DRAFTER_MAP
+
+
+def launch_check_result(settings: Settings, layout: Layout, launch: Launch, client: str) -> str | None:
+    """The probe's result in its own launch the launch check pairs with (an input of the arms launch)."""
+    return layout.bench_result(PROBE, launch.spec, client) if checks_launch_noise(settings, launch) else None
+
+
 def swap_rule(settings: Settings) -> dict[str, str]:
     """What decides the grouping for this experiment's backend: the file of the tool's code and its rule."""
     decided_by, rule = SWAP_RULES[settings.serve.backend]
@@ -153,6 +169,9 @@ def describe(launch: Launch, settings: Settings, generate_argv: list[str] | None
         lines.append(f"swap rule ({rule['backend']}): {rule['rule']}; decided by {rule['decided_by']}")
         lines.append(f"trust: drafter checksum before each bench; {first} measured again after the swaps and "
                      "compared with its fresh-launch accept length")
+    if checks_launch_noise(settings, launch):
+        lines.append(f"launch check: {PROBE} swapped in last and benched as its own launch "
+                     f"{launch_of(settings, PROBE, launch.spec).id} did: the launch-to-launch noise")
     # comment lines bash skips: a line break inside a value (a path, a template kwarg) must not end the comment
     return "".join("\n# " + line.replace("\r", "\\r").replace("\n", "\\n") for line in lines)
 
@@ -168,9 +187,10 @@ def launch_outputs(layout: Layout, launch: Launch, clients) -> dict[str, list[st
 
 
 def launch_plan(settings: Settings, layout: Layout, launch: Launch, bench_plans: list[dict[str, Any]],
-                generate_argv: list[str] | None) -> dict[str, Any]:
+                generate_argv: list[str] | None, probe_plan: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything ``draftlab serve-launch`` needs for one launch: the server (the first variant's), each
-    variant's bench plan in order, the swap rule, the fresh-launch check, the generate step."""
+    variant's bench plan in order, the swap rule, the fresh-launch check, the launch check (``probe_plan``:
+    the probe's bench plan at this setting, where :func:`checks_launch_noise`), the generate step."""
     first = bench_plans[0]
     return {
         "version": 2,
@@ -185,6 +205,9 @@ def launch_plan(settings: Settings, layout: Layout, launch: Launch, bench_plans:
         # the launch's first drafter benched again after every swap, on its first client: its accept
         # length must match the fresh launch's within the two measurements' own repeat spread
         "fresh_check": {"variant": launch.variants[0], "client": first["clients"][0]["name"]} if launch.swaps else None,
+        # the probe swapped in last, benched on that client as its own launch benched it, paired with that
+        # result: the launch-to-launch noise every comparison across launches carries (issue 38)
+        "launch_check": _launch_check(settings, layout, launch, first, probe_plan),
         # the plain decoding results every speculative bench's output text must equal (temperature 0)
         "plain_outputs": [layout.bench_result(BASELINE, "plain", c["name"]) for c in first["clients"]]
         if launch.stage == "arms" else [],
@@ -195,3 +218,13 @@ def launch_plan(settings: Settings, layout: Layout, launch: Launch, bench_plans:
         "cache": layout.launch_cache(launch.id),
         "summary": layout.launch_summary(launch.id),
     }
+
+
+def _launch_check(settings: Settings, layout: Layout, launch: Launch, first: dict[str, Any],
+                  probe_plan: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What the arms launch benches the probe with and what it pairs it with, or None where it cannot."""
+    if probe_plan is None or not checks_launch_noise(settings, launch):
+        return None
+    client = first["clients"][0]["name"]
+    return {"variant": PROBE, "client": client, "own_launch": launch_of(settings, PROBE, launch.spec).id,
+            "own_result": launch_check_result(settings, layout, launch, client), "bench": probe_plan}

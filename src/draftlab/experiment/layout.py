@@ -259,7 +259,7 @@ class Layout:
         return f"{self.launch_dir(launch)}/plan.json"
 
     def launch_summary(self, launch: str) -> str:
-        """What one launch did: ready time, each bench, each swap's checksums, the fresh-launch comparison."""
+        """What one launch did: ready time, each bench, each swap's checksums, the fresh-launch comparison, the launch check."""
         return f"{self.launch_dir(launch)}/launch.json"
 
     def launch_cache(self, launch: str) -> str:

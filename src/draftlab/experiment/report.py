@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from draftlab.benchmark import chain as chains
+from draftlab.benchmark import launch_noise
 from draftlab.benchmark import paired as pairing
 from draftlab.benchmark import recommend
 from draftlab.benchmark.bench import is_verify_cycle
@@ -86,7 +87,8 @@ def decision_text(rows: list[dict[str, Any]], gate: dict[str, Any] | None, bench
                "prompt, geometric mean over prompts with a seeded bootstrap 95% interval (prompts resampled); each arm "
                "stands at its best setting by that number, never by accept length.")
     lines = d["lines"]
-    return [lines[-1]] + out + lines[:-1]  # the decision first, then what it rests on
+    # the decision first, the launch check it carries, then what it rests on
+    return [lines[-1]] + launch_noise.report_lines(d.get("launch")) + out + lines[:-1]
 
 
 _table = md_table  # every body cell escaped (draftlab.textsafe): cells carry names and messages read from files
@@ -382,7 +384,8 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
                  data_stats: str | os.PathLike | None = None,
                  bench: Sequence[str | os.PathLike] | None = None,
                  plans: Sequence[str | os.PathLike] | None = None,
-                 leak_check: str | os.PathLike | None = None) -> dict[str, str]:
+                 leak_check: str | os.PathLike | None = None,
+                 launches: Sequence[str | os.PathLike] | None = None) -> dict[str, str]:
     """Write ``summary.md``, ``recommendation.json``, the three plots and the HTML views under ``out_dir``.
 
     HTML views (for ``snakemake --report``, see draftlab.experiment.report_html): ``summary.html`` (plots
@@ -396,7 +399,8 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
     ``bench`` (the bench results with per-request rows: paired speedups, chain predictions) and
     ``plans`` (the servers' plans: the recommendation's launch command, the baseline's for a plain verdict)
     and ``leak_check`` (rule leak_check's record) are the files the rule declares; left out, they are those of
-    the variants in ``records_csv`` (:func:`report_inputs`).
+    the variants in ``records_csv`` (:func:`report_inputs`). ``launches``: the arms launches' ``launch.json``,
+    whose ``launch_check`` sets the launch noise comparisons across launches carry (left out: unmeasured).
     ``data_stats`` is generate_data's stats JSON (None: the experiment brought its own data).
     """
     exp_dir, out_dir = Path(exp_dir), Path(out_dir)
@@ -408,7 +412,8 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
     server_plans = load_plans(files["plans"])
     gate = _read_json(Path(files["gate"]))
     client = rows[0]["client"] if rows else None
-    decision, rec_path, deploy = _write_recommendation(out_dir, rows, results, client, server_plans)
+    launch = load_launch_noise(launches)
+    decision, rec_path, deploy = _write_recommendation(out_dir, rows, results, client, server_plans, launch)
     paths, standing_rows, curves = _write_plots(out_dir, rows, results, client, files["train"], standing)
     experiment = rows[0]["experiment"] if rows else exp_dir.name
     decision_lines = decision_text(rows, gate, results, decision) if rows else decision_text(rows, gate)
@@ -422,11 +427,21 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
             **{k: str(v) for k, v in paths.items()}, **views}
 
 
+def load_launch_noise(paths: Sequence[str | os.PathLike] | None) -> dict[str, Any]:
+    """The run's launch noise from the arms launches' summaries handed (draftlab.benchmark.launch_noise)."""
+    if paths is None:
+        return {"measured": False, "noise": None, "check": None, "checks": [],
+                "reason": "no launch summary was handed to the report (`--launches`)"}
+    return launch_noise.from_summaries([s for s in map(lambda p: _read_json(Path(p)), paths) if isinstance(s, dict)])
+
+
 def _write_recommendation(out_dir: Path, rows: list[dict[str, Any]], results: Bench, client: str | None,
-                          server_plans: dict[tuple[str, str], dict[str, Any]]) -> tuple[dict[str, Any], Path, list[str]]:
+                          server_plans: dict[tuple[str, str], dict[str, Any]],
+                          launch: dict[str, Any] | None = None) -> tuple[dict[str, Any], Path, list[str]]:
     """Decide (draftlab.benchmark.verdict) and write ``recommendation.json``, what to launch on that decision;
     returns the decision, the file and the recommendation in words."""
-    decision = decide(rows, client, for_client(results, client)) if rows else {"lines": [], "verdict": "none"}
+    decision = (decide(rows, client, for_client(results, client), launch) if rows
+                else {"lines": [], "verdict": "none", "launch": launch})
     win = decision.get("winner")
     rec = recommend.recommendation(decision, baseline_row(rows, client) if rows else None,
                                    server_plans.get((win["variant"], win["spec_id"])) if win else None,
