@@ -206,6 +206,23 @@ def test_fresh_check_refuses_beyond_the_repeat_spread():
                         [{"phase": "measure", "prompt_id": "a", "output_sha256": "y"}], "arm")
 
 
+def test_an_arms_launch_compares_its_answers_with_the_plain_result_files_as_written(tmp_path):
+    """The plain launch's results name their client in ``server.client`` (bench.write_results writes no top-level
+    ``client``): keyed by the top-level key, no arm's answer was ever compared with plain decoding's."""
+    from draftlab.benchmark.bench import BenchResult, write_results
+    from draftlab.benchmark.serve_launch import _check_plain
+
+    def result(digest):
+        rows = [{"phase": "measure", "repeat": 0, "prompt_id": "a", "completion_tokens": 4, "output_sha256": digest}]
+        return BenchResult(summary={}, rows=rows, config={}, prompt_set={}, server={"client": "short"})
+
+    write_results(result("plain"), tmp_path / "short.json")
+    plan = {"plain_outputs": [str(tmp_path / "short.json")], "spec_id": "s2-k1-d3"}
+    _check_plain(plan, [(result("plain"), {"name": "short"}, "finetune-keep")])
+    with pytest.raises(Exception, match="finetune-remap s2-k1-d3 short: answers differ from plain decoding"):
+        _check_plain(plan, [(result("other"), {"name": "short"}, "finetune-remap")])
+
+
 @pytest.mark.slow  # the smoke demo pair (a real drafter that drafts)
 def test_a_payload_naming_any_other_global_is_refused(server, tmp_path):
     """The tensor payload is pickle (SGLang's format): the builtin server's unpickler allows a tensor list's

@@ -291,7 +291,11 @@ def get_report_inputs(wildcards):
         "plans": [L.bench_plan(v, s) for v, s in servers],
         # the arms launches' summaries: their launch_check (the probe benched again in an arms launch) sets
         # the launch-to-launch noise each comparison across launches must clear
-        "launches": [L.launch_summary(x.id) for x in LAUNCHES if x.stage == "arms"] if get_open_arms() else [],
+        "launches": (
+            [L.launch_summary(x.id) for x in LAUNCHES if x.stage == "arms"]
+            if get_open_arms()
+            else []
+        ),
     }
 
 

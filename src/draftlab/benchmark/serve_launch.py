@@ -235,8 +235,9 @@ def _launch_check(plan: Mapping[str, Any], url: str, launch: dict[str, Any], pro
     out = launch_noise.measure(own, again.to_dict(), variant=check["variant"], own_launch=check["own_launch"],
                                arms_launch=plan["launch"], client=check["client"], baseline=base)
     out["swap"] = rec
+    noise = "unmeasured: " + str(out["reason"]) if out["noise"] is None else f"{out['noise']:.1%}"
     _say(f"launch check {check['variant']}: {out['speedup'] or float('nan'):.3f}x in {plan['launch']} over its own "
-         f"launch {check['own_launch']} ({out['prompts']} prompts): launch noise {out['noise']}")
+         f"launch {check['own_launch']} ({out['prompts']} prompts): launch noise {noise}")
     return out
 
 
