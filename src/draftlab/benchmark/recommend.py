@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from draftlab.benchmark.bench_plan import plan_argv
 from draftlab.benchmark.breakeven import accept_length_needed
-from draftlab.benchmark.verdict import num
+from draftlab.benchmark.verdict import num, what_would_tell
 
 
 def _plain(text: str) -> str:
@@ -133,17 +133,23 @@ def deploy_block(decision: Mapping[str, Any], rec: Mapping[str, Any],
                                for r in decision["candidates"]]
         block["versus"] = {"speedup": versus.get("speedup"), "ci95": versus.get("ci95"), "prompts": versus.get("prompts")}
         block["prompts_needed"] = decision.get("prompts_needed")
-        a, b = block["candidates"]
-        more = (f"about {block['prompts_needed']} prompts (now {versus.get('prompts')})" if block["prompts_needed"]
-                else f"more prompts than {versus.get('prompts')}")
-        block["why"] = (f"this run cannot tell {_name(a)} from {_name(b)} "
-                        f"({_x(versus.get('speedup'), versus.get('ci95'))} paired); {more} would tell; keep the "
-                        "plain server until then")
+        block["why"] = _cannot_tell_why(*block["candidates"], versus, block["prompts_needed"])
     elif verdict == "serve":
         block["why"] = rec.get("reason")
     else:
         block["why"] = f"no drafter result to recommend ({verdict}); keep the plain server"
     return block
+
+
+def _cannot_tell_why(a: Mapping[str, Any], b: Mapping[str, Any], versus: Mapping[str, Any],
+                     needed: int | None) -> str:
+    """Why a cannot-tell keeps the plain server, and what would tell: prompts where more of them can; where the
+    speed-up sits inside the noise band (the hosts' or the launches'), what the verdict says would tell instead."""
+    said = f"this run cannot tell {_name(a)} from {_name(b)} ({_x(versus.get('speedup'), versus.get('ci95'))} paired)"
+    if not needed and versus.get("paired") and versus.get("margin"):
+        return f"{said}; what would tell: {what_would_tell(versus)}; keep the plain server until then"
+    more = f"about {needed} prompts (now {versus.get('prompts')})" if needed else f"more prompts than {versus.get('prompts')}"
+    return f"{said}; {more} would tell; keep the plain server until then"
 
 
 def _name(arm: Mapping[str, Any]) -> str:
