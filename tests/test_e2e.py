@@ -109,6 +109,7 @@ def test_full_run_produces_records_and_report(smoke):
     own = json.loads((res / "bench" / "probe" / "s2-k1-d3" / "short.json").read_text())
     assert check["prompts"] == len({r["prompt_id"] for r in own["rows"] if r["phase"] == "measure"})
     assert check["noise"] == max(check["speedup"], 1 / check["speedup"]) - 1 and check["ci95"]
+    assert check["accept_length"][0] == check["accept_length"][1] > 1  # the same drafter, the same greedy answers
     rec = json.loads((res / "report" / "recommendation.json").read_text())
     assert rec["launch_noise"] == check["noise"] and rec["launch_check"]["arms_launch"] == "arms-s2-k1-d3"
     assert ("**Launch check:** `probe` in its own launch `probe-s2-k1-d3` vs swapped into `arms-s2-k1-d3`: "

@@ -33,7 +33,9 @@ def measure(own: Mapping[str, Any], again: Mapping[str, Any], *, variant: str, o
     out = {"variant": variant, "own_launch": own_launch, "arms_launch": arms_launch,
            "launches": [own_launch, arms_launch], "client": client, "time_field": field,
            "speedup": p.get("speedup"), "ci95": p.get("ci95"), "prompts": p.get("prompts"),
-           "noise": None, "reason": p.get("reason")}
+           "noise": None, "reason": p.get("reason"),
+           # greedy answers: the same drafter accepts the same in both launches; only the speed may move
+           "accept_length": [pairing.accept_length(own), pairing.accept_length(again)]}
     if p.get("paired") and p.get("speedup"):
         out["noise"] = noise_of(p["speedup"])
     return out

@@ -147,7 +147,7 @@ def _cannot_tell_why(a: Mapping[str, Any], b: Mapping[str, Any], versus: Mapping
     speed-up sits inside the noise band (the hosts' or the launches'), what the verdict says would tell instead."""
     said = f"this run cannot tell {_name(a)} from {_name(b)} ({_x(versus.get('speedup'), versus.get('ci95'))} paired)"
     if not needed and versus.get("paired") and versus.get("margin"):
-        return f"{said}; what would tell: {what_would_tell(versus)}; keep the plain server until then"
+        return f"{said}; what would tell: {_plain(what_would_tell(versus))}; keep the plain server until then"
     more = f"about {needed} prompts (now {versus.get('prompts')})" if needed else f"more prompts than {versus.get('prompts')}"
     return f"{said}; {more} would tell; keep the plain server until then"
 
