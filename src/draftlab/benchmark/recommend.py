@@ -6,15 +6,14 @@ and setting, the exact launch command for the experiment's backend, the one the 
 Without a winner (draftlab.benchmark.verdict says why): ``{"winner": null, "reason": ...}`` with the plain
 server's launch command to keep. Every verdict has a ``deploy`` block (:func:`deploy_block`): what to run and
 why, for a plain verdict the best arm and the accept length it would need, for cannot-tell the two candidates
-and the prompts that would tell (and, where speculation beats plain decoding but two arms cannot be told apart,
-the one to serve meanwhile, chosen by the arms' fixed order: :func:`serve_meanwhile`).
+and the prompts that would tell.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from draftlab.benchmark.bench_plan import plan_argv
 from draftlab.benchmark.breakeven import accept_length_needed
@@ -28,18 +27,17 @@ def _plain(text: str) -> str:
 
 def recommendation(decision: Mapping[str, Any], baseline: Mapping[str, Any] | None,
                    plan: Mapping[str, Any] | None, plans: Mapping[tuple[str, str], Mapping[str, Any]] | None = None,
-                   arm_order: Sequence[str] = ()) -> dict[str, Any]:
+                   ) -> dict[str, Any]:
     """From :func:`draftlab.benchmark.verdict.decide`'s result, the baseline's records row and the
     winner's server plan (None where there is no winner); ``plans`` (every server's, by (variant, spec)) give
-    the other verdicts their launch commands: the plain server to keep, each candidate's; ``arm_order`` (the
-    experiment's variants in their fixed order) picks the arm a cannot-tell between two arms serves meanwhile."""
+    the other verdicts their launch commands: the plain server to keep, each candidate's."""
     reason = _plain(decision["lines"][-1]) if decision.get("lines") else "no decision"
     win = decision.get("winner")
     plans = plans or {}
     if win is None:
         out = {"winner": None, "verdict": decision.get("verdict"), "reason": reason}
         out.update(_launch(plans.get(("baseline", "plain"))), **launch_noise_keys(decision))
-        out["deploy"] = deploy_block(decision, out, plans, arm_order)
+        out["deploy"] = deploy_block(decision, out, plans)
         return out
 
     p = decision["paired"]
@@ -72,7 +70,7 @@ def recommendation(decision: Mapping[str, Any], baseline: Mapping[str, Any] | No
                                    "runner_up_setting": decision["runner_up"]["spec_id"],
                                    "speedup": r.get("speedup"), "ci95": r.get("ci95")}
     out.update(launch_noise_keys(decision))
-    out["deploy"] = deploy_block(decision, out, plans, arm_order)
+    out["deploy"] = deploy_block(decision, out, plans)
     return out
 
 
@@ -107,7 +105,7 @@ def _arm(row: Mapping[str, Any], paired: Mapping[str, Any] | None,
 
 
 def deploy_block(decision: Mapping[str, Any], rec: Mapping[str, Any],
-                 plans: Mapping[tuple[str, str], Mapping[str, Any]], arm_order: Sequence[str] = ()) -> dict[str, Any]:
+                 plans: Mapping[tuple[str, str], Mapping[str, Any]]) -> dict[str, Any]:
     """What to run after this verdict, and why. ``serve``: the winner's launch command. ``plain`` and ``none``:
     keep the plain server (its launch command: the experiment's backend without speculation); a plain verdict
     says why no drafter: the best arm's paired speed-up and the accept length it would need to break even.
@@ -136,44 +134,11 @@ def deploy_block(decision: Mapping[str, Any], rec: Mapping[str, Any],
         block["versus"] = {"speedup": versus.get("speedup"), "ci95": versus.get("ci95"), "prompts": versus.get("prompts")}
         block["prompts_needed"] = decision.get("prompts_needed")
         block["why"] = _cannot_tell_why(*block["candidates"], versus, block["prompts_needed"])
-        chosen = serve_meanwhile(decision, arm_order)
-        if chosen is not None:
-            _serve_instead(block, _arm(chosen["row"], chosen["paired"], plans), plans.get(
-                (chosen["row"]["variant"], chosen["row"]["spec_id"])))
     elif verdict == "serve":
         block["why"] = rec.get("reason")
     else:
         block["why"] = f"no drafter result to recommend ({verdict}); keep the plain server"
     return block
-
-
-def serve_meanwhile(decision: Mapping[str, Any], arm_order: Sequence[str] = ()) -> dict[str, Any] | None:
-    """A cannot-tell between two arms where speculation itself is not in doubt: of the candidates whose paired
-    interval clears plain decoding (by the margin the decision carried), the first in ``arm_order`` (the report
-    passes :data:`draftlab.experiment.variants.ORDER`: the probe, then the arms that change the transferred
-    drafter least), then by name and setting; None where plain decoding is a candidate or no candidate clears it. The order, not the
-    faster point estimate, picks: runs that cannot tell the two apart then deploy the same drafter."""
-    candidates = decision.get("candidates") or []
-    if not candidates or any(r["variant"] == "baseline" for r in candidates):
-        return None
-    names = {(r["variant"], r["spec_id"]) for r in candidates}
-    clear = [a for a in decision.get("arms") or [] if (a["row"]["variant"], a["row"]["spec_id"]) in names
-             and a["paired"].get("clears")]
-    rank = {v: i for i, v in enumerate(arm_order)}
-    return min(clear, key=lambda a: (rank.get(a["row"]["variant"], len(rank)), a["row"]["variant"],
-                                     a["row"]["spec_id"]), default=None)
-
-
-def _serve_instead(block: dict[str, Any], arm: Mapping[str, Any], plan: Mapping[str, Any] | None) -> None:
-    """Turn a cannot-tell block into "serve this arm meanwhile": its launch command, and why this one."""
-    launch = _launch(plan)
-    block.update(action="serve", serve=arm, launch_command=launch.get("launch_command"),
-                 launch_argv=launch.get("launch_argv"))
-    block["why"] = (f"speculation beats plain decoding ({_name(arm)} {_x(arm['speedup'], arm['ci95'])} paired, clear "
-                    f"of the noise margin), but {block['why'].replace('; keep the plain server until then', '')}; "
-                    f"serve {_name(arm)} meanwhile: the first of the two in the arms' fixed order (the probe, then "
-                    "the arms that change the transferred drafter least), not the faster estimate, so runs that "
-                    "cannot tell them apart deploy the same drafter")
 
 
 def _cannot_tell_why(a: Mapping[str, Any], b: Mapping[str, Any], versus: Mapping[str, Any],
@@ -208,14 +173,8 @@ def _int(v: Any) -> int | None:
 
 def markdown(rec: Mapping[str, Any]) -> list[str]:
     """The recommendation as the first lines of the summary."""
-    d = rec.get("deploy") or {}
-    if rec.get("winner") is None and d.get("action") == "serve":  # cannot-tell between two arms: one meanwhile
-        lines = [f"**Deploy:** `{d['serve']['variant']}` at {d['serve']['setting']} meanwhile ({rec.get('verdict')} "
-                 f"between two drafters): {d['why']}."]
-        lines += [f"Candidate `{c['variant']}` at {c['setting']}: `{c['launch_command']}`"
-                  for c in d.get("candidates") or [] if c.get("launch_command")]
-        return lines + ([f"Launch: `{d['launch_command']}`"] if d.get("launch_command") else [])
     if rec.get("winner") is None:
+        d = rec.get("deploy") or {}
         lines = [f"**Deploy:** no drafter is recommended by this run ({rec.get('verdict')}): "
                  f"{d.get('why') or 'see the decision below'}."]
         for c in d.get("candidates") or []:

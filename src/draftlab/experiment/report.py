@@ -33,7 +33,6 @@ from draftlab.benchmark.verdict import (
 )
 from draftlab.benchmark.leak_check import markdown as leak_markdown
 from draftlab.experiment import report_html as html_view
-from draftlab.experiment.variants import ORDER
 from draftlab.experiment.report_categories import category_section
 from draftlab.experiment.layout import REPORT_FILES
 from draftlab.experiment.latency_table import latency_table
@@ -446,7 +445,7 @@ def _write_recommendation(out_dir: Path, rows: list[dict[str, Any]], results: Be
     win = decision.get("winner")
     rec = recommend.recommendation(decision, baseline_row(rows, client) if rows else None,
                                    server_plans.get((win["variant"], win["spec_id"])) if win else None,
-                                   plans=server_plans, arm_order=ORDER)
+                                   plans=server_plans)
     rec_path = out_dir / REPORT_FILES["recommendation"]
     write_text(rec_path, to_json(rec, str(rec_path)))
     return decision, rec_path, recommend.markdown(rec)
