@@ -42,28 +42,31 @@ python3 - "$out" <<'PY'
 import glob, json, os, sys
 out = sys.argv[1]
 n = len(glob.glob(os.path.join(out, "run-*")))
-lines = ["| run | verdict | deployed arm | setting | paired speed-up [95%] | candidates / why | wall s |",
-         "|---|---|---|---|---|---|---|"]
+lines = ["| run | verdict | deployed arm | setting | paired speed-up [95%] | candidates / why | launch noise | wall s |",
+         "|---|---|---|---|---|---|---|---|"]
 for i in range(1, n + 1):
     wd = os.path.join(out, f"run-{i}")
     recs = glob.glob(os.path.join(wd, "results", "*", "report", "recommendation.json"))
     if not recs:
-        lines.append(f"| {i} | (no recommendation.json) | | | | | |")
+        lines.append(f"| {i} | (no recommendation.json) | | | | | | |")
         continue
     r = json.load(open(recs[0]))
     d = r.get("deploy") or {}
     ci = r.get("speedup_ci95")
     sp = f"{r['speedup']:.2f}x" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") if r.get("speedup") else ""
     if d.get("candidates"):
+        need = d.get("prompts_needed")
         note = " vs ".join(f"{c['variant']}@{c['setting']}" for c in d["candidates"]) + \
-               f", ~{d.get('prompts_needed')} prompts would tell"
+               (f", ~{need} prompts would tell" if need else ", inside the noise band: more prompts would not tell")
     elif d.get("best_arm"):
         b = d["best_arm"]
         note = f"best {b['variant']}@{b['setting']} {b['speedup']:.2f}x, needs accept {b['accept_length_needed']:.2f}"
     else:
         note = ""
     wall = open(os.path.join(wd, "wall_s")).read().strip() if os.path.exists(os.path.join(wd, "wall_s")) else "–"
-    lines.append(f"| {i} | {r.get('verdict')} | {r.get('winner') or '–'} | {r.get('setting') or '–'} | {sp} | {note} | {wall} |")
+    ln = r.get("launch_noise")
+    noise = f"{ln:.1%}" if isinstance(ln, (int, float)) else "unmeasured"
+    lines.append(f"| {i} | {r.get('verdict')} | {r.get('winner') or '–'} | {r.get('setting') or '–'} | {sp} | {note} | {noise} | {wall} |")
 text = "\n".join(lines)
 print(text)
 open(os.path.join(out, "verdicts.md"), "w").write(text + "\n")
