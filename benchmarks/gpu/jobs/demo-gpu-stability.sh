@@ -2,7 +2,8 @@
 # benchmarks/verdict_stability.sh (a fresh copy of the checkout, its own demo build, `snakemake all --profile gpu1
 # --configfile config/demo-gpu.yaml`). Runs accumulate in $VS_OUT (default /tmp/vs-gpu) while the machine stays:
 # start it once per run (one run ~6-9 min, so start, then wait; VS_RUNS=N runs N, KEEP_DEMO=1 gives runs after
-# the first run-1's demo pair: benchmarks/verdict_stability.sh), and the table over every run there ends steps.log. Each run's recommendation.json, summary.md, launch records, wall time and log tail are kept under
+# the first run-1's demo pair: benchmarks/verdict_stability.sh), and the table over every run there ends
+# steps.log. Each run's recommendation.json, summary.md, launch records, wall time and log tail are kept under
 # $WORK/run-N/.
 . "$GPU_DIR/env.sh"
 gpu_job_begin
