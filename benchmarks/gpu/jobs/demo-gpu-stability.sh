@@ -1,27 +1,38 @@
 # demo-gpu-stability: one more clean demo-gpu run for issue 38's "does the verdict hold" check, through
 # benchmarks/verdict_stability.sh (a fresh copy of the checkout, its own demo build, `snakemake all --profile gpu1
 # --configfile config/demo-gpu.yaml`). Runs accumulate in $VS_OUT (default /tmp/vs-gpu) while the machine stays:
-# start it once per run (one run ~6-9 min, so start, then wait; VS_RUNS=N runs N, KEEP_DEMO=1 gives runs after
-# the first run-1's demo pair: benchmarks/verdict_stability.sh), and the table over every run there ends
-# steps.log. Each run's recommendation.json, summary.md, launch records, wall time and log tail are kept under
-# $WORK/run-N/.
+# start it, then wait (a run took 860 s from clean and 329 s on a kept demo pair on an H200; VS_RUNS=N runs N one after another,
+# KEEP_DEMO=1 gives runs after the first run-1's demo pair: benchmarks/verdict_stability.sh). Each run's verdict
+# line joins steps.log as it ends, and its recommendation.json, summary.md, launch records, demo log, per-rule
+# seconds, wall time and log tail are kept under $WORK/run-N/ (packed by `wait`); the table over every run ends
+# steps.log.
 . "$GPU_DIR/env.sh"
 gpu_job_begin
 export PATH=/tmp/site/bin:$PATH  # snakemake's own entry point (verdict_stability.sh calls `snakemake`)
 vs=${VS_OUT:-/tmp/vs-gpu}
-t0=$(date +%s)
-OUT=$vs bash benchmarks/verdict_stability.sh "${VS_RUNS:-1}" --profile gpu1 --configfile config/demo-gpu.yaml \
-  > "$WORK/table.md" 2> "$WORK/verdict_stability.log"
-log "verdict_stability.sh ${VS_RUNS:-1} (KEEP_DEMO=${KEEP_DEMO:-0}) --profile gpu1 --configfile config/demo-gpu.yaml: rc $? in $(( $(date +%s) - t0 )) s"
-n=$(find "$vs" -maxdepth 1 -name 'run-*' -type d | wc -l)
-for i in $(seq 1 "$n"); do
-  src=$vs/run-$i keep=$WORK/run-$i
+# keep_run N: run N's answer and timings under $WORK/run-N (what `wait` packs), as soon as it ends: a device
+# session's time can run out before the next run does
+keep_run() {
+  local src=$vs/run-$1 keep=$WORK/run-$1 f
   mkdir -p "$keep"
-  cp "$src/wall_s" "$keep/" 2>/dev/null
+  cp "$src/wall_s" "$src/demo_from" "$keep/" 2>/dev/null
   tail -60 "$src/run.log" > "$keep/run.log.tail" 2>/dev/null
   for f in "$src"/results/*/report/recommendation.json "$src"/results/*/report/summary.md \
-           "$src"/results/*/launch/*/launch.json "$src"/results/*/records/merged.json; do
+           "$src"/results/*/launch/*/launch.json "$src"/results/*/records/merged.json \
+           "$src"/results/*/logs/demo_models.log; do
     [ -f "$f" ] && cp "$f" "$keep/$(echo "${f#"$src"/results/*/}" | tr / _)"
   done
+  # every rule's time (Snakemake's benchmark files): where a slow run spent it
+  (cd "$src"/results/*/benchmarks 2>/dev/null && grep -r -m1 -v '^s' --include='*.tsv' . | cut -f1 \
+    | sed 's/:/\t/' | sort -k2 -rn) > "$keep/rule_seconds.tsv" 2>/dev/null
+}
+for k in $(seq 1 "${VS_RUNS:-1}"); do
+  t0=$(date +%s)
+  OUT=$vs bash benchmarks/verdict_stability.sh 1 --profile gpu1 --configfile config/demo-gpu.yaml \
+    > "$WORK/table.md" 2>> "$WORK/verdict_stability.log"
+  rc=$?
+  n=$(find "$vs" -maxdepth 1 -name 'run-*' -type d | wc -l)
+  keep_run "$n"
+  log "run $n (KEEP_DEMO=${KEEP_DEMO:-0}): verdict_stability.sh 1 --profile gpu1 --configfile config/demo-gpu.yaml: rc $rc in $(( $(date +%s) - t0 )) s: $(tail -1 "$WORK/table.md")"
 done
 cat "$WORK/table.md" >> "$WORK/steps.log"
