@@ -48,7 +48,7 @@ python3 - "$out" <<'PY'
 import glob, json, os, sys
 out = sys.argv[1]
 n = len(glob.glob(os.path.join(out, "run-*")))
-lines = ["| run | verdict | deployed arm | setting | paired speed-up [95%] | candidates / why | launch noise | wall s |",
+lines = ["| run | verdict | deployed arm | setting | paired speed-up [95%] | candidates / why | launch drift / margin | wall s |",
          "|---|---|---|---|---|---|---|---|"]
 for i in range(1, n + 1):
     wd = os.path.join(out, f"run-{i}")
@@ -70,8 +70,9 @@ for i in range(1, n + 1):
     else:
         note = ""
     wall = open(os.path.join(wd, "wall_s")).read().strip() if os.path.exists(os.path.join(wd, "wall_s")) else "–"
-    ln = r.get("launch_noise")
-    noise = f"{ln:.1%}" if isinstance(ln, (int, float)) else "unmeasured"
+    ln, lm = r.get("launch_noise"), r.get("launch_margin")
+    noise = f"{ln:.1%} / {lm:.1%}" if isinstance(ln, (int, float)) and isinstance(lm, (int, float)) else \
+        (f"{ln:.1%}" if isinstance(ln, (int, float)) else "unmeasured")
     if os.path.exists(os.path.join(wd, "demo_from")):
         wall += " (demo pair of " + open(os.path.join(wd, "demo_from")).read().strip() + ")"
     lines.append(f"| {i} | {r.get('verdict')} | {r.get('winner') or '–'} | {r.get('setting') or '–'} | {sp} | {note} | {noise} | {wall} |")

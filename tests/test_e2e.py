@@ -10,6 +10,7 @@ on the session's one smoke demo build (conftest ``smoke_demo``, read-only). Mark
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -113,7 +114,8 @@ def test_full_run_produces_records_and_report(smoke):
     rec = json.loads((res / "report" / "recommendation.json").read_text())
     assert rec["launch_noise"] == check["noise"] and rec["launch_check"]["arms_launch"] == "arms-s2-k1-d3"
     assert ("**Launch check:** `probe` in its own launch `probe-s2-k1-d3` vs swapped into `arms-s2-k1-d3`: "
-            f"{check['speedup']:.2f}x") in md and "one pair of launches: a floor, not an interval" in md
+            f"{check['speedup']:.2f}x") in md and "95% prediction bound: t(0.975, 1) = 12.71 times the drift" in md
+    assert rec["launch_margin"] == pytest.approx(math.expm1(12.706 * abs(math.log(check["speedup"]))))
     assert set(records.launch_id) == {"plain", "probe-s2-k1-d3", "arms-s2-k1-d3"}
 
 

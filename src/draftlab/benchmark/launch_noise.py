@@ -6,17 +6,25 @@ on one H200: baselines 668.9, 699.9 and 762.7 tok/s). A paired interval over pro
 So the arms launch that can serve the probe (the builtin server's, or SGLang's whose swap group holds
 the probe's d2t map) swaps it in last and benches it as the probe launch did (``launch_check``, planned
 by ``experiment.launches``, run by ``benchmark.serve_launch``): the paired speed-up ``s`` of the same
-drafter in two launches is one draw of the launch effect, and ``max(s, 1/s) - 1`` its size. One pair of
-launches gives a floor, not an interval: no interval is ever computed from it.
+drafter in two launches is one draw of the launch effect, and ``max(s, 1/s) - 1`` its size (the drift).
+
+One drift is not a bound: another pair of launches drifts as far or further half the time, so a verdict that
+took the drift seen as its margin flipped between runs. Each check's ``log s`` is one draw of the difference of
+two launches' effects, N(0, 2 sigma^2); from k checks (one per speculative setting) another such difference
+stays within ``t(0.975, k) * rms(log s)`` with 95% probability (Student's t with k degrees of freedom: the
+ratio of a new draw to the root mean square of k old ones). That prediction bound, 12.7 times the drift for one
+pair, is the margin every comparison across launches carries (:func:`bound`); more pairs, not more prompts,
+narrow it.
 """
 
 from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from draftlab.benchmark import paired as pairing
+import math
 
-FLOOR_NOT_INTERVAL = "one pair of launches: a floor, not an interval"
+from draftlab.benchmark import paired as pairing
+from draftlab.benchmark.bench_summary import t_quantile_975
 
 
 def noise_of(speedup: float) -> float:
@@ -56,14 +64,34 @@ def unmeasured_reason(summaries: Sequence[Mapping[str, Any]]) -> str:
     return "no arms launch benched the probe"
 
 
+def bound(speedups: Sequence[float]) -> tuple[float, float]:
+    """The 95% prediction bound on another pair of launches' drift from the k checks' speed-ups, as a margin
+    (``exp(t(0.975, k) * rms(log s)) - 1``), and the t quantile it used."""
+    t = t_quantile_975(len(speedups))
+    rms = math.sqrt(sum(math.log(s) ** 2 for s in speedups) / len(speedups))
+    return math.expm1(t * rms), t
+
+
 def from_summaries(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The run's launch noise from its arms launches' summaries (``launch.json``): the largest measured
-    check (one per speculative setting), or ``measured: False`` with the reason."""
+    """The run's launch noise from its arms launches' summaries (``launch.json``): ``observed`` (the largest
+    drift a check measured, one check per speculative setting, ``check`` that one), ``margin`` (the 95%
+    prediction bound from all ``pairs`` checks: :func:`bound`), or ``measured: False`` with the reason."""
     checks = [s["launch_check"] for s in summaries if (s.get("launch_check") or {}).get("noise") is not None]
     if not checks:
-        return {"measured": False, "noise": None, "check": None, "checks": [], "reason": unmeasured_reason(summaries)}
+        return {"measured": False, "observed": None, "margin": None, "pairs": 0, "t": None, "check": None,
+                "checks": [], "reason": unmeasured_reason(summaries)}
     top = max(checks, key=lambda c: c["noise"])
-    return {"measured": True, "noise": top["noise"], "check": top, "checks": checks, "reason": None}
+    margin, t = bound([c["speedup"] for c in checks])
+    return {"measured": True, "observed": top["noise"], "margin": margin, "pairs": len(checks), "t": t,
+            "check": top, "checks": checks, "reason": None}
+
+
+def basis(launch: Mapping[str, Any]) -> str:
+    """How the margin came from the drift, in words: ``t(0.975, 1) = 12.71 times the drift of 1 pair of
+    launches``."""
+    k = launch["pairs"]
+    what = "the drift of 1 pair of launches" if k == 1 else f"the root mean square drift of {k} pairs of launches"
+    return f"95% prediction bound: t(0.975, {k}) = {launch['t']:.2f} times {what}, on a log scale"
 
 
 def where(launch: Mapping[str, Any]) -> str:
@@ -82,9 +110,9 @@ def report_lines(launch: Mapping[str, Any] | None) -> list[str]:
         why = (launch or {}).get("reason") or "no arms launch summary was handed to the report"
         return [f"**Launch check:** launch-to-launch noise unmeasured ({why}); each comparison's margin is the "
                 "hosts' own repeat noise alone."]
-    n = launch["noise"]
-    return [f"**Launch check:** {where(launch)}, so one launch of the target ran {n:.1%} from another "
-            f"({FLOOR_NOT_INTERVAL}). Every comparison across launches (each arm against the baseline, the probe "
-            f"against anything) decides only where its paired interval clears 1.0 by max(hosts' repeat noise, "
-            f"{n:.1%}), i.e. outside {1 / (1 + n):.2f} to {1 + n:.2f}; arms swapped into one launch keep the hosts' "
-            "margin alone."]
+    n, m = launch["observed"], launch["margin"]
+    return [f"**Launch check:** {where(launch)}, so one launch of the target ran {n:.1%} from another; another "
+            f"pair of launches may drift up to {m:.1%} ({basis(launch)}). Every comparison across launches (each "
+            f"arm against the baseline, the probe against anything) decides only where its paired interval clears "
+            f"1.0 by max(hosts' repeat noise, {m:.1%}), i.e. outside {1 / (1 + m):.2f} to {1 + m:.2f}; arms swapped "
+            "into one launch keep the hosts' margin alone."]

@@ -75,15 +75,18 @@ def recommendation(decision: Mapping[str, Any], baseline: Mapping[str, Any] | No
 
 
 def launch_noise_keys(decision: Mapping[str, Any]) -> dict[str, Any]:
-    """``launch_noise`` (the launch-to-launch noise the run measured, None where unmeasured) and
-    ``launch_check`` (the measurement behind it: the probe in its own launch vs in an arms launch)."""
+    """``launch_noise`` (the largest launch-to-launch drift the run measured, None where unmeasured),
+    ``launch_margin`` (the 95% prediction bound from it that comparisons across launches carried),
+    ``launch_pairs`` (how many checks it came from) and ``launch_check`` (the largest check: the probe in its
+    own launch vs in an arms launch)."""
     launch = decision.get("launch") or {}
     if not launch.get("measured"):
-        return {"launch_noise": None, "launch_check": None}
+        return {"launch_noise": None, "launch_margin": None, "launch_pairs": 0, "launch_check": None}
     c = launch["check"]
     keys = ("variant", "own_launch", "arms_launch", "launches", "client", "time_field", "speedup", "ci95", "prompts",
             "noise")
-    return {"launch_noise": launch["noise"], "launch_check": {k: c.get(k) for k in keys}}
+    return {"launch_noise": launch["observed"], "launch_margin": launch["margin"], "launch_pairs": launch["pairs"],
+            "launch_check": {k: c.get(k) for k in keys}}
 
 
 def _launch(plan: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -137,7 +137,7 @@ def margin_for(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None,
     host = max(host_noise(a), host_noise(b))
     if same_launch(a, b) or not launch or not launch.get("measured"):
         return host, "host", None
-    noise = float(launch["noise"])
+    noise = float(launch["margin"])
     return (noise, "launch", launch) if noise > host else (host, "host", launch)
 
 
@@ -189,8 +189,8 @@ def _within(p: Mapping[str, Any]) -> str:
     if not m:
         return "an interval that holds 1.0"
     if p.get("margin_source") == "launch":
-        return (f"an interval that reaches into the launch-to-launch noise around 1.0 ({1 / (1 + m):.2f} to "
-                f"{1 + m:.2f}: {launch_noise.where(p['launch'])})")
+        return (f"an interval that reaches into the launch-to-launch margin around 1.0 ({1 / (1 + m):.2f} to "
+                f"{1 + m:.2f}: {launch_noise.basis(p['launch'])}, {launch_noise.where(p['launch'])})")
     return f"an interval that reaches into the hosts' own noise around 1.0 ({1 / (1 + m):.2f} to {1 + m:.2f})"
 
 
@@ -210,11 +210,13 @@ def what_would_tell(p: Mapping[str, Any]) -> str:
 def _launch_would_tell(p: Mapping[str, Any], m: float, inside: bool) -> str:
     """What tells where the launch-to-launch noise sets the margin: replicated launches or a quieter host
     when the estimate sits inside it (more prompts do not), else more prompts against that bound."""
-    came = (f"the {m:.1%} one launch of the target ran from another ({launch_noise.where(p['launch'])}; "
-            f"{launch_noise.FLOOR_NOT_INTERVAL})")
+    launch = p["launch"]
+    came = (f"the {m:.1%} another pair of launches may drift ({launch['observed']:.1%} measured: "
+            f"{launch_noise.where(launch)}; {launch_noise.basis(launch)})")
     if inside:
         return (f"replicated launches or a quieter host: {p['speedup']:.2f}x sits inside {came}, which more prompts "
-                "do not shrink (rerun the launches, or bench on a host whose launches agree)")
+                "do not shrink (each speculative setting adds one pair of launches to the bound; or bench on a host whose "
+                "launches agree)")
     return (f"{_needed(p)} (`bench.clients[].limit` or a larger prompt file), each result clearing 1.0 by {came}; "
             "or replicated launches")
 
