@@ -1,11 +1,11 @@
 # demo-gpu-stability: one more clean demo-gpu run for issue 38's "does the verdict hold" check, through
 # benchmarks/verdict_stability.sh (a fresh copy of the checkout, its own demo build, `snakemake all --profile gpu1
 # --configfile config/demo-gpu.yaml`). Runs accumulate in $VS_OUT (default /tmp/vs-gpu) while the machine stays:
-# start it, then wait (a run took 860 s from clean and 329 s on a kept demo pair on an H200; VS_RUNS=N runs N one after another,
-# KEEP_DEMO=1 gives runs after the first run-1's demo pair: benchmarks/verdict_stability.sh). Each run's verdict
-# line joins steps.log as it ends, and its recommendation.json, summary.md, launch records, demo log, per-rule
-# seconds, wall time and log tail are kept under $WORK/run-N/ (packed by `wait`); the table over every run ends
-# steps.log.
+# start it, then wait (a run took 860 s from clean and 329 s on a kept demo pair on an H200; VS_RUNS=N runs N
+# one after another, KEEP_DEMO=1 gives runs after the first run-1's demo pair: benchmarks/verdict_stability.sh).
+# Each run's verdict line joins steps.log as it ends, and its recommendation.json, summary.md, launch records,
+# demo log, per-rule seconds, wall time and log tail are kept under $WORK/run-N/ (packed by `wait`); the table
+# over every run ends steps.log.
 . "$GPU_DIR/env.sh"
 gpu_job_begin
 export PATH=/tmp/site/bin:$PATH  # snakemake's own entry point (verdict_stability.sh calls `snakemake`)

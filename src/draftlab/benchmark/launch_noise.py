@@ -19,9 +19,8 @@ narrow it.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
-
 import math
+from typing import Any, Mapping, Sequence
 
 from draftlab.benchmark import paired as pairing
 from draftlab.benchmark.bench_summary import t_quantile_975

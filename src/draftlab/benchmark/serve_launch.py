@@ -218,7 +218,8 @@ def _fresh_check(plan: Mapping[str, Any], url: str, launch: dict[str, Any], meas
 
 def _launch_check(plan: Mapping[str, Any], url: str, launch: dict[str, Any], progress: bool) -> dict[str, Any]:
     """The probe swapped in last and benched with its own launch's client, prompts, budget and settings,
-    paired with its result there: how far this launch runs from that one (one draw, a floor)."""
+    paired with its result there: how far this launch runs from that one (one draw of the launch effect;
+    :func:`draftlab.benchmark.launch_noise.bound` turns the run's draws into the margin)."""
     check = plan["launch_check"]
     bench = check["bench"]
     own = read_json(check["own_result"], f"the probe's result in its own launch {check['own_launch']}")

@@ -16,7 +16,8 @@ carries the hosts' own noise (:func:`host_noise`: how much the two servers' repe
 result decides only where its interval clears 1.0 by that margin; inside it the run cannot tell, every run.
 Results from different launches (each arm against the baseline, the probe against anything) carry the
 launch-to-launch noise too where the run measured it (:mod:`draftlab.benchmark.launch_noise`): their margin is
-max(both hosts' noise, launch noise); arms swapped into one launch keep the hosts' margin. Results that cannot be paired
+max(both hosts' noise, launch margin), the launch margin being the 95% prediction bound on another pair of
+launches' drift; arms swapped into one launch keep the hosts' margin. Results that cannot be paired
 (other prompts or budget than the baseline's) are listed and left out. Transfer vs scratch and
 fine-tuned vs probe are compared at one setting. A trained arm that learnt nothing (validation
 accuracy 0) is never the decision.
@@ -133,7 +134,7 @@ def margin_for(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None,
                launch: Mapping[str, Any] | None = None) -> tuple[float, str, Mapping[str, Any] | None]:
     """The margin a comparison of ``a`` and ``b`` must clear, what sets it (``host`` or ``launch``) and the
     launch noise behind it: the hosts' repeat noise within one launch or where the launch noise is
-    unmeasured, else max(hosts' noise, launch noise)."""
+    unmeasured, else max(hosts' noise, launch margin)."""
     host = max(host_noise(a), host_noise(b))
     if same_launch(a, b) or not launch or not launch.get("measured"):
         return host, "host", None

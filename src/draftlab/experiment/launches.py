@@ -227,4 +227,4 @@ def _launch_check(settings: Settings, layout: Layout, launch: Launch, first: dic
         return None
     client = first["clients"][0]["name"]
     return {"variant": PROBE, "client": client, "own_launch": launch_of(settings, PROBE, launch.spec).id,
-            "own_result": launch_check_result(settings, layout, launch, client), "bench": probe_plan}
+            "own_result": layout.bench_result(PROBE, launch.spec, client), "bench": probe_plan}
