@@ -230,3 +230,91 @@ def test_the_bound_covers_another_pair_of_launches_95_percent_of_the_time_the_dr
             assert 0.48 < drift_held / n < 0.52
     margin, t = launch_noise.bound([1.05, 1 / 1.03])
     assert t == 4.303 and margin == pytest.approx(math.expm1(4.303 * math.sqrt((math.log(1.05) ** 2 + math.log(1.03) ** 2) / 2)))
+
+
+# demo-gpu on one H100, three runs of the same code (benchmarks/RESULTS.md, "Issue 38", 2026-12-06 09:58 UTC): the
+# launch check each run recorded (launch.json: speed-up and 95% interval over 81 prompts) and the arms it decided on
+H100_CHECKS = {"run 1": (1.0186937, 0.9991141, 1.0405348), "run 2": (0.9973298, 0.9808885, 1.0140933),
+               "run 3": (0.9855419, 0.9639162, 1.0065959)}
+H100_ARMS = {
+    "run 1": [("finetune-keep", 0.95, 0.92, 0.99), ("finetune-remap", 0.93, 0.90, 0.96)],
+    "run 2": [("finetune-keep", 0.91, 0.88, 0.95), ("finetune-remap", 0.90, 0.87, 0.93)],
+    "run 3": [("finetune-remap", 0.91, 0.88, 0.94), ("finetune-keep", 0.90, 0.87, 0.94)],
+}
+
+
+def h100(name: str):
+    """Run ``name``'s rows, bench results and launch noise, the check as its launch.json recorded it."""
+    rows, bench = [row("baseline")], {("baseline", "plain"): result(1.0, 1.0, 1.0, "plain")}
+    for k, (variant, s, lo, hi) in enumerate(H100_ARMS[name]):
+        rows.append(row(variant, accept=1.6))
+        bench[(variant, "s2-k1-d3")] = result(s, lo, hi, "arms-s2-k1-d3", order=[1, 2][k])
+    s, lo, hi = H100_CHECKS[name]
+    check = {"variant": "probe", "own_launch": "probe-s2-k1-d3", "arms_launch": "arms-s2-k1-d3",
+             "launches": ["probe-s2-k1-d3", "arms-s2-k1-d3"], "client": "short", "time_field": "latency_s",
+             "speedup": s, "ci95": [lo, hi], "prompts": N, "noise": launch_noise.noise_of(s), "reason": None}
+    return rows, bench, launch_noise.from_summaries([{"launch": "arms-s2-k1-d3", "launch_check": check,
+                                                      "swap_rule": {"backend": "builtin"}}])
+
+
+def test_three_h100_runs_agree_once_one_pair_cannot_shrink_the_bound_below_what_it_resolves():
+    """The bound scaled by the drift alone gave cannot-tell, plain, cannot-tell on the H100 (run 2's pair drifted
+    0.3%, inside its own 0.85% standard error, so its bound was 3.5%); scaled by no less than the check's own
+    standard error it is cannot-tell three times, naming plain decoding against the fastest arm."""
+    verdicts, by_drift = [], []
+    for name in sorted(H100_ARMS):
+        rows, bench, launch = h100(name)
+        drift_only = dict(launch, margin=launch_noise.bound([launch["check"]["speedup"]])[0])
+        by_drift.append(decide(rows, "short", bench, drift_only)["verdict"])
+        d = decide(rows, "short", bench, launch)
+        verdicts.append(d["verdict"])
+        assert [r["variant"] for r in d["candidates"]] == ["baseline", H100_ARMS[name][0][0]]
+    assert by_drift == ["cannot-tell", "plain", "cannot-tell"]
+    assert verdicts == ["cannot-tell"] * 3
+    rows, bench, launch = h100("run 2")
+    se = math.log(1.0140933 / 0.9808885) / (2 * 1.959964)
+    assert launch["scale"] == "standard error" and launch["check_se"] == pytest.approx(se)
+    assert launch["margin"] == pytest.approx(math.expm1(12.706 * se), rel=1e-4) and launch["margin"] > 0.11
+    said = what_would_tell(decide(rows, "short", bench, launch)["versus"])
+    assert "t(0.975, 1) = 12.71 times the check's own standard error, 0.85% on a log scale" in said
+    assert "more prompts narrow that only as far as the drift itself" in said
+    rec = recommendation(decide(rows, "short", bench, launch), rows[0], None)
+    assert rec["launch_margin_scale"] == "standard error" and rec["launch_check_se"] == pytest.approx(se)
+    # runs 1 and 3 drifted more than their checks' errors: the drift scales the bound, as before
+    for name, margin in (("run 1", 0.265), ("run 3", 0.203)):
+        launch = h100(name)[2]
+        assert launch["scale"] == "drift" and round(launch["margin"], 3) == margin
+
+
+def test_the_floor_keeps_a_boundary_verdict_from_alternating_and_leaves_a_clear_gain_alone():
+    """Runs simulated at the H100 demo's numbers (a 0.92x arm, launches drifting ~1%, a check good to +-0.85%, the
+    arm's paired interval +-3.5%): scaled by the drift alone the verdict is plain in one run of six or more and
+    cannot-tell in the rest; with the floor, cannot-tell in 99%. A 1.5x gain on a quiet host serves either way."""
+    import random
+    rng = random.Random(38)
+
+    def verdicts(effect: float, sd_launch: float, se_check: float, se_arm: float, n: int = 5000) -> dict:
+        out = {"drift": {}, "floored": {}}
+        for _ in range(n):
+            e_plain, e_probe, e_arms = (rng.gauss(0, sd_launch) for _ in range(3))
+            check = e_arms - e_probe + rng.gauss(0, se_check)
+            est = math.log(effect) + e_arms - e_plain + rng.gauss(0, se_arm)
+            lo, hi = math.exp(est - 1.96 * se_arm), math.exp(est + 1.96 * se_arm)
+            for rule, ses in (("drift", ()), ("floored", (se_check,))):
+                m, _ = launch_noise.bound([math.exp(check)], ses)
+                v = "plain" if hi < 1 / (1 + m) else "serve" if lo > 1 + m else "cannot-tell"
+                out[rule][v] = out[rule].get(v, 0) + 1 / n
+        return out
+
+    demo = verdicts(0.92, 0.01, 0.0085, 0.018)
+    assert 0.15 < demo["drift"]["plain"] < 0.5 and demo["drift"]["cannot-tell"] > 0.5
+    assert demo["floored"]["cannot-tell"] > 0.99
+    host = verdicts(1.5, 0.007, 0.005, 0.02)
+    assert host["floored"]["serve"] > 0.98 and host["floored"] == pytest.approx(host["drift"], abs=0.005)
+
+
+def test_a_check_without_an_interval_has_no_floor():
+    assert launch_noise.standard_error({"ci95": None}) == 0.0
+    assert launch_noise.standard_error({"ci95": [1.0, 1.0]}) == 0.0
+    assert launch_noise.bound([1.05], [0.0]) == launch_noise.bound([1.05])
+    assert launch_noise.bound([1.001], [0.01])[0] == pytest.approx(math.expm1(12.706 * 0.01), rel=1e-4)

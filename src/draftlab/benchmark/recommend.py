@@ -77,15 +77,18 @@ def recommendation(decision: Mapping[str, Any], baseline: Mapping[str, Any] | No
 def launch_noise_keys(decision: Mapping[str, Any]) -> dict[str, Any]:
     """``launch_noise`` (the largest launch-to-launch drift the run measured, None where unmeasured),
     ``launch_margin`` (the 95% prediction bound from it that comparisons across launches carried),
-    ``launch_pairs`` (how many checks it came from) and ``launch_check`` (the largest check: the probe in its
-    own launch vs in an arms launch)."""
+    ``launch_pairs`` (how many checks it came from), ``launch_margin_scale`` (what the bound scaled: ``drift``, or
+    the checks' own ``standard error`` where the drift seen is within it), ``launch_check_se`` (that standard
+    error, log scale) and ``launch_check`` (the largest check: the probe in its own launch vs in an arms launch)."""
     launch = decision.get("launch") or {}
     if not launch.get("measured"):
-        return {"launch_noise": None, "launch_margin": None, "launch_pairs": 0, "launch_check": None}
+        return {"launch_noise": None, "launch_margin": None, "launch_pairs": 0, "launch_margin_scale": None,
+                "launch_check_se": None, "launch_check": None}
     c = launch["check"]
     keys = ("variant", "own_launch", "arms_launch", "launches", "client", "time_field", "speedup", "ci95", "prompts",
             "noise")
     return {"launch_noise": launch["observed"], "launch_margin": launch["margin"], "launch_pairs": launch["pairs"],
+            "launch_margin_scale": launch.get("scale"), "launch_check_se": launch.get("check_se"),
             "launch_check": {k: c.get(k) for k in keys}}
 
 

@@ -214,6 +214,10 @@ def _launch_would_tell(p: Mapping[str, Any], m: float, inside: bool) -> str:
     launch = p["launch"]
     came = (f"the {m:.1%} another pair of launches may drift ({launch['observed']:.1%} measured: "
             f"{launch_noise.where(launch)}; {launch_noise.basis(launch)})")
+    if inside and launch.get("scale") == "standard error":
+        return (f"replicated launches or a quieter host: {p['speedup']:.2f}x sits inside {came}; more prompts narrow "
+                "that only as far as the drift itself (the check's own standard error sets it now), more pairs of "
+                "launches narrow it further (each speculative setting adds one; or bench on a host whose launches agree)")
     if inside:
         return (f"replicated launches or a quieter host: {p['speedup']:.2f}x sits inside {came}, which more prompts "
                 "do not shrink (each speculative setting adds one pair of launches to the bound; or bench on a host whose "
