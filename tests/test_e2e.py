@@ -114,8 +114,11 @@ def test_full_run_produces_records_and_report(smoke):
     rec = json.loads((res / "report" / "recommendation.json").read_text())
     assert rec["launch_noise"] == check["noise"] and rec["launch_check"]["arms_launch"] == "arms-s2-k1-d3"
     assert ("**Launch check:** `probe` in its own launch `probe-s2-k1-d3` vs swapped into `arms-s2-k1-d3`: "
-            f"{check['speedup']:.2f}x") in md and "95% prediction bound: t(0.975, 1) = 12.71 times the drift" in md
-    assert rec["launch_margin"] == pytest.approx(math.expm1(12.706 * abs(math.log(check["speedup"]))))
+            f"{check['speedup']:.2f}x") in md and "95% prediction bound: t(0.975, 1) = 12.71 times the" in md
+    # the bound scales the drift, or the check's own standard error where the drift seen is within it
+    drift, se = abs(math.log(check["speedup"])), math.log(check["ci95"][1] / check["ci95"][0]) / (2 * 1.959964)
+    assert rec["launch_margin"] == pytest.approx(math.expm1(12.706 * max(drift, se)))
+    assert rec["launch_margin_scale"] == ("drift" if drift >= se else "standard error")
     assert set(records.launch_id) == {"plain", "probe-s2-k1-d3", "arms-s2-k1-d3"}
 
 

@@ -1,11 +1,11 @@
 # demo-gpu-stability: one more clean demo-gpu run for issue 38's "does the verdict hold" check, through
 # benchmarks/verdict_stability.sh (a fresh copy of the checkout, its own demo build, `snakemake all --profile gpu1
 # --configfile config/demo-gpu.yaml`). Runs accumulate in $VS_OUT (default /tmp/vs-gpu) while the machine stays:
-# start it, then wait (a run took 860 s from clean and 329 s on a kept demo pair on an H200; VS_RUNS=N runs N
-# one after another, KEEP_DEMO=1 gives runs after the first run-1's demo pair: benchmarks/verdict_stability.sh).
-# Each run's verdict line joins steps.log as it ends, and its recommendation.json, summary.md, launch records,
-# demo log, per-rule seconds, wall time and log tail are kept under $WORK/run-N/ (packed by `wait`); the table
-# over every run ends steps.log.
+# start it, then wait (a run from clean took 438 s and 577 s on two H100 hosts, 860 s once on an H200; about
+# 290 s on a kept demo pair; VS_RUNS=N runs N one after another, KEEP_DEMO=1 gives runs after the first run-1's
+# demo pair: benchmarks/verdict_stability.sh). Each run's verdict line joins steps.log as it ends, and its
+# recommendation.json, summary.md, launch records, per-request bench results, demo log, per-rule seconds, wall
+# time and log tail are kept under $WORK/run-N/ (packed by `wait`); the table over every run ends steps.log.
 . "$GPU_DIR/env.sh"
 gpu_job_begin
 export PATH=/tmp/site/bin:$PATH  # snakemake's own entry point (verdict_stability.sh calls `snakemake`)
@@ -22,6 +22,10 @@ keep_run() {
            "$src"/results/*/logs/demo_models.log; do
     [ -f "$f" ] && cp "$f" "$keep/$(echo "${f#"$src"/results/*/}" | tr / _)"
   done
+  # the per-request bench results (results/*/bench/VARIANT/SPEC/CLIENT.json): what a later decision rule can
+  # re-decide the run from without the device
+  (cd "$src"/results/*/ 2>/dev/null && find bench -name '*.json' -print0 | tar --null -T - -cf -) \
+    | tar -xf - -C "$keep" 2>/dev/null
   # every rule's time (Snakemake's benchmark files): where a slow run spent it
   (cd "$src"/results/*/benchmarks 2>/dev/null && grep -r -m1 -v '^s' --include='*.tsv' . | cut -f1 \
     | sed 's/:/\t/' | sort -k2 -rn) > "$keep/rule_seconds.tsv" 2>/dev/null
