@@ -111,6 +111,13 @@ def test_full_run_produces_records_and_report(smoke):
     assert check["prompts"] == len({r["prompt_id"] for r in own["rows"] if r["phase"] == "measure"})
     assert check["noise"] == max(check["speedup"], 1 / check["speedup"]) - 1 and check["ci95"]
     assert check["accept_length"][0] == check["accept_length"][1] > 1  # the same drafter, the same greedy answers
+    # its per-request result is kept beside the launch summary, and the report pairs the probe with the arms there
+    again = json.loads((res / "launch" / "arms-s2-k1-d3" / "probe-again-short.json").read_text())
+    assert check["result"].endswith("launch/arms-s2-k1-d3/probe-again-short.json") and check["spec_id"] == "s2-k1-d3"
+    assert again["server"]["launch"] == "arms-s2-k1-d3" and again["server"]["variant"] == "probe"
+    assert len(again["rows"]) == len(own["rows"])
+    line = next(x for x in md.splitlines() if x.startswith("Fine-tuning vs the transferred drafter as is"))
+    assert "paired, both in `arms-s2-k1-d3` (the probe benched again there)" in line
     rec = json.loads((res / "report" / "recommendation.json").read_text())
     assert rec["launch_noise"] == check["noise"] and rec["launch_check"]["arms_launch"] == "arms-s2-k1-d3"
     assert ("**Launch check:** `probe` in its own launch `probe-s2-k1-d3` vs swapped into `arms-s2-k1-d3`: "

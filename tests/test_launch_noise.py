@@ -318,3 +318,27 @@ def test_a_check_without_an_interval_has_no_floor():
     assert launch_noise.standard_error({"ci95": [1.0, 1.0]}) == 0.0
     assert launch_noise.bound([1.05], [0.0]) == launch_noise.bound([1.05])
     assert launch_noise.bound([1.001], [0.01])[0] == pytest.approx(math.expm1(12.706 * 0.01), rel=1e-4)
+
+
+def test_the_probe_benched_again_in_the_arms_launch_pairs_with_the_arms_there():
+    """H100 run 1: fine-tuning over the probe was 1.21x [1.17, 1.25] across launches, "not separable" behind the
+    26.5% launch bound. The probe benched again in the arms launch (the launch check) pairs with the arms inside
+    it, on the hosts' margin: the report says faster, and names the launch. Without that result, as before."""
+    rows, bench, launch = h100("run 1")
+    rows.append(row("probe", accept=1.33))
+    bench[("probe", "s2-k1-d3")] = result(0.79, 0.77, 0.81, "probe-s2-k1-d3")
+    keep = rows[1]
+    old = head_to_head(bench, keep, rows[-1], launch)
+    assert old["margin_source"] == "launch" and not old["clears"] and "in_launch" not in old
+    check = launch["check"]
+    check.update(spec_id="s2-k1-d3", bench=result(0.80, 0.78, 0.82, "arms-s2-k1-d3", order=3))
+    new = head_to_head(bench, keep, rows[-1], launch)
+    assert new["in_launch"] == "arms-s2-k1-d3" and new["margin_source"] == "host" and new["clears"]
+    assert new["speedup"] == pytest.approx(0.95 / 0.80, abs=0.015)  # per-prompt ratios in another order
+    assert head_to_head(bench, rows[-1], keep, launch)["in_launch"] == "arms-s2-k1-d3"  # either side
+    text = "\n".join(decide(rows, "short", bench, launch)["lines"])
+    assert ("Fine-tuning vs the transferred drafter as is, both at s2-k1-d3: `finetune-keep` is faster than `probe` "
+            in text) and "paired, both in `arms-s2-k1-d3` (the probe benched again there)" in text
+    # a check of another setting, client or launch is not a stand-in
+    for key, other in (("spec_id", "s4-k1-d5"), ("client", "long"), ("arms_launch", "arms-s4-k1-d5")):
+        assert "in_launch" not in head_to_head(bench, keep, rows[-1], dict(launch, checks=[dict(check, **{key: other})]))

@@ -197,7 +197,7 @@ def get_launch_note(launch, wildcards=None):
 def launch_outputs(launch):
     """A launch job's outputs: every (variant, spec, client) result and server summary it measures; the
     plain launch also writes the fine-tune data when it answers the prompts."""
-    outs = launches.launch_outputs(L, launch, CLIENTS)
+    outs = launches.launch_outputs(L, launch, CLIENTS, launches.check_client(S, launch))
     if launch.generate:
         outs.update(data=[L.generated_data], stats=[L.generate_stats])
     return outs

@@ -235,7 +235,10 @@ def _launch_check(plan: Mapping[str, Any], url: str, launch: dict[str, Any], pro
     base = {"rows": plain} if plain is not None else None
     out = launch_noise.measure(own, again.to_dict(), variant=check["variant"], own_launch=check["own_launch"],
                                arms_launch=plan["launch"], client=check["client"], baseline=base)
-    out["swap"] = rec
+    out.update(swap=rec, spec_id=plan["spec_id"])
+    if check.get("result"):  # per request: the probe paired with this launch's arms inside it (the report)
+        write_json(check["result"], again.to_dict())
+        out["result"] = check["result"]
     noise = "unmeasured: " + str(out["reason"]) if out["noise"] is None else f"{out['noise']:.1%}"
     _say(f"launch check {check['variant']}: {out['speedup'] or float('nan'):.3f}x in {plan['launch']} over its own "
          f"launch {check['own_launch']} ({out['prompts']} prompts): launch noise {noise}")

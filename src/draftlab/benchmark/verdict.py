@@ -174,14 +174,41 @@ def best_settings(arms: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(best.values(), key=lambda a: -a["paired"]["speedup"])
 
 
+def benched_again(launch: Mapping[str, Any] | None, row: Mapping[str, Any], where: str | None) -> dict | None:
+    """``row``'s result as the launch check benched it again in launch ``where`` (the probe swapped into an arms
+    launch, per request: ``bench`` of a check the report loaded), or None where no check did."""
+    for c in (launch or {}).get("checks") or []:
+        if (c.get("bench") and c.get("arms_launch") == where and c.get("variant") == row["variant"]
+                and c.get("spec_id") == row["spec_id"] and c.get("client") == row.get("client")):
+            return c["bench"]
+    return None
+
+
 def head_to_head(bench: Bench, a: Mapping[str, Any], b: Mapping[str, Any],
                  launch: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """``a``'s paired speedup over ``b`` (rows), on the prompts both answered, with the margin of
-    :func:`margin_for` (launch noise only where they come from two launches)."""
+    :func:`margin_for` (launch noise only where they come from two launches). Where one of them is the probe
+    from its own launch and the other was measured in an arms launch that benched the probe again (the launch
+    check), that second probe result is paired instead: one launch, so the hosts' margin alone
+    (``in_launch``: that launch)."""
     ra, rb = bench.get((a["variant"], a["spec_id"])), bench.get((b["variant"], b["spec_id"]))
     if ra is None or rb is None:
         return {"paired": False, "reason": "no per-request results", "speedup": None, "prompts": 0}
-    return with_margin(pairing.paired_speedup(rb, ra, by_category=False), *margin_for(rb, ra, launch))
+    in_launch = None
+    if not same_launch(ra, rb):
+        again_a, again_b = benched_again(launch, a, launch_of(rb)), benched_again(launch, b, launch_of(ra))
+        if again_a is not None:
+            ra, in_launch = again_a, launch_of(rb)
+        elif again_b is not None:
+            rb, in_launch = again_b, launch_of(ra)
+    p = with_margin(pairing.paired_speedup(rb, ra, by_category=False), *margin_for(rb, ra, launch))
+    return dict(p, in_launch=in_launch) if in_launch else p
+
+
+def in_launch_text(p: Mapping[str, Any]) -> str:
+    """``, both in `arms-s2-k1-d3` (the probe benched again there)`` where :func:`head_to_head` paired the probe
+    inside the other arm's launch; else empty."""
+    return f", both in `{p['in_launch']}` (the probe benched again there)" if p.get("in_launch") else ""
 
 
 def _within(p: Mapping[str, Any]) -> str:
@@ -250,7 +277,7 @@ def like_for_like(rows: Sequence[dict[str, Any]], client: str, bench: Bench,
         else:
             verb = "not separable from"
         lines.append(f"{what}, both at {md(ft['spec_id'])}: {code(ft['variant'])} is {verb} {code(other)} ({speedup_text(p)}, "
-                     f"paired; accept length {fmt(ft['accept_length'])} vs {fmt(peer['accept_length'])}).")
+                     f"paired{in_launch_text(p)}; accept length {fmt(ft['accept_length'])} vs {fmt(peer['accept_length'])}).")
     return lines
 
 
@@ -336,7 +363,7 @@ def _among_arms(res: dict[str, Any], lines: list[str], cand: dict[str, Any], bes
         other, h2h = min(unresolved, key=lambda x: x[1].get("speedup") or 0.0)
         lines.append(f"**Decision:** speculation beats plain decoding ({label(cand['row'])} {speedup_text(cand['paired'])}), "
                      f"but this run cannot tell {label(cand['row'])} from the runner-up {label(other['row'])} "
-                     f"({speedup_text(other['paired'])}): head to head {speedup_text(h2h)}. What would tell: "
+                     f"({speedup_text(other['paired'])}): head to head {speedup_text(h2h)}{in_launch_text(h2h)}. What would tell: "
                      f"{what_would_tell(h2h) if h2h.get('paired') else 'results on the same prompts'}.")
         return {**res, "verdict": "cannot-tell", "runner_up": other["row"], "versus_runner_up": h2h,
                 "candidates": [cand["row"], other["row"]], "versus": h2h, "prompts_needed": h2h.get("prompts_needed"),
@@ -345,7 +372,7 @@ def _among_arms(res: dict[str, Any], lines: list[str], cand: dict[str, Any], bes
     if others:
         runner, h2h = others[0]
         res.update(runner_up=runner["row"], versus_runner_up=h2h)
-        vs = (f"; {speedup_text(h2h)} over the runner-up {label(runner['row'])}, same prompts"
+        vs = (f"; {speedup_text(h2h)} over the runner-up {label(runner['row'])}, same prompts{in_launch_text(h2h)}"
               + (", and clear of every other arm head to head" if len(others) > 1 else ""))
     lines.append(f"**Decision:** serve {label(cand['row'])}: {speedup_text(cand['paired'])} over plain decoding, paired "
                  f"per prompt{vs} (median {fmt(cand['row']['tps_median'], '{:.1f}')} tok/s against the baseline's "

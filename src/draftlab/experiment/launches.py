@@ -176,14 +176,24 @@ def describe(launch: Launch, settings: Settings, generate_argv: list[str] | None
     return "".join("\n# " + line.replace("\r", "\\r").replace("\n", "\\n") for line in lines)
 
 
-def launch_outputs(layout: Layout, launch: Launch, clients) -> dict[str, list[str]]:
-    """A launch job's files: each variant's results (json, csv) and server summary, and its own summary."""
-    return {
+def launch_outputs(layout: Layout, launch: Launch, clients, check_client: str | None = None) -> dict[str, list[str]]:
+    """A launch job's files: each variant's results (json, csv) and server summary, and its own summary; an
+    arms launch that checks the launch noise also the probe's result there (``check_client``: its client)."""
+    out = {
         "results": [layout.bench_result(v, launch.spec, c) for v in launch.variants for c in clients],
         "tables": [layout.bench_result(v, launch.spec, c, "csv") for v in launch.variants for c in clients],
         "serve": [layout.serve_summary(v, launch.spec) for v in launch.variants],
         "launch": [layout.launch_summary(launch.id)],
     }
+    if check_client:
+        out["check"] = [layout.launch_check_result(launch.id, check_client)]
+    return out
+
+
+def check_client(settings: Settings, launch: Launch) -> str | None:
+    """The client the launch check benches the probe on in this arms launch (the first), or None where the
+    launch does not check (:func:`checks_launch_noise`)."""
+    return settings.clients[0] if checks_launch_noise(settings, launch) else None
 
 
 def launch_plan(settings: Settings, layout: Layout, launch: Launch, bench_plans: list[dict[str, Any]],
@@ -227,4 +237,5 @@ def _launch_check(settings: Settings, layout: Layout, launch: Launch, first: dic
         return None
     client = first["clients"][0]["name"]
     return {"variant": PROBE, "client": client, "own_launch": launch_of(settings, PROBE, launch.spec).id,
-            "own_result": layout.bench_result(PROBE, launch.spec, client), "bench": probe_plan}
+            "own_result": layout.bench_result(PROBE, launch.spec, client), "bench": probe_plan,
+            "result": layout.launch_check_result(launch.id, client)}

@@ -262,6 +262,11 @@ class Layout:
         """What one launch did: ready time, each bench, each swap's checksums, the fresh-launch comparison, the launch check."""
         return f"{self.launch_dir(launch)}/launch.json"
 
+    def launch_check_result(self, launch: str, client: str) -> str:
+        """The probe benched again in an arms launch for the launch check, per request: what pairs the probe
+        with that launch's arms inside one start of the target (hosts' margin, not the launch bound)."""
+        return f"{self.launch_dir(launch)}/probe-again-{client}.json"
+
     def launch_cache(self, launch: str) -> str:
         """Each swapped-in variant's results and the key they were measured under (outside the rule's
         outputs, which Snakemake removes before a rerun): retraining one arm re-benches only it."""

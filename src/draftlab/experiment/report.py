@@ -432,7 +432,12 @@ def load_launch_noise(paths: Sequence[str | os.PathLike] | None) -> dict[str, An
     if paths is None:
         return {"measured": False, "noise": None, "check": None, "checks": [],
                 "reason": "no launch summary was handed to the report (`--launches`)"}
-    return launch_noise.from_summaries([s for s in map(lambda p: _read_json(Path(p)), paths) if isinstance(s, dict)])
+    launch = launch_noise.from_summaries([s for s in map(lambda p: _read_json(Path(p)), paths) if isinstance(s, dict)])
+    for check in launch.get("checks") or []:  # the probe benched again, per request: paired inside its launch
+        again = _read_json(Path(check["result"])) if check.get("result") else None
+        if isinstance(again, dict) and again.get("rows"):
+            check["bench"] = again
+    return launch
 
 
 def _write_recommendation(out_dir: Path, rows: list[dict[str, Any]], results: Bench, client: str | None,
