@@ -108,7 +108,7 @@ def test_the_launch_check_is_planned_only_where_an_arms_launch_can_serve_the_pro
     # the probe's result in the arms launch is a declared output of that launch (the report pairs it there),
     # and the plan names it; a launch that does not check declares none
     arms = launches.launches(smoke)[-1]
-    again = layout.launch_check_result("arms-s2-k1-d3", "short")
+    again = layout.probe_again_result("arms-s2-k1-d3", "short")
     assert launches.launch_outputs(layout, arms, smoke.clients, launches.check_client(smoke, arms))["check"] == [again]
     assert jobs.launch_plan(smoke, layout, arms.id)["launch_check"]["result"] == again
     plain = launches.launches(smoke)[0]

@@ -29,13 +29,16 @@ _T975 = (
 )
 
 
+Z_975 = 1.959964  # the standard normal's 0.975 quantile: t(0.975, df) as df grows; a 95% interval's half-width in sds
+
+
 def t_quantile_975(df: int) -> float:
     """t(0.975, df): a table for df <= 30, the Cornish-Fisher series (error < 1e-3) above."""
     if df < 1:
         raise ValueError("df must be >= 1")
     if df <= len(_T975):
         return _T975[df - 1]
-    z = 1.959964
+    z = Z_975
     return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 

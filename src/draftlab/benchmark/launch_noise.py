@@ -32,7 +32,7 @@ import math
 from typing import Any, Mapping, Sequence
 
 from draftlab.benchmark import paired as pairing
-from draftlab.benchmark.bench_summary import t_quantile_975
+from draftlab.benchmark.bench_summary import Z_975, t_quantile_975
 
 
 def noise_of(speedup: float) -> float:
@@ -72,9 +72,6 @@ def unmeasured_reason(summaries: Sequence[Mapping[str, Any]]) -> str:
     return "no arms launch benched the probe"
 
 
-Z_975 = 1.959964  # the normal quantile a check's bootstrap interval spans on either side
-
-
 def standard_error(check: Mapping[str, Any]) -> float:
     """A check's own standard error on a log scale, from its 95% interval over prompts (``ln(hi / lo) / 3.92``):
     the smallest drift it can resolve. 0.0 where it has no interval."""
@@ -88,13 +85,22 @@ def _rms(xs: Sequence[float]) -> float:
     return math.sqrt(sum(x * x for x in xs) / len(xs)) if xs else 0.0
 
 
+def _scales(speedups: Sequence[float], standard_errors: Sequence[float]) -> tuple[float, float]:
+    """The checks' root mean square drift and root mean square standard error, both on a log scale."""
+    return _rms([math.log(s) for s in speedups]), _rms(standard_errors)
+
+
 def bound(speedups: Sequence[float], standard_errors: Sequence[float] = ()) -> tuple[float, float]:
     """The 95% prediction bound on another pair of launches' drift from the k checks' speed-ups, as a margin
     (``exp(t(0.975, k) * max(rms(log s), rms(se))) - 1``: never scaled below the checks' own standard errors),
     and the t quantile it used."""
-    t = t_quantile_975(len(speedups))
-    scale = max(_rms([math.log(s) for s in speedups]), _rms(standard_errors))
-    return math.expm1(t * scale), t
+    return _bound(len(speedups), *_scales(speedups, standard_errors))
+
+
+def _bound(k: int, drift: float, se: float) -> tuple[float, float]:
+    """:func:`bound` from k checks' rms drift and rms standard error: the margin, and t(0.975, k)."""
+    t = t_quantile_975(k)
+    return math.expm1(t * max(drift, se)), t
 
 
 def from_summaries(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -107,8 +113,8 @@ def from_summaries(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                 "checks": [], "reason": unmeasured_reason(summaries)}
     top = max(checks, key=lambda c: c["noise"])
     speedups, ses = [c["speedup"] for c in checks], [standard_error(c) for c in checks]
-    margin, t = bound(speedups, ses)
-    drift, se = _rms([math.log(s) for s in speedups]), _rms(ses)
+    drift, se = _scales(speedups, ses)
+    margin, t = _bound(len(checks), drift, se)
     return {"measured": True, "observed": top["noise"], "margin": margin, "pairs": len(checks), "t": t,
             "check": top, "checks": checks, "reason": None, "check_se": se,
             "scale": "drift" if drift >= se else "standard error"}

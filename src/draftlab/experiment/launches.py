@@ -186,7 +186,7 @@ def launch_outputs(layout: Layout, launch: Launch, clients, check_client: str | 
         "launch": [layout.launch_summary(launch.id)],
     }
     if check_client:
-        out["check"] = [layout.launch_check_result(launch.id, check_client)]
+        out["check"] = [layout.probe_again_result(launch.id, check_client)]
     return out
 
 
@@ -217,7 +217,7 @@ def launch_plan(settings: Settings, layout: Layout, launch: Launch, bench_plans:
         "fresh_check": {"variant": launch.variants[0], "client": first["clients"][0]["name"]} if launch.swaps else None,
         # the probe swapped in last, benched on that client as its own launch benched it, paired with that
         # result: the launch-to-launch noise every comparison across launches carries (issue 38)
-        "launch_check": _launch_check(settings, layout, launch, first, probe_plan),
+        "launch_check": _launch_check(settings, layout, launch, probe_plan),
         # the plain decoding results every speculative bench's output text must equal (temperature 0)
         "plain_outputs": [layout.bench_result(BASELINE, "plain", c["name"]) for c in first["clients"]]
         if launch.stage == "arms" else [],
@@ -230,12 +230,12 @@ def launch_plan(settings: Settings, layout: Layout, launch: Launch, bench_plans:
     }
 
 
-def _launch_check(settings: Settings, layout: Layout, launch: Launch, first: dict[str, Any],
+def _launch_check(settings: Settings, layout: Layout, launch: Launch,
                   probe_plan: dict[str, Any] | None) -> dict[str, Any] | None:
     """What the arms launch benches the probe with and what it pairs it with, or None where it cannot."""
-    if probe_plan is None or not checks_launch_noise(settings, launch):
+    client = check_client(settings, launch)
+    if probe_plan is None or client is None:
         return None
-    client = first["clients"][0]["name"]
     return {"variant": PROBE, "client": client, "own_launch": launch_of(settings, PROBE, launch.spec).id,
             "own_result": layout.bench_result(PROBE, launch.spec, client), "bench": probe_plan,
-            "result": layout.launch_check_result(launch.id, client)}
+            "result": layout.probe_again_result(launch.id, client)}

@@ -262,7 +262,7 @@ class Layout:
         """What one launch did: ready time, each bench, each swap's checksums, the fresh-launch comparison, the launch check."""
         return f"{self.launch_dir(launch)}/launch.json"
 
-    def launch_check_result(self, launch: str, client: str) -> str:
+    def probe_again_result(self, launch: str, client: str) -> str:
         """The probe benched again in an arms launch for the launch check, per request: what pairs the probe
         with that launch's arms inside one start of the target (hosts' margin, not the launch bound)."""
         return f"{self.launch_dir(launch)}/probe-again-{client}.json"
