@@ -115,7 +115,11 @@ def test_full_run_produces_records_and_report(smoke):
     again = json.loads((res / "launch" / "arms-s2-k1-d3" / "probe-again-short.json").read_text())
     assert check["result"].endswith("launch/arms-s2-k1-d3/probe-again-short.json") and check["spec_id"] == "s2-k1-d3"
     assert again["server"]["launch"] == "arms-s2-k1-d3" and again["server"]["variant"] == "probe"
-    assert len(again["rows"]) == len(own["rows"])
+    # the timed pass alone (what the pairing reads): the streamed pass is the probe's own launch's to report
+    timed = [r for r in own["rows"] if r["phase"] == "measure"]
+    assert [r["prompt_id"] for r in again["rows"]] == [r["prompt_id"] for r in timed]
+    assert {r["phase"] for r in again["rows"]} == {"measure"} and any(r["phase"] == "ttft" for r in own["rows"])
+    assert again["config"]["measure_ttft"] is False
     line = next(x for x in md.splitlines() if x.startswith("Fine-tuning vs the transferred drafter as is"))
     assert "paired, both in `arms-s2-k1-d3` (the probe benched again there)" in line
     rec = json.loads((res / "report" / "recommendation.json").read_text())

@@ -270,6 +270,32 @@ def test_attention_backend_falls_back_to_dense_where_flex_has_no_kernels(monkeyp
     assert ttt_attention_backend(cuda, 256, 16) == "flex"
 
 
+def test_train_attention_setting_reaches_every_ttt_step_and_validation(setup, tmp_path, monkeypatch):
+    """``attention`` (``draftlab train --attention``) overrides the per-batch choice in the training steps and
+    the validation alike (the demo build trains its drafter on the dense mask: no flex compile in a short run);
+    a value with no meaning, or flex where it cannot train, is one line naming the key."""
+    import draftlab.training.loss as loss_mod
+
+    _, target, tokens = setup
+    seen = []
+    real = loss_mod.cross_step_attend
+    monkeypatch.setattr(loss_mod, "cross_step_attend", lambda *a: seen.append(a[-1]) or real(*a))
+    # the environment asks for flex (whose backward has no CPU kernel): the setting wins, so the run trains
+    monkeypatch.setenv("DRAFTLAB_TTT_ATTENTION", "flex")
+    train_drafter(target=target, out=tmp_path / "sdpa", tokens=tokens, draft_vocab_size=64, ttt_length=2,
+                  max_steps=2, val_samples=2, progress=False, attention="sdpa")
+    assert seen and set(seen) == {"sdpa"}
+    assert json.loads((tmp_path / "sdpa" / "train_config.json").read_text())["attention"] == "sdpa"
+    with pytest.raises(DraftlabError, match=r"^train: attention 'dense': expected one of auto, sdpa, flex$"):
+        train_drafter(target=target, out=tmp_path / "bad", tokens=tokens, attention="dense", progress=False)
+    with pytest.raises(DraftlabError, match=r"^train: attention 'flex' on cpu: .*CUDA"):
+        train_drafter(target=target, out=tmp_path / "bad", tokens=tokens, attention="flex", device="cpu",
+                      progress=False)
+    assert not (tmp_path / "bad").exists()
+    args = __import__("draftlab.cli", fromlist=["build_parser"]).build_parser().parse_args(
+        ["train", "--target", "t", "--out", "o", "--tokens", "k", "--attention", "sdpa"])
+    assert args.attention == "sdpa"
+
 def test_train_device_is_checked_and_recorded(setup, tmp_path):
     _, target, tokens = setup
     with pytest.raises(DraftlabError, match="expected auto, cpu, cuda or cuda:N"):

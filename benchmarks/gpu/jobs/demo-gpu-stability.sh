@@ -6,6 +6,10 @@
 # demo pair: benchmarks/verdict_stability.sh). Each run's verdict line joins steps.log as it ends, and its
 # recommendation.json, summary.md, launch records, per-request bench results, demo log, per-rule seconds, wall
 # time and log tail are kept under $WORK/run-N/ (packed by `wait`); the table over every run ends steps.log.
+# LEVERS=1: after the runs, benchmarks/demo_build_levers.py on run 1's demo pair (same-host A/B of the demo
+# build's GPU levers: $WORK/levers.json). BASELINE_SRC=DIR (e.g. `git archive REV src` unpacked and carried):
+# after the runs, that source's `demo-models --size gpu` from clean on this host, its stage lines in
+# $WORK/baseline_demo.log beside run 1's (the build before and after, one host).
 . "$GPU_DIR/env.sh"
 gpu_job_begin
 export PATH=/tmp/site/bin:$PATH  # snakemake's own entry point (verdict_stability.sh calls `snakemake`)
@@ -40,3 +44,16 @@ for k in $(seq 1 "${VS_RUNS:-1}"); do
   log "run $n (KEEP_DEMO=${KEEP_DEMO:-0}): verdict_stability.sh 1 --profile gpu1 --configfile config/demo-gpu.yaml: rc $rc in $(( $(date +%s) - t0 )) s: $(tail -1 "$WORK/table.md")"
 done
 cat "$WORK/table.md" >> "$WORK/steps.log"
+if [ "${LEVERS:-0}" = 1 ]; then
+  t0=$(date +%s)
+  timeout 400 python3 benchmarks/demo_build_levers.py --demo "$vs/run-1/resources/demo/gpu" --json "$WORK/levers.json" \
+    > "$WORK/levers.log" 2>&1
+  log "demo_build_levers.py: rc $? in $(( $(date +%s) - t0 )) s: $(tr -d ' \n' < "$WORK/levers.json" 2>/dev/null)"
+fi
+if [ -n "${BASELINE_SRC:-}" ]; then
+  t0=$(date +%s)
+  rm -rf /tmp/baseline-demo
+  PYTHONPATH=/tmp/site:$(cd "$BASELINE_SRC" && pwd) timeout 400 python3 -m draftlab.cli demo-models \
+    --out /tmp/baseline-demo --size gpu --device cuda --threads 2 > /dev/null 2> "$WORK/baseline_demo.log"
+  log "demo-models of $BASELINE_SRC from clean: rc $? in $(( $(date +%s) - t0 )) s: $(grep -o 'demo-models: [a-z_0-9]* took [0-9.]* s' "$WORK/baseline_demo.log" | tr '\n' ';')"
+fi

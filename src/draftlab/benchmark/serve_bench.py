@@ -89,11 +89,13 @@ def _measure(plan: Mapping[str, Any], spec: ServerSpec, summary: dict[str, Any],
 
 
 def run_clients(url: str, plan: Mapping[str, Any], spec: ServerSpec, summary: dict[str, Any], progress: bool,
-                clients: Sequence[Mapping[str, Any]] | None = None, launched: ServerSpec | None = None) -> list:
+                clients: Sequence[Mapping[str, Any]] | None = None, launched: ServerSpec | None = None,
+                ttft: bool = True) -> list:
     """Every client of ``plan`` (or ``clients``) against the server at ``url``: ``[(result, client)]``, each
     result tagged with the plan's server (and ``summary["launch"]``, the launch it came from). ``launched``:
     the server as started, when ``spec``'s drafter was swapped into it (its ``/server_info`` still names the
-    drafter it was launched with, as SGLang's does; the swap itself is proven by checksums)."""
+    drafter it was launched with, as SGLang's does; the swap itself is proven by checksums). ``ttft=False``
+    skips the streamed pass: a check that reads only the timed pass (a launch's checks) need not pay for it."""
     measured = []
     for c in plan["clients"] if clients is None else clients:
         t0 = time.time()
@@ -103,6 +105,7 @@ def run_clients(url: str, plan: Mapping[str, Any], spec: ServerSpec, summary: di
             ignore_eos=bool(c.get("ignore_eos")), require_speculation=plan["require_speculation"], progress=progress,
             **_launched_numbers(spec), expect_server=planned_server_info(launched or spec),
             category=c["name"],  # a prompt whose record has no category is the client's
+            measure_ttft=ttft,
         )
         result.server = {**(result.server or {}), "fingerprint": plan["fingerprint"], "variant": plan["variant"],
                          "spec_id": plan["spec_id"], "client": c["name"], "argv": summary["argv"],

@@ -208,7 +208,7 @@ def _fresh_check(plan: Mapping[str, Any], url: str, launch: dict[str, Any], meas
     client = next(c for c in first["clients"] if c["name"] == check["client"])
     spec = ServerSpec.from_dict(first["server"], source="fresh check")
     scratch = {"argv": list(plan["argv"]), "clients": [], "launch": plan["launch"]}
-    again = run_clients(url, first, spec, scratch, progress, clients=[client])[0][0]
+    again = run_clients(url, first, spec, scratch, progress, clients=[client], ttft=False)[0][0]  # reads accept lengths
     fresh = next(r for r, c, v in measured if v == first["variant"] and c["name"] == check["client"])
     out = compare_fresh(fresh.rows, again.rows, first["variant"])
     _say(f"fresh-launch check {first['variant']}: {out['fresh']:.4f} fresh, {out['after_swaps']:.4f} after swaps "
@@ -228,7 +228,8 @@ def _launch_check(plan: Mapping[str, Any], url: str, launch: dict[str, Any], pro
     client = next(c for c in bench["clients"] if c["name"] == check["client"])
     scratch = {"argv": list(plan["argv"]), "clients": [], "launch": plan["launch"]}
     launched = ServerSpec.from_dict(plan["server"], source=f"launch plan {plan['launch']}")
-    again = run_clients(url, bench, spec, scratch, progress, clients=[client], launched=launched)[0][0]
+    # the timed pass only: the check and the pairing read its rows (the probe's latencies are its own launch's)
+    again = run_clients(url, bench, spec, scratch, progress, clients=[client], launched=launched, ttft=False)[0][0]
     plain = _plain_rows(plan).get(check["client"])
     if plain is not None:
         compare_outputs(again.rows, plain, f"{check['variant']} {plan['spec_id']} {check['client']} (launch check)")

@@ -17,7 +17,7 @@ from draftlab.settings.model import schema_default
 from draftlab.datagen.answerers import TURN_MODES
 from draftlab.fsutil import parse_json_text, read_json
 from draftlab.settings.config import load_config, read_yaml
-from draftlab.training.config import INIT_MODES, VOCAB_MODES, TrainConfig
+from draftlab.training.config import ATTENTION_CHOICES, INIT_MODES, VOCAB_MODES, TrainConfig
 from draftlab.training.config import default as train_default
 
 
@@ -124,6 +124,9 @@ def _add_train_run(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-after", type=number(int, minimum=1), help="stop after N steps as if preempted (resume later)")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--compile", action="store_true", help="torch.compile the TTT step (GPU throughput)")
+    p.add_argument("--attention", choices=list(ATTENTION_CHOICES), default=train_default("attention"),
+                   help="TTT attention: auto (flex attention on CUDA from 512 tokens, else the dense mask), sdpa "
+                        "(the dense mask: no compile, more memory) or flex")
     add_json_flag(p)
     p.set_defaults(func=_train)
 

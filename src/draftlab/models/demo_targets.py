@@ -313,13 +313,17 @@ def train_lm(model, stream: torch.Tensor, *, steps: int, lr: float, block: int, 
              device: str = "cpu") -> list[float]:
     """Plain next-token pretraining on random windows of ``stream``: AdamW, warmup + cosine decay.
 
-    On CUDA the weights stay fp32 and the forward runs under bf16 autocast (a few minutes for the gpu size)."""
+    On CUDA the weights stay fp32 and the forward runs under bf16 autocast (a few minutes for the gpu size), and
+    no step waits for the GPU: each batch goes up from pinned memory without blocking and the losses stay on the
+    device until the progress bar (every 20 steps) or the end reads them. A per-step ``float(loss)`` and pageable
+    copy each synchronised, so the CPU could not queue step n+1's kernels while step n ran: at this size a step
+    is about as much launching as computing (``benchmarks/demo_build_levers.py``). The arithmetic is the same."""
     gen = torch.Generator().manual_seed(seed)
     model.to(device)
     cuda = torch.device(device).type == "cuda"
     opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1, fused=cuda or None)
     warmup = max(1, steps // 20)
-    losses = []
+    losses: list[torch.Tensor] = []
     model.train()
     bar = tqdm(range(steps), desc=desc, file=sys.stderr, leave=False, mininterval=1.0)
     for step in bar:
@@ -327,18 +331,19 @@ def train_lm(model, stream: torch.Tensor, *, steps: int, lr: float, block: int, 
         for g in opt.param_groups:
             g["lr"] = cur
         starts = torch.randint(0, len(stream) - block - 1, (batch,), generator=gen)
-        x = torch.stack([stream[s : s + block] for s in starts.tolist()]).to(device)
+        x = torch.stack([stream[s : s + block] for s in starts.tolist()])
+        x = x.pin_memory().to(device, non_blocking=True) if cuda else x
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
             loss = model(input_ids=x, labels=x).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(float(loss.detach()))
+        losses.append(loss.detach())
         if step % 20 == 0:
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+            bar.set_postfix(loss=f"{float(losses[-1]):.3f}")
     model.eval()
-    return losses
+    return torch.stack(losses).float().cpu().tolist() if losses else []
 
 
 @torch.no_grad()

@@ -11,6 +11,7 @@ from draftlab.errors import DraftlabError
 from draftlab.settings.model import schema_default
 
 INIT_MODES = ("scratch", "checkpoint")
+ATTENTION_CHOICES = ("auto", "sdpa", "flex")  # train.attention: draftlab.training.attention picks for auto
 VOCAB_MODES = ("keep", "remap", "regenerate")
 PATH_FIELDS = ("target", "out", "tokens", "data", "hidden_states", "vocab_mapping", "checkpoint", "log_file")
 
@@ -57,10 +58,12 @@ class TrainConfig:
     progress: bool = True
     trust_remote_code: bool = False
     compile: bool = False                  # torch.compile the TTT step (GPU throughput; see benchmarks/)
+    attention: str = "auto"                # TTT attention: auto (flex on CUDA from 512 tokens, else the dense
+                                           # mask) | sdpa (the dense mask) | flex; the same arithmetic either way
 
     # What identifies a run (``--resume`` refuses other values): every field but these run-only ones.
     RUN_ONLY_KEYS = ("out", "checkpoint_every", "keep_checkpoints", "resume", "state_dir", "device", "log_file",
-                     "stop_after", "progress", "trust_remote_code", "compile")
+                     "stop_after", "progress", "trust_remote_code", "compile", "attention")
     RESUME_KEYS: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
@@ -91,6 +94,8 @@ class TrainConfig:
             raise DraftlabError(f"train: precision {self.precision!r}: expected auto, bf16 or fp32")
         if self.resume not in (False, True, "auto"):
             raise DraftlabError(f"train: resume {self.resume!r}: expected false, true or 'auto'")
+        if self.attention not in ATTENTION_CHOICES:
+            raise DraftlabError(f"train: attention {self.attention!r}: expected one of {', '.join(ATTENTION_CHOICES)}")
         if self.init not in INIT_MODES:
             raise DraftlabError(f"train: init {self.init!r}: expected one of {', '.join(INIT_MODES)}")
         self._check_numbers()
@@ -116,6 +121,10 @@ class TrainConfig:
             v = getattr(self, name)
             if v is not None and v < (1 if name == "max_steps" else 0):
                 raise DraftlabError(f"train: {name} {v!r}: expected an integer >= {1 if name == 'max_steps' else 0}")
+
+    def attention_backend(self) -> str | None:
+        """The TTT attention ``ttt_forward`` is told to use: None lets it choose per batch (``auto``)."""
+        return None if self.attention == "auto" else self.attention
 
     def inputs(self) -> tuple[str, ...]:
         """The paths this run reads: its output may not contain (or be) any of them."""

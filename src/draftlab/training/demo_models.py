@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import json
 import multiprocessing
 import os
@@ -33,7 +34,7 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -222,26 +223,31 @@ def _train_all(spec: DemoSize, convs: dict[str, list], work: Path, seed: int, th
     special = {"bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id, "pad": tokenizer.pad_token_id}
     streams = {k: token_stream(tokenizer, v) for k, v in convs.items()}
 
-    # target v1 ("K2")
-    t = time.perf_counter()
-    torch.manual_seed(seed)
-    v1 = LlamaForCausalLM(target_config(spec, len(tokenizer), V1_CONTEXT, special))
-    v1_losses = train_lm(v1, streams["v1"], steps=spec.v1_steps, lr=spec.v1_lr, block=spec.block,
-                         batch=spec.batch, seed=seed + 1, desc="target v1", device=device)
-    v1_dir = work / "target-v1"
-    save_target(v1, tokenizer, v1_dir)
-    timings["target_v1_s"] = time.perf_counter() - t
+    with contextlib.ExitStack() as stack:
+        # the drafter's worker starts now, so its imports (and CUDA context) are ready when v1 is: v1 trains
+        # on one thread, which leaves the second core to it
+        pool = stack.enter_context(_drafter_pool(device)) if threads >= 2 else None
 
-    held = {"v1_heldout_loss": eval_lm_loss(v1, streams["heldout"], spec.block),
-            "v1_final_train_loss": sum(v1_losses[-20:]) / len(v1_losses[-20:])}
-    data_dir = work / "data"
-    with atomic_dir(data_dir, stage="demo-data") as tmp:
-        for name in ("v1", "v2", "heldout"):
-            _write_jsonl(tmp / f"{name}.jsonl", [{"messages": c} for c in convs[name]])
+        # target v1 ("K2")
+        t = time.perf_counter()
+        torch.manual_seed(seed)
+        v1 = LlamaForCausalLM(target_config(spec, len(tokenizer), V1_CONTEXT, special))
+        v1_losses = train_lm(v1, streams["v1"], steps=spec.v1_steps, lr=spec.v1_lr, block=spec.block,
+                             batch=spec.batch, seed=seed + 1, desc="target v1", device=device)
+        v1_dir = work / "target-v1"
+        save_target(v1, tokenizer, v1_dir)
+        timings["target_v1_s"] = time.perf_counter() - t
 
-    v2_dir = work / "target-v2"
-    v2, v2_losses, run = _v2_beside_drafter(LlamaForCausalLM, tokenizer, spec, streams["v2"], work, seed, device,
-                                            threads, timings)
+        held = {"v1_heldout_loss": eval_lm_loss(v1, streams["heldout"], spec.block),
+                "v1_final_train_loss": sum(v1_losses[-20:]) / len(v1_losses[-20:])}
+        data_dir = work / "data"
+        with atomic_dir(data_dir, stage="demo-data") as tmp:
+            for name in ("v1", "v2", "heldout"):
+                _write_jsonl(tmp / f"{name}.jsonl", [{"messages": c} for c in convs[name]])
+
+        v2_dir = work / "target-v2"
+        v2, v2_losses, run = _v2_beside_drafter(LlamaForCausalLM, tokenizer, spec, streams["v2"], work, seed, device,
+                                                pool, timings)
     drafter_dir = Path(run["drafter"])
     held["v2_heldout_loss"] = eval_lm_loss(v2, streams["heldout"], spec.block)
     held["v2_final_train_loss"] = sum(v2_losses[-20:]) / len(v2_losses[-20:])
@@ -254,29 +260,40 @@ def _train_all(spec: DemoSize, convs: dict[str, list], work: Path, seed: int, th
             "streams": streams, "held": held}
 
 
+@contextlib.contextmanager
+def _drafter_pool(device: str) -> Iterator[Any]:
+    """One spawned worker for the v1 drafter, its imports (and CUDA context) loaded as it starts.
+
+    An error leaves through the pool's own exit (it terminates the worker); a clean exit closes and joins
+    it, since terminating a finished pool leaks its semaphore."""
+    with multiprocessing.get_context("spawn").Pool(1, initializer=_warm_worker, initargs=(device,)) as pool:
+        yield pool
+        pool.close()
+        pool.join()
+
+
+def _warm_worker(device: str) -> None:
+    """The drafter worker's start: import the trainer and open the device, off the critical path."""
+    importlib.import_module("draftlab.training.train")  # loading it is the point: torch, transformers, the trainer
+
+    if torch.device(device).type == "cuda":
+        torch.zeros(1, device=device)
+
+
 def _v2_beside_drafter(lm_class, tokenizer, spec: DemoSize, stream: torch.Tensor, work: Path, seed: int, device: str,
-                       threads: int, timings: _StageTimes) -> tuple[Any, list[float], dict]:
+                       pool: Any, timings: _StageTimes) -> tuple[Any, list[float], dict]:
     """Target v2 ("K2.5", v1 continued on another slice, context 512 -> 1024) and the v1 drafter (builtin
-    trainer on v1's slice) both need only v1: side by side when there are 2 cores."""
+    trainer on v1's slice) both need only v1: side by side in ``pool``'s worker when there are 2 cores."""
     t = time.perf_counter()
     v1_dir = work / "target-v1"
     drafter_args = (spec, v1_dir, work / "data", work / "drafter-run", seed + 3, device)
-    with contextlib.ExitStack() as stack:
-        pending = None
-        if threads >= 2:
-            pool = stack.enter_context(multiprocessing.get_context("spawn").Pool(1))  # exit terminates it
-            pending = pool.apply_async(_drafter_job, drafter_args)
-        v2 = lm_class.from_pretrained(str(v1_dir), max_position_embeddings=V2_CONTEXT)
-        v2_losses = train_lm(v2, stream, steps=spec.v2_steps, lr=spec.v2_lr, block=spec.block,
-                             batch=spec.batch, seed=seed + 2, desc="target v2", device=device)
-        save_target(v2, tokenizer, work / "target-v2")
-        timings["target_v2_s"] = time.perf_counter() - t
-        if pending is None:
-            run, drafter_s = _drafter_job(*drafter_args)
-        else:
-            run, drafter_s = pending.get()
-            pool.close()  # a clean exit (no terminate: that leaks the pool's semaphore)
-            pool.join()
+    pending = pool.apply_async(_drafter_job, drafter_args) if pool is not None else None
+    v2 = lm_class.from_pretrained(str(v1_dir), max_position_embeddings=V2_CONTEXT)
+    v2_losses = train_lm(v2, stream, steps=spec.v2_steps, lr=spec.v2_lr, block=spec.block,
+                         batch=spec.batch, seed=seed + 2, desc="target v2", device=device)
+    save_target(v2, tokenizer, work / "target-v2")
+    timings["target_v2_s"] = time.perf_counter() - t
+    run, drafter_s = _drafter_job(*drafter_args) if pending is None else pending.get()
     timings["drafter_s"] = drafter_s
     timings["v2_and_drafter_s"] = time.perf_counter() - t
     return v2, v2_losses, run
@@ -321,11 +338,14 @@ def heldout_accuracy(spec: DemoSize, drafter_dir: Path, targets: dict[str, Path]
 
 
 def train_demo_drafter(spec: DemoSize, target_dir: Path, data_dir: Path, run_dir: Path, seed: int,
-                       device: str = "cpu") -> dict[str, Any]:
+                       device: str = "cpu", attention: str = "sdpa") -> dict[str, Any]:
     """Train the v1 drafter with the builtin trainer: its own d2t from v1's data, config context 512.
 
     The mapping is built explicitly (SpecForge's rule over the loss-masked tokens) and saved beside
-    the data, so the demo records which draft vocabulary the drafter was trained with.
+    the data, so the demo records which draft vocabulary the drafter was trained with. ``attention``: the
+    dense TTT mask on every device (at 512 tokens the trainer would pick flex attention on CUDA, whose
+    kernels compile once per TTT step and direction inside this short run, longer than the dense path ever
+    takes for this drafter: ``benchmarks/demo_build_levers.py``); the arithmetic is the same either way.
     """
     tokens = data_dir / "v1.tokens.jsonl"
     tokenize_file(target_dir, data_dir / "v1.jsonl", tokens, max_length=spec.drafter_block)
@@ -341,5 +361,5 @@ def train_demo_drafter(spec: DemoSize, target_dir: Path, data_dir: Path, run_dir
         max_length=spec.drafter_block, lr=spec.drafter_lr, warmup_ratio=0.05, grad_clip=0.5,
         seed=seed, precision="fp32" if device == "cpu" else "auto", device=device, val_samples=16,
         # the demo drafter's own recipe (its measured figures in docs/demo-models.md), not SpecForge's defaults
-        loss_norm="valid", mask_alignment="predicted", adam_betas=[0.9, 0.95],
+        loss_norm="valid", mask_alignment="predicted", adam_betas=[0.9, 0.95], attention=attention,
     )

@@ -78,7 +78,7 @@ class Optimisation:
 
 
 def optimisation(cfg: TrainConfig, drafter: Eagle3Drafter, dev: torch.device, world: int, total: int) -> Optimisation:
-    module = TTTModule(drafter, cfg.ttt_length, cfg.loss_norm, cfg.mask_alignment).to(dev)
+    module = TTTModule(drafter, cfg.ttt_length, cfg.loss_norm, cfg.mask_alignment, cfg.attention_backend()).to(dev)
     model: nn.Module = module
     if world > 1:
         model = nn.parallel.DistributedDataParallel(module, device_ids=[dev.index] if dev.type == "cuda" else None)

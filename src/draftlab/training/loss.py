@@ -122,13 +122,14 @@ class TTTModule(nn.Module):
     """The drafter plus its TTT loss as one module, so DDP sees a plain forward()."""
 
     def __init__(self, drafter: Eagle3Drafter, ttt_length: int, loss_norm: str = "positions",
-                 mask_alignment: str = "specforge"):
+                 mask_alignment: str = "specforge", attention: str | None = None):
         super().__init__()
         self.drafter = drafter
         self.ttt_length = ttt_length
         self.loss_norm = loss_norm
         self.mask_alignment = mask_alignment
+        self.attention = attention  # None: ttt_attention_backend chooses per batch
 
     def forward(self, input_ids, loss_mask, aux, target_logits):
         return ttt_forward(self.drafter, input_ids, loss_mask, aux, target_logits, self.ttt_length,
-                           loss_norm=self.loss_norm, mask_alignment=self.mask_alignment)
+                           loss_norm=self.loss_norm, mask_alignment=self.mask_alignment, attention=self.attention)

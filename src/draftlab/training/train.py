@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from draftlab.errors import DraftlabError
 from draftlab.formats.aux_layers import check_output_ids
 from draftlab.fsutil import check_replaceable, claim_dir, locked, write_json
 from draftlab.models.eagle3 import Eagle3Drafter
@@ -49,6 +50,9 @@ def train_drafter(**kwargs: Any) -> dict[str, Any]:
     cfg = TrainConfig.from_kwargs(kwargs)
     cfg.validate()
     rank, world, dev = dist_setup(cfg.device)
+    if cfg.attention == "flex" and dev.type != "cuda":
+        raise DraftlabError(f"train: attention 'flex' on {dev.type}: flex attention trains on CUDA only (its "
+                            "backward has no CPU kernel); use auto or sdpa here")
     _seed_everything(cfg.seed)
     use_bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and dev.type == "cuda"
                                            and torch.cuda.is_bf16_supported())
@@ -144,7 +148,8 @@ def _finish(cfg: TrainConfig, run: _Run, progress: Progress, start: int, rank: i
     sums, in_sync = rank_checksums(drafter, world)
     validation = None
     if rank == 0:
-        validation = evaluate(drafter, run.feats, run.val_idx, cfg.ttt_length, cfg.batch_size, use_bf16)
+        validation = evaluate(drafter, run.feats, run.val_idx, cfg.ttt_length, cfg.batch_size, use_bf16,
+                              attention=cfg.attention_backend())
     summary = {"out": str(out), "drafter": str(out / "drafter"), "steps": progress.step, "total_steps": run.plan.total,
                "train_samples": len(run.train_idx), "val_samples": len(run.val_idx), "world_size": world,
                "aux_layer_ids": run.aux_ids, "draft_vocab_size": drafter.draft_vocab_size, "vocab": run.note,
