@@ -379,6 +379,23 @@ def test_ttft_from_streaming_and_null_without_it():
     assert res.summary["ttft_s_median"] is None and res.summary["ttft_requests"] == 0
 
 
+def test_ttft_limit_streams_a_stratified_sample_and_times_every_prompt():
+    """``ttft_limit`` (bench.clients[].ttft_limit, ``draftlab bench --ttft-limit``) thins the streamed pass only:
+    every prompt is still timed (the decision's rows), the streamed ones are the stratified sample ``limit``
+    would draw (every category in it), and the summary counts what was streamed."""
+    from draftlab.benchmark.bench_prompts import stratified_sample
+
+    prompts = [Prompt(f"q{i}", ("chat", "code", "math")[i % 3], f"prompt {i} " * 3) for i in range(12)]
+    with ScriptedServer() as srv:
+        res = run_benchmark(srv.url, prompts, max_new_tokens=8, repeats=1, warmup=0, progress=False, ttft_limit=3)
+    streamed = [r["prompt_id"] for r in res.rows if r["phase"] == "ttft"]
+    assert streamed == [p.id for p in stratified_sample(prompts, 3)]
+    assert {pid[1:] and prompts[int(pid[1:])].category for pid in streamed} == {"chat", "code", "math"}
+    assert len(measured(res)) == 12 and res.summary["ttft_requests"] == 3 and res.config["ttft_limit"] == 3
+    assert len(srv.arrivals) == 15  # 12 timed + 3 streamed, nothing else sent
+    with pytest.raises(DraftlabError, match=r"^--ttft-limit: expected an integer >= 1, got 0$"):
+        run_benchmark("http://127.0.0.1:9", prompts, max_new_tokens=8, ttft_limit=0, progress=False)
+
 def test_concurrency_keeps_that_many_requests_in_flight():
     prompts = [Prompt(f"c{i}", "chat", f"prompt {i}") for i in range(8)]
     with ScriptedServer(delay=0.15) as srv:

@@ -134,6 +134,7 @@ def run_benchmark(
     measure_ttft: bool = True,
     ignore_eos: bool = False,
     limit: int | None = None,
+    ttft_limit: int | None = None,
     request_timeout_s: float = 600.0,
     on_row: Callable[[dict[str, Any]], None] | None = None,
     num_steps: int | None = None,
@@ -146,8 +147,9 @@ def run_benchmark(
 
     Phases: ``warmup`` unrecorded requests (prompts taken in order, cycling); ``repeats`` passes over
     all prompts with ``concurrency`` requests in flight, each pass timed end to end for output tok/s;
-    then, with ``measure_ttft``, one streaming request per prompt, sequentially, for time to first
-    token (null when the server does not stream). With ``require_speculation`` a run whose server
+    then, with ``measure_ttft``, one streaming request per prompt (``ttft_limit``: per prompt of a stratified
+    sample of that many, drawn as ``limit`` draws), sequentially, for time to first token and inter-token
+    latency (null when the server does not stream). With ``require_speculation`` a run whose server
     shows no speculative verification raises :class:`DraftlabError` (checked after the warm-up and
     after every pass, so a silent fallback fails early) and nothing is returned to be written.
     ``num_steps``/``num_draft_tokens``: the speculative settings the server was launched with (the
@@ -160,7 +162,8 @@ def run_benchmark(
     """
     config = dict(url=url, api=api, model=model, max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup,
                   concurrency=concurrency, require_speculation=require_speculation, ignore_eos=ignore_eos,
-                  temperature=0.0, measure_ttft=measure_ttft, limit=limit, category=category, sample_seed=sample_seed)
+                  temperature=0.0, measure_ttft=measure_ttft, limit=limit, ttft_limit=ttft_limit, category=category,
+                  sample_seed=sample_seed)
     config["url"] = _checked_args(config, num_steps, num_draft_tokens, request_timeout_s)
     prompt_list, prompt_set = _prompt_set(prompts, category, limit, sample_seed)
     client, settings = _connect(config, request_timeout_s, num_steps, num_draft_tokens)
@@ -189,8 +192,9 @@ def _checked_args(config: dict[str, Any], num_steps: int | None, num_draft_token
             raise DraftlabError(f"{name}: expected an integer >= {low}, got {value!r}")
     if not (isinstance(request_timeout_s, (int, float)) and math.isfinite(request_timeout_s) and request_timeout_s > 0):
         raise DraftlabError(f"--timeout: expected a number of seconds > 0, got {request_timeout_s!r}")
-    if limit is not None and limit < 1:
-        raise DraftlabError(f"--limit: expected an integer >= 1, got {limit!r}")
+    for name, value in (("--limit", limit), ("--ttft-limit", config["ttft_limit"])):
+        if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
+            raise DraftlabError(f"{name}: expected an integer >= 1, got {value!r}")
     url = config["url"].rstrip("/")
     if not re.match(r"^https?://", url):
         raise DraftlabError(f"--url: expected http://HOST:PORT, got {url!r}")
@@ -222,7 +226,9 @@ def _measure(client: _Client, prompt_list: list[Prompt], source: str | None, con
     """
     url, api, n = config["url"], config["api"], len(prompt_list)
     guard_sglang = config["require_speculation"] and api == "sglang"
-    total = config["warmup"] + config["repeats"] * n + (n if config["measure_ttft"] else 0)
+    streamed = stratified_sample(prompt_list, config.get("ttft_limit"), config["sample_seed"]) \
+        if config["measure_ttft"] else []
+    total = config["warmup"] + config["repeats"] * n + len(streamed)
     run = _Run(client, total, progress, on_row, source)
     try:
         run.warmup(prompt_list, config["warmup"], guard=guard_sglang)
@@ -234,9 +240,8 @@ def _measure(client: _Client, prompt_list: list[Prompt], source: str | None, con
             client.checks.check_vllm_delta(delta, f"{url}/metrics")
             if config["require_speculation"]:
                 _guard_vllm(delta, config["repeats"] * n)
-        if config["measure_ttft"]:
-            for p in prompt_list:
-                run.record(run.one(p, "ttft", None, stream=True))
+        for p in streamed:
+            run.record(run.one(p, "ttft", None, stream=True))
     finally:
         run.bar.close()
     return run.sorted_rows(prompt_list), walls, delta

@@ -105,7 +105,7 @@ def run_clients(url: str, plan: Mapping[str, Any], spec: ServerSpec, summary: di
             ignore_eos=bool(c.get("ignore_eos")), require_speculation=plan["require_speculation"], progress=progress,
             **_launched_numbers(spec), expect_server=planned_server_info(launched or spec),
             category=c["name"],  # a prompt whose record has no category is the client's
-            measure_ttft=ttft,
+            measure_ttft=ttft, ttft_limit=c.get("ttft_limit"),
         )
         result.server = {**(result.server or {}), "fingerprint": plan["fingerprint"], "variant": plan["variant"],
                          "spec_id": plan["spec_id"], "client": c["name"], "argv": summary["argv"],

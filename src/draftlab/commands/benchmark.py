@@ -49,6 +49,8 @@ def _register_bench(sub) -> None:
     p.add_argument("--model", default=None, help="vLLM model name (default: first of /v1/models)")
     p.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     p.add_argument("--no-ttft", action="store_true", help="skip the streaming time-to-first-token pass")
+    p.add_argument("--ttft-limit", type=number(int, setting="bench.clients.ttft_limit"), default=None,
+                   help="stream N prompts in the TTFT pass: a seeded sample stratified by category (default: all)")
     p.add_argument("--timeout", type=number(float, above=0), default=600.0,
                    help="seconds for each whole request (connect, send, headers and body together)")
     p.add_argument(
@@ -183,6 +185,7 @@ def _bench(args: argparse.Namespace) -> int:
         measure_ttft=not args.no_ttft,
         ignore_eos=args.ignore_eos,
         limit=args.limit,
+        ttft_limit=args.ttft_limit,
         request_timeout_s=args.timeout,
         num_steps=args.num_steps,
         category=args.category,

@@ -44,4 +44,9 @@ def latency_table(rows: list[dict[str, Any]]) -> list[str]:
     if not any(_ms(r.get(LATENCY_COLUMNS[0])) != "–" for r in rows):
         lines += ["", "No streamed requests were measured (`--no-ttft`, or a server that does not stream): "
                       "`ttft_note` in the records says which."]
+        return lines
+    notes = sorted({str(r["ttft_note"]) for r in rows if r.get("ttft_note")})
+    if notes:  # how many requests each row's percentiles stand on (bench.clients[].ttft_limit samples them)
+        lines += ["", "Streamed per row: " + "; ".join(esc(n, 200) for n in notes)
+                  + " (`bench.clients[].ttft_limit`; the decision reads the timed passes, not these)."]
     return lines

@@ -146,6 +146,10 @@ class Client:
         "use N prompts, a seeded sample stratified by category (proportional, at least one per category "
         "when N >= the number of categories); null = all", minimum=1)
     ignore_eos: bool = setting(False, "always generate max_new_tokens tokens")
+    ttft_limit: int | None = setting(None,
+        "stream N of the client's prompts in the TTFT pass (time to first token, inter-token latency), a seeded "
+        "sample stratified by category as `limit` draws it; null = every prompt. The decision reads the timed "
+        "passes only: this pass is latency reporting, so a budget can take its time from here", minimum=1)
     in_domain: str | None = setting(None,
         "a second prompt file benched in the same client, beside `prompts`: the traffic the target serves, "
         "its categories reported next to the others (ids must differ from prompts'); demo = the demo build's "
