@@ -114,3 +114,32 @@ def test_the_launch_check_is_planned_only_where_an_arms_launch_can_serve_the_pro
     plain = launches.launches(smoke)[0]
     assert launches.check_client(smoke, plain) is None
     assert "check" not in launches.launch_outputs(layout, plain, smoke.clients, launches.check_client(smoke, plain))
+
+
+def test_the_default_bench_plan_streams_a_sample_of_its_prompts(monkeypatch):
+    """The CPU default's client streams 8 of its 32 prompts (bench.clients[].ttft_limit), and every bench plan
+    of a launch carries that to the bench (the launch check streams none: test_e2e)."""
+    from draftlab.benchmark import serve_bench
+    from draftlab.serving.server_spec import ServerSpec
+
+    s = _settings()
+    assert [c.ttft_limit for c in s.bench.clients] == [8] and s.bench.clients[0].limit == 32
+    layout = jobs.Layout(s.experiment)
+    arms = launches.launches(s)[-1]
+    plan = jobs.launch_plan(s, layout, arms.id)
+    assert {c["ttft_limit"] for b in plan["benches"] for c in b["clients"]} == {8}
+    seen = []
+
+    class Sent(Exception):
+        pass
+
+    def run_benchmark(*args, **kwargs):  # what the bench is asked to do, without a server
+        seen.append(kwargs)
+        raise Sent
+
+    monkeypatch.setattr(serve_bench, "run_benchmark", run_benchmark)
+    bench = plan["benches"][0]
+    with pytest.raises(Sent):
+        serve_bench.run_clients("http://127.0.0.1:9", bench, ServerSpec.from_dict(bench["server"], source="t"),
+                                {"clients": []}, False)
+    assert seen[-1]["ttft_limit"] == 8 and seen[-1]["measure_ttft"] is True

@@ -41,7 +41,8 @@ def build_plan(
     clients = []
     for c in cfg["bench"]["clients"]:
         clients.append({
-            **{k: c[k] for k in ("name", "prompts", "max_new_tokens", "repeats", "warmup", "concurrency", "limit", "ignore_eos")},
+            **{k: c[k] for k in ("name", "prompts", "max_new_tokens", "repeats", "warmup", "concurrency", "limit", "ttft_limit",
+                                  "ignore_eos")},
             "out_json": result_path(c["name"], "json"),
             "out_csv": result_path(c["name"], "csv"),
         })
