@@ -100,7 +100,7 @@ def _experiment(backend: str, clients=CLIENTS) -> dict:
     cfg = load_config(REPO / "config" / "config.yaml")
     cfg = copy.deepcopy(cfg)
     cfg["serve"].update(backend=backend, health_interval_s=0.1, health_tries=300)
-    cfg["bench"]["clients"] = [{"in_domain": None, **c} for c in copy.deepcopy(clients)]  # the key is newer
+    cfg["bench"]["clients"] = [{"in_domain": None, "ttft_limit": None, **c} for c in copy.deepcopy(clients)]  # newer keys
     return cfg
 
 

@@ -161,9 +161,8 @@ def run_benchmark(
     (model, drafter, speculative setting); the server must name them before and after the run.
     """
     config = dict(url=url, api=api, model=model, max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup,
-                  concurrency=concurrency, require_speculation=require_speculation, ignore_eos=ignore_eos,
-                  temperature=0.0, measure_ttft=measure_ttft, limit=limit, ttft_limit=ttft_limit, category=category,
-                  sample_seed=sample_seed)
+                  concurrency=concurrency, require_speculation=require_speculation, ignore_eos=ignore_eos, temperature=0.0,
+                  measure_ttft=measure_ttft, limit=limit, ttft_limit=ttft_limit, category=category, sample_seed=sample_seed)
     config["url"] = _checked_args(config, num_steps, num_draft_tokens, request_timeout_s)
     prompt_list, prompt_set = _prompt_set(prompts, category, limit, sample_seed)
     client, settings = _connect(config, request_timeout_s, num_steps, num_draft_tokens)
