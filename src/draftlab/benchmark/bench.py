@@ -186,14 +186,12 @@ def _checked_args(config: dict[str, Any], num_steps: int | None, num_draft_token
     ):
         if isinstance(value, bool) or int(value) != value or value < low:
             raise DraftlabError(f"{name}: expected an integer >= {low}, got {value!r}")
-    for name, value, low in (("--num-steps", num_steps, 1), ("num_draft_tokens", num_draft_tokens, 1)):
+    for name, value, low in (("--num-steps", num_steps, 1), ("num_draft_tokens", num_draft_tokens, 1),
+                             ("--limit", limit, 1), ("--ttft-limit", config["ttft_limit"], 1)):  # None: not set
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
             raise DraftlabError(f"{name}: expected an integer >= {low}, got {value!r}")
     if not (isinstance(request_timeout_s, (int, float)) and math.isfinite(request_timeout_s) and request_timeout_s > 0):
         raise DraftlabError(f"--timeout: expected a number of seconds > 0, got {request_timeout_s!r}")
-    for name, value in (("--limit", limit), ("--ttft-limit", config["ttft_limit"])):
-        if value is not None and (isinstance(value, bool) or int(value) != value or value < 1):
-            raise DraftlabError(f"{name}: expected an integer >= 1, got {value!r}")
     url = config["url"].rstrip("/")
     if not re.match(r"^https?://", url):
         raise DraftlabError(f"--url: expected http://HOST:PORT, got {url!r}")
@@ -225,7 +223,7 @@ def _measure(client: _Client, prompt_list: list[Prompt], source: str | None, con
     """
     url, api, n = config["url"], config["api"], len(prompt_list)
     guard_sglang = config["require_speculation"] and api == "sglang"
-    streamed = stratified_sample(prompt_list, config.get("ttft_limit"), config["sample_seed"]) \
+    streamed = stratified_sample(prompt_list, config["ttft_limit"], config["sample_seed"]) \
         if config["measure_ttft"] else []
     total = config["warmup"] + config["repeats"] * n + len(streamed)
     run = _Run(client, total, progress, on_row, source)

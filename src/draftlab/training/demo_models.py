@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import json
 import multiprocessing
 import os
@@ -223,11 +222,9 @@ def _train_all(spec: DemoSize, convs: dict[str, list], work: Path, seed: int, th
     special = {"bos": tokenizer.bos_token_id, "eos": tokenizer.eos_token_id, "pad": tokenizer.pad_token_id}
     streams = {k: token_stream(tokenizer, v) for k, v in convs.items()}
 
-    with contextlib.ExitStack() as stack:
-        # the drafter's worker starts now, so its imports (and CUDA context) are ready when v1 is: v1 trains
-        # on one thread, which leaves the second core to it
-        pool = stack.enter_context(_drafter_pool(device)) if threads >= 2 else None
-
+    # the drafter's worker starts now, so its imports (and CUDA context) are ready when v1 is: v1 trains on one
+    # thread, which leaves the second core to it
+    with (_drafter_pool(device) if threads >= 2 else contextlib.nullcontext()) as pool:
         # target v1 ("K2")
         t = time.perf_counter()
         torch.manual_seed(seed)
@@ -273,9 +270,8 @@ def _drafter_pool(device: str) -> Iterator[Any]:
 
 
 def _warm_worker(device: str) -> None:
-    """The drafter worker's start: import the trainer and open the device, off the critical path."""
-    importlib.import_module("draftlab.training.train")  # loading it is the point: torch, transformers, the trainer
-
+    """The drafter worker's start, off the critical path: unpickling this function imported this module (torch,
+    transformers, the trainer); it opens the device too."""
     if torch.device(device).type == "cuda":
         torch.zeros(1, device=device)
 
