@@ -1,6 +1,8 @@
 """Code, config and docs speak of the capability, never of the project's own tickets, which no user can open.
 
-Scanned: every text file under src/, workflow/, config/ and docs/, plus README.md and Snakefile.
+Scanned: every text file under src/, workflow/, config/ and docs/, README.md, Snakefile, and the benchmark tools
+and GPU jobs (benchmarks/**/*.py and *.sh; benchmarks/*.md may name the retired scripts ``gpu_issue17.sh`` ...,
+which is what ``git show 353378b:benchmarks/NAME`` needs, and results/ holds what runs printed).
 
 The rule, per line (case-insensitive):
 - ``issue``/``issues``/``ticket``/``tickets`` then a number, with an optional space, ``-``, ``_`` or ``#``
@@ -38,7 +40,8 @@ def _scanned() -> list[Path]:
     paths = [ROOT / name for name in FILES if (ROOT / name).is_file()]
     for tree in TREES:
         paths += sorted(p for p in (ROOT / tree).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
-    return paths
+    return paths + sorted(p for p in (ROOT / "benchmarks").rglob("*") if p.suffix in (".py", ".sh")
+                          and "results" not in p.relative_to(ROOT / "benchmarks").parts)
 
 
 def _is_upstream_hash(line: str, start: int) -> bool:
