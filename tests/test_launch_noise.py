@@ -1,6 +1,6 @@
 """Issue 38: launch-to-launch noise measured inside the run and carried into every comparison across launches.
 
-The fixtures are the three demo-gpu runs from clean on one H200 (benchmarks/RESULTS.md, "Issue 38"): 81 prompts
+The fixtures are the three demo-gpu runs from clean on one H200 (benchmarks/RESULTS.md, "Does the verdict hold"): 81 prompts
 paired per prompt on end-to-end seconds per token; finetune-remap 1.11x [1.07, 1.15] and 1.13x [1.08, 1.18]
 (served), then finetune-keep 0.96x [0.93, 0.99] and remap 0.95x [0.92, 0.98] (plain). Each arm's per-prompt
 ratios are built so that the paired interval reproduces the published one to two decimals. Run 2's keep interval
@@ -194,7 +194,7 @@ def test_the_noise_is_symmetric_and_an_unpaired_check_measures_nothing():
     assert not got["measured"] and "could not be paired" in got["reason"]
 
 
-# the H200 run 2 of 2026-12-06 (benchmarks/RESULTS.md, "Issue 38"): the probe swapped into the arms launch ran
+# the H200 run 2 of 2026-12-06 (benchmarks/RESULTS.md, "Does the verdict hold"): the probe swapped into the arms launch ran
 # 1.057x [1.045, 1.069] over its own launch, 81 prompts
 H200_DRIFT = 1.0567
 
@@ -232,7 +232,7 @@ def test_the_bound_covers_another_pair_of_launches_95_percent_of_the_time_the_dr
     assert t == 4.303 and margin == pytest.approx(math.expm1(4.303 * math.sqrt((math.log(1.05) ** 2 + math.log(1.03) ** 2) / 2)))
 
 
-# demo-gpu on one H100, three runs of the same code (benchmarks/RESULTS.md, "Issue 38", 2026-12-06 09:58 UTC): the
+# demo-gpu on one H100, three runs of the same code (benchmarks/RESULTS.md, "Does the verdict hold", 2026-12-06 09:58 UTC): the
 # launch check each run recorded (launch.json: speed-up and 95% interval over 81 prompts) and the arms it decided on
 H100_CHECKS = {"run 1": (1.0186937, 0.9991141, 1.0405348), "run 2": (0.9973298, 0.9808885, 1.0140933),
                "run 3": (0.9855419, 0.9639162, 1.0065959)}

@@ -227,7 +227,7 @@ def get_launch_inputs(launch, wildcards):
         )
     if launch.stage == "arms":
         inputs["plain"] = [L.bench_result("baseline", "plain", c) for c in CLIENTS]
-        # the launch check (issue 38): the probe's drafter, swapped in last, and its result in its own
+        # the launch check: the probe's drafter, swapped in last, and its result in its own
         # launch, paired with the probe benched here (a new probe result measures the launch check again)
         own = launches.launch_check_result(S, L, launch, CLIENTS[0])
         if own is not None:

@@ -138,7 +138,7 @@ class Plausibility:
         self._check_by_position(meta, where, verify)
 
     def _check_by_position(self, meta: dict[str, Any], where: str, verify: int | None) -> None:
-        """``spec_accept_by_position`` (the builtin server's before issue 40; still read): each count <=
+        """``spec_accept_by_position`` (the builtin server's older field; still read): each count <=
         ``spec_verify_ct``, at most ``num_steps`` positions."""
         by_pos = meta.get("spec_accept_by_position")
         if not isinstance(by_pos, list):

@@ -82,7 +82,7 @@ def at_least_counts(histogram: Any) -> list[int] | None:
 
 def accept_by_position(meta: dict) -> tuple[str | None, list | None]:
     """(the field it came from, accepts per draft position) of a ``meta_info``, or (None, None)."""
-    by_pos = meta.get("spec_accept_by_position")  # draftlab's builtin server before issue 40 (now the histogram)
+    by_pos = meta.get("spec_accept_by_position")  # the builtin server's older field (now the histogram)
     if isinstance(by_pos, list):
         return "spec_accept_by_position", by_pos
     counts = at_least_counts(meta.get("spec_correct_drafts_histogram"))  # SGLang 0.5.23 and the builtin server

@@ -1,4 +1,4 @@
-"""Swap a running server's drafter for another checkpoint, and prove what it holds (issue 35).
+"""Swap a running server's drafter for another checkpoint, and prove what it holds.
 
 The requests are SGLang 0.5.23's own (``sglang/srt/entrypoints/http_server.py``, bodies from
 ``sglang/srt/managers/io_struct.py``): ``/begin_weight_update {"selector": "draft"}``, then

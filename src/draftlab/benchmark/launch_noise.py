@@ -1,4 +1,4 @@
-"""Launch-to-launch noise, measured inside every run (issue 38).
+"""Launch-to-launch noise, measured inside every run.
 
 The baseline is benched in the plain launch, each arm in its arms launch, the probe in its probe launch,
 and one launch of the same target runs a few percent faster or slower than another (three demo-gpu runs

@@ -1,12 +1,12 @@
 """Run one launch (``draftlab serve-launch``, the workflow's ``launch_<id>`` jobs): one start of the target,
-every variant of the launch benched in turn with its draft weights swapped in (issue 35).
+every variant of the launch benched in turn with its draft weights swapped in.
 
 The plan (``experiment.launches.launch_plan``) lists each variant's bench plan; the server is the first
 one's. Before each bench the server's drafter checksum is compared with the file swapped in
 (:mod:`draftlab.benchmark.drafter_swap`). A launch that swapped benches its first drafter once more
 after the swaps (``fresh_check``) and refuses every result when that accept length differs from the fresh
 launch's by more than the two measurements' own repeat spread. An arms launch that can serve the probe then
-swaps it in last (``launch_check``, issue 38) and pairs it with the probe's result in its own launch: the
+swaps it in last (``launch_check``) and pairs it with the probe's result in its own launch: the
 launch-to-launch noise (:mod:`draftlab.benchmark.launch_noise`). An arms launch's every answer must equal
 plain decoding's (temperature 0). Results are written only once every check has passed; each carries
 its launch id. The plain launch then answers the fine-tune prompts through the same server

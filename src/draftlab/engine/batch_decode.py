@@ -102,7 +102,7 @@ def prefill_row(eng: Engine, prompt: list[int], max_new: int, stops: set[int], t
 class BatchDecoder:
     """The rows being decoded together and their caches; ``add`` a prefilled request, ``step`` all."""
 
-    single_fast_path = True  # False: a row alone is masked like a batch (issue 17's path; benchmarks compare)
+    single_fast_path = True  # False: a row alone is masked like a batch (the first batching path; benchmarks compare)
 
     def __init__(self, engine: Engine):
         self.engine = engine

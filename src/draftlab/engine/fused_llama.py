@@ -1,4 +1,4 @@
-"""A Llama-shaped target's decode forward in fewer kernels, over the static decoder's slots (issue 26).
+"""A Llama-shaped target's decode forward in fewer kernels, over the static decoder's slots.
 
 Inside a CUDA graph a small model's step costs what its kernels cost, a few microseconds each, not
 what its weights weigh: transformers' decoder layer is about 35 kernels (the norm alone is six, RoPE

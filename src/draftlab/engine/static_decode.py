@@ -1,4 +1,4 @@
-"""Static KV cache and CUDA graphs for the builtin server's decoding (issue 26).
+"""Static KV cache and CUDA graphs for the builtin server's decoding.
 
 ``BatchDecoder`` grows transformers' ``DynamicCache`` and masks slots per row: every decode step
 is a few hundred small kernel launches from Python, so on a GPU a small model is bound by the

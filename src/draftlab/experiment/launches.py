@@ -1,4 +1,4 @@
-"""Which target launches an experiment spends, and what each one benches (issue 35).
+"""Which target launches an experiment spends, and what each one benches.
 
 A launch of the real target costs ~10 minutes (Kimi-K2.5 on 8 GPUs: weights, then CUDA graphs), so the
 pipeline spends launches, not jobs:
@@ -135,7 +135,7 @@ def launch_count(settings: Settings, gate_open: bool = True) -> int:
 
 
 def checks_launch_noise(settings: Settings, launch: Launch) -> bool:
-    """This arms launch can swap the probe in (issue 38's launch check): the builtin server serves every
+    """This arms launch can swap the probe in (the launch check): the builtin server serves every
     drafter of the target's shape; SGLang only a drafter of its launch's d2t map, the keep arms' group
     (:data:`DRAFTER_MAP`), which the probe shares; vLLM swaps no drafter from a file."""
     if launch.stage != "arms" or PROBE in launch.variants:
@@ -216,7 +216,7 @@ def launch_plan(settings: Settings, layout: Layout, launch: Launch, bench_plans:
         # length must match the fresh launch's within the two measurements' own repeat spread
         "fresh_check": {"variant": launch.variants[0], "client": first["clients"][0]["name"]} if launch.swaps else None,
         # the probe swapped in last, benched on that client as its own launch benched it, paired with that
-        # result: the launch-to-launch noise every comparison across launches carries (issue 38)
+        # result: the launch-to-launch noise every comparison across launches carries
         "launch_check": _launch_check(settings, layout, launch, probe_plan),
         # the plain decoding results every speculative bench's output text must equal (temperature 0)
         "plain_outputs": [layout.bench_result(BASELINE, "plain", c["name"]) for c in first["clients"]]

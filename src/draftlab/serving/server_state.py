@@ -75,7 +75,7 @@ class ServerState:
         self._active = 0  # requests being handled, so a shutdown can let their answers go out
         self._idle = threading.Condition()
         self.lock = threading.Lock()  # held by the scheduler around every engine step
-        # on CUDA: static KV cache + CUDA graphs up to cuda_graph_max_bs (issue 26); reported by server_info
+        # on CUDA: static KV cache + CUDA graphs up to cuda_graph_max_bs; reported by server_info
         self.decoding = {**enable_static(engine, max_batch_size, cuda_graph_max_bs), "cuda_graph_max_bs":
                          max_batch_size if cuda_graph_max_bs is None else cuda_graph_max_bs}
         self.scheduler = Scheduler(engine, max_batch_size, lock=self.lock)

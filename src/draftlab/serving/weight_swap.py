@@ -1,4 +1,4 @@
-"""The builtin server's draft-weight update, on SGLang 0.5.23's routes and request fields (issue 35).
+"""The builtin server's draft-weight update, on SGLang 0.5.23's routes and request fields.
 
 Routes (``sglang/srt/entrypoints/http_server.py``) and bodies (``sglang/srt/managers/io_struct.py``):
 
