@@ -39,7 +39,8 @@ PLAIN_WORDS = {"issue", "issues", "ticket", "tickets", "see", "in", "of", "and",
 def _scanned() -> list[Path]:
     paths = [ROOT / name for name in FILES if (ROOT / name).is_file()]
     for tree in TREES:
-        paths += sorted(p for p in (ROOT / tree).rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+        paths += sorted(p for p in (ROOT / tree).rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                         and not any(part.endswith(".egg-info") for part in p.parts))  # pip's copy of the README
     return paths + sorted(p for p in (ROOT / "benchmarks").rglob("*") if p.suffix in (".py", ".sh")
                           and "results" not in p.relative_to(ROOT / "benchmarks").parts)
 
