@@ -8,6 +8,8 @@ import os
 import shlex
 import sys
 
+from snakemake.exceptions import WorkflowError
+
 from draftlab.errors import DraftlabError
 from draftlab.benchmark.bench_prompts import default_prompts_path
 from draftlab.benchmark.probe_gate import gate_open
@@ -164,6 +166,26 @@ def get_launch_plan(wildcards):
 def get_launch_command(launch_id, wildcards):
     """The launch's own command (its first variant's server), printed in the job's shell line."""
     return shlex.join(_launch_plan(launch_id)["argv"])
+
+
+def launch_threads(launch):
+    """A launch job's threads: every core of a local run, so that no other job runs on the host while it benches.
+
+    Tok/s measured beside another job's work moves with that work: the launch check (the probe benched again in
+    the arms launch) read it as launch-to-launch drift, and the decision paid for it in its margin. Under a cluster
+    executor every job has an allocation of its own, so there a launch asks for what it uses (2 threads where it
+    also generates the fine-tune data, else 1)."""
+    own = 2 if launch.generate else 1
+
+    def threads(wildcards):
+        if workflow.non_local_exec:
+            return own
+        try:
+            return max(own, int(workflow.cores))
+        except WorkflowError:  # a dry run given no --cores
+            return own
+
+    return threads
 
 
 def launch_cluster_resources():

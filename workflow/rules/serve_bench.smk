@@ -55,7 +55,7 @@ for _launch in LAUNCHES:
             L.benchmark("serve_launch", f"{_launch.id}.tsv")
         conda:
             "../../envs/serving.yaml"
-        threads: 2 if _launch.generate else 1
+        threads: launch_threads(_launch)
         resources:
             **gpu_resources(SERVER_GPUS),
             # a cluster profile's `set-resources: serve_launch:` (every launch job)
