@@ -2,7 +2,8 @@
 # and through the server (benchmarks/cycle_breakdown.py, demo-gpu shapes, random weights): first the static
 # decoder's GPU tests (greedy answers of plain and speculative decoding identical), then the breakdown with the
 # attention's value product in one piece (DRAFTLAB_PV_CHUNK=0) and split over 64-slot chunks (the default), then
-# the split at 128 slots, at k = 2, and in bfloat16 (in process).
+# the split at k = 2 (in process). VARIANTS="name:chunk:dtype:extra args"... replaces that list
+# (e.g. "pv-split64-bf16:64:bfloat16:--no-server").
 # Run by benchmarks/gpu/run.sh (cycle-breakdown run: about 6 minutes).
 . "$GPU_DIR/env.sh"
 gpu_job_begin
@@ -14,8 +15,7 @@ log "pytest -m gpu -k 'static or engine_greedy or fused': rc $? in $(( $(date +%
 summary() {
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); r=d['ratios']; print('plain', d['plain_step'], 'ms; verify', d['verify'], '; draft', d['draft_forward'], '; extend', d['extend'], '; cycle graph', d['cycle_graph'], '; step plain/cycle', d['step_plain'], d['step_cycle'], '; server', d.get('server_step_plain'), d.get('server_cycle'), '; served ratios', r['served'], '; identical', d['identical_outputs'])" "$1" 2>&1 | tail -1
 }
-for variant in "pv-whole:0:float32:" "pv-split64:64:float32:" "pv-split128:128:float32:--no-server" \
-    "pv-split64-k2:64:float32:--no-server --num-steps 2" "pv-split64-bf16:64:bfloat16:--no-server"; do
+for variant in ${VARIANTS:-"pv-whole:0:float32:" "pv-split64:64:float32:" "pv-split64-k2:64:float32:--no-server --num-steps 2"}; do
   IFS=: read -r name chunk dtype extra <<< "$variant"
   t0=$(date +%s)
   DRAFTLAB_PV_CHUNK=$chunk timeout 300 python3 benchmarks/cycle_breakdown.py --device cuda --dtype "$dtype" $extra \
