@@ -502,7 +502,8 @@ def check_ready_to_launch():
     """The Snakefile's onstart (a real run, before any job): every input file a later stage reads
     (data.prompts or data.path, the bench clients' prompt files) is here, and a one-host SpecForge capture's
     checkout holds SpecForge's script at its v0.2.0 release; else one error line and exit 2, before the first
-    launch of the target or any GPU work (a run of CPU jobs only, e.g. the merged config, is let through)."""
+    launch of the target or any GPU work (a run of CPU jobs only, e.g. the merged config, is let through).
+    """
     if not _plans_launch_or_gpu_work():
         return
     try:
