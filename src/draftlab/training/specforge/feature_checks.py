@@ -20,7 +20,7 @@ from typing import Any
 
 from draftlab.errors import DraftlabError
 from draftlab.formats.checkpoint import INDEX_SUFFIX
-from draftlab.fsutil import named_digest
+from draftlab.fsutil import named_digest, sha256_file
 
 SAMPLE_BYTES = 1 << 20  # of each weight file too big to hash whole: its first and last MiB of data
 _HASH_WHOLE_BYTES = 2 << 30  # a folder of weights this small is hashed whole
@@ -49,8 +49,6 @@ def target_weights_sha256(target: str | os.PathLike) -> str | None:
     """One digest of the target's weights: each ``*.safetensors`` file by its HF-cache blob name (the file's
     sha256), else by its whole sha256 in a small folder, else by its size, header and first and last MiB;
     plus the shard index. None for a folder without safetensors (nothing to pin)."""
-    from draftlab.fsutil import sha256_file
-
     folder = Path(target)
     weights = sorted(p for p in folder.iterdir() if p.name.endswith(".safetensors") and p.is_file())
     if not weights:
