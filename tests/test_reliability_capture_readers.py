@@ -113,18 +113,23 @@ def test_an_unreadable_or_foreign_feature_file_is_never_counted_and_is_moved_asi
     assert rec["samples"] == 3 and rec["tokens"] == sum(2 + i % 5 for i in range(3))
 
 
-def test_a_sample_that_leaves_the_features_folder_is_refused_by_every_reader(captured, tmp_path):
+@pytest.mark.parametrize("what", ["file", "folder"])
+def test_a_sample_that_leaves_the_features_folder_is_refused_by_every_reader(captured, tmp_path, what):
     s, layout = captured
     sample = Path(layout.features) / "rows_0-2000" / "data_2.ckpt"
-    outside = tmp_path / "elsewhere.ckpt"
-    outside.write_bytes(sample.read_bytes())  # the same size: the listing's digest does not move
-    sample.unlink()
+    if what == "folder":  # the whole rows folder moved out and linked back: every sample read from elsewhere
+        sample, outside = sample.parent, tmp_path / "rows-elsewhere"
+        os.replace(sample, outside)
+    else:
+        outside = tmp_path / "elsewhere.ckpt"
+        outside.write_bytes(sample.read_bytes())  # the same size: the listing's digest does not move
+        sample.unlink()
     sample.symlink_to(outside)
     for proc in (_pre(s, layout), _rec(s, layout)):
         one_error_line(proc, str(sample), f"leads to {outside}", "outside the features folder")
     with pytest.raises(DraftlabError, match=f"leads to {outside}, outside the features folder .* not trained on"):
         oc.check_capture_for(layout.capture_record, layout.target_model, layout.patched)
-    assert sample.is_symlink() and outside.is_file()  # nothing deleted
+    assert sample.is_symlink() and outside.exists()  # nothing deleted
 
 
 def test_a_damaged_identity_record_or_mapping_is_one_line(captured):
