@@ -14,6 +14,7 @@ from draftlab.errors import DraftlabError
 from draftlab.benchmark.bench_prompts import default_prompts_path
 from draftlab.benchmark.probe_gate import gate_open
 from draftlab.experiment import jobs, launches, variants
+from draftlab.experiment.inputs_ready import check_inputs_ready
 from draftlab.experiment.layout import (
     Layout,
     demo_bench_prompts,
@@ -506,25 +507,31 @@ def get_train_capture_input(wildcards):
     return []
 
 
-def _plans_gpu_work():
-    """Whether the jobs this run will run include the capture or any job that holds a GPU."""
+def _plans_launch_or_gpu_work():
+    """Whether the jobs this run will run start the target (a launch, generate-data) or hold a GPU (the
+    capture included)."""
+    starts = {launch.rule_name for launch in LAUNCHES} | {"generate_data", "capture"}
     for job in workflow.dag.needrun_jobs():
         res = job.resources
-        if job.rule.name == "capture" or any(
+        if job.rule.name in starts or any(
             int(res.get(k) or 0) > 0 for k in ("gpu", "gpu_share")
         ):
             return True
     return False
 
 
-def check_capture_ready():
-    """The Snakefile's onstart (a real run, before any job): a one-host SpecForge capture's checkout must hold
-    SpecForge's script at its v0.2.0 release; else one error line and exit 2, before any GPU work (a run of
-    CPU jobs only, e.g. the merged config, is let through)."""
-    if not S.train.captures or not _plans_gpu_work():
+def check_ready_to_launch():
+    """The Snakefile's onstart (a real run, before any job): every input file a later stage reads
+    (data.prompts or data.path, the bench clients' prompt files) is here, and a one-host SpecForge capture's
+    checkout holds SpecForge's script at its v0.2.0 release; else one error line and exit 2, before the first
+    launch of the target or any GPU work (a run of CPU jobs only, e.g. the merged config, is let through).
+    """
+    if not _plans_launch_or_gpu_work():
         return
     try:
-        jobs.check_capture_ready(S)
+        check_inputs_ready(S)
+        if S.train.captures:
+            jobs.check_capture_ready(S)
     except DraftlabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2)
