@@ -57,9 +57,10 @@ def d2t_digest_of(folder: str | Path) -> str | None:
     return weight_payload.d2t_digest(read_drafter_tensors(folder).get("d2t"))
 
 
-def update_body(named: list[tuple[str, Any]], tp_size: int = 1) -> dict[str, Any]:
-    """``UpdateWeightsFromTensorReqInput`` as SGLang's HTTP route reads it: one payload per TP rank."""
-    entry = weight_payload.serialize(named)
+def update_body(named: list[tuple[str, Any]], tp_size: int = 1, in_band: bool = False) -> dict[str, Any]:
+    """``UpdateWeightsFromTensorReqInput`` as SGLang's HTTP route reads it: one payload per TP rank (``in_band``,
+    the tensors' bytes in the body, for the builtin server, which follows no shared-memory name)."""
+    entry = weight_payload.serialize(named, in_band=in_band)
     return {"serialized_named_tensors": [entry] * int(tp_size), "load_format": None, "flush_cache": True,
             "selector": "draft"}
 
@@ -119,7 +120,7 @@ def swap(url: str, folder: str | Path, backend: str, *, tp_size: int = 1, dtype=
     named = drafter_tensors(folder, backend, dtype)
     _post(url, "/begin_weight_update", {"selector": "draft"}, timeout)
     try:
-        _post(url, "/update_weights_from_tensor", update_body(named, tp_size), timeout)
+        _post(url, "/update_weights_from_tensor", update_body(named, tp_size, in_band=backend == "builtin"), timeout)
     finally:
         _post(url, "/end_weight_update", {}, timeout)
     held = server_checksums(url)

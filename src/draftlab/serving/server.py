@@ -152,16 +152,16 @@ class Handler(BaseHTTPRequestHandler):
         self._send(status, {"error": {"message": message, "type": phrase, "code": status},
                             "object": "error", "message": message, "type": phrase, "param": None, "code": status})
 
-    def _body(self) -> dict[str, Any]:
+    def _body(self, limit: int | None = None) -> dict[str, Any]:
         if self.headers.get("Transfer-Encoding"):
             raise BadRequest("chunked request bodies are not supported; send Content-Length", 411, close=True)
         raw_length = (self.headers.get("Content-Length") or "0").strip()
         if not (raw_length.isascii() and raw_length.isdigit()):  # "²".isdigit() is True, int("²") fails
             raise BadRequest(f"Content-Length: expected a non-negative integer, got {raw_length!r}", close=True)
-        length = int(raw_length)
-        if length > self.state.max_body_bytes:
-            raise BadRequest(f"request body of {length} bytes is larger than the limit of "
-                             f"{self.state.max_body_bytes} bytes", 413, close=True)
+        length, limit = int(raw_length), limit or self.state.max_body_bytes
+        if length > limit:
+            raise BadRequest(f"request body of {length} bytes is larger than the limit of {limit} bytes", 413,
+                             close=True)
         try:
             raw = self.rfile.read(length) if length else b""
         except TimeoutError:
@@ -224,7 +224,8 @@ class Handler(BaseHTTPRequestHandler):
             elif path == "/v1/chat/completions" and method == "POST":
                 self._answer(handle_chat_completions(self.state, self._body(), self.client_gone))
             elif path in weight_swap.ROUTES:  # SGLang's draft-weight update (serving.weight_swap)
-                self._send(*weight_swap.handle(self.state, path, self._body() if method == "POST" else {}))
+                limit = weight_swap.body_limit(self.state) if path == "/update_weights_from_tensor" else None
+                self._send(*weight_swap.handle(self.state, path, self._body(limit) if method == "POST" else {}))
             elif path in ("/generate", "/v1/completions", "/v1/chat/completions"):
                 self._error(405, f"{path}: use POST")
             else:
