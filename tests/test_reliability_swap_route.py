@@ -10,46 +10,25 @@ fields are SGLang's, and ``weight_version`` is reported where SGLang reports it.
 from __future__ import annotations
 
 import base64
-import contextlib
 import gc
 import io
 import os
 import pickle
 import socket
-import threading
 
 import pytest
 import torch
 
 from draftlab.benchmark import drafter_swap
-from draftlab.models.target import read_config
-from draftlab.serving.server import load_state, make_server
-from factories import tiny_drafter_config, write_drafter
 from httpcall import call
-from tiny_models import tiny_target
+from swapkit import served, tiny_folders
 
 FIELD = "serialized_named_tensors"
 
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("swaproute")
-    target = tiny_target(root / "target", seed=0)
-    cfg = tiny_drafter_config(read_config(target))
-    return {"target": target, "drafter": write_drafter(root / "drafter", cfg, seed=1),
-            "other": write_drafter(root / "other", cfg, seed=2)}
-
-
-@contextlib.contextmanager
-def served(folders, **limits):
-    httpd = make_server(load_state(folders["target"], folders["drafter"], num_steps=2, **limits), "127.0.0.1", 0)
-    threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    return tiny_folders(tmp_path_factory.mktemp("swaproute"))
 
 
 @pytest.fixture()
@@ -248,7 +227,7 @@ def test_weight_version_is_reported_where_sglang_reports_it(server, folders):
 
 def test_the_update_body_limit_follows_the_drafter_not_the_prompt_limit(folders):
     """The payload is the drafter's bytes: its limit is the drafter's size, with a server body limit far lower."""
-    with served(folders, max_body_bytes=4096) as url:
+    with served(folders, None, max_body_bytes=4096) as url:
         sent = drafter_swap.swap(url, folders["other"], "builtin")
         assert sent["matched_tensors"] == sent["tensors_sent"] > 0
         port = int(url.rsplit(":", 1)[1])

@@ -44,11 +44,11 @@ from draftlab.models.target import load_tokenizer
 from draftlab.serving import model_routes
 from draftlab.serving.endpoints import handle_chat_completions, handle_completions, handle_generate
 from draftlab.engine.core import Engine
-from draftlab.serving import weight_swap
+from draftlab.serving import api_keys, weight_swap
 from draftlab.serving.server_state import BadRequest, ClientGone, HTTPFailure, ServerState
 from draftlab.serving.streaming import Stream, send_sse
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+LOOPBACK = api_keys.LOOPBACK
 LISTEN_LINE = "draftlab-serve listening on http://{host}:{port}"
 STOP_GRACE_S = 3.0
 
@@ -197,6 +197,11 @@ class Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         t0 = time.perf_counter()
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        denied = api_keys.decide(self.server.keys, method, path, self.headers.get("Authorization"))
+        if denied is not None:  # SGLang's key rules (serving.api_keys); the unread body ends the connection
+            self.close_connection = True
+            self._send(*denied)
+            return
         try:
             if path == "/health":
                 self._send(200, b"")
@@ -261,17 +266,20 @@ class DraftlabHTTPServer(ThreadingHTTPServer):
             return
         super().handle_error(request, client_address)
 
-    def __init__(self, address: tuple[str, int], state: ServerState):
+    def __init__(self, address: tuple[str, int], state: ServerState, keys: api_keys.Keys | None = None):
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         self.state = state
+        self.keys = keys or api_keys.Keys.for_bind(address[0])
         super().__init__(address, Handler)
 
 
-def make_server(state: ServerState, host: str = "127.0.0.1", port: int = 0) -> DraftlabHTTPServer:
-    """Bind (port 0 = a free port, see ``server.server_address``) without starting to serve."""
+def make_server(state: ServerState, host: str = "127.0.0.1", port: int = 0,
+                keys: api_keys.Keys | None = None) -> DraftlabHTTPServer:
+    """Bind (port 0 = a free port, see ``server.server_address``) without starting to serve; ``keys``
+    default to ``DRAFTLAB_API_KEY``/``DRAFTLAB_ADMIN_API_KEY`` (``serving.api_keys``)."""
     try:
-        return DraftlabHTTPServer((host, port), state)
+        return DraftlabHTTPServer((host, port), state, keys)
     except OSError as exc:
         raise DraftlabError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
@@ -295,17 +303,17 @@ def load_state(target: str | Path, drafter: str | Path | None = None, *, num_ste
                        tokenizer=tokenizer, device=device, dtype=dtype, **limits)
 
 
-def serve(state: ServerState, host: str = "127.0.0.1", port: int = 0) -> int:
+def serve(state: ServerState, host: str = "127.0.0.1", port: int = 0, keys: api_keys.Keys | None = None) -> int:
     """Serve until SIGTERM/SIGINT; prints the machine-readable listening line first.
 
     A signal stops every generation at its next decode step and every wait for the engine (their
     clients get 503); if requests are still being handled ``STOP_GRACE_S`` after the listener has
     closed, the process exits anyway.
     """
-    if host not in LOOPBACK:
-        print(f"WARNING: draftlab serve is binding {host}, reachable from other machines; it has no "
-              f"authentication. Use --host 127.0.0.1 unless you mean it.", file=sys.stderr, flush=True)
-    httpd = make_server(state, host, port)
+    httpd = make_server(state, host, port, keys)
+    note = httpd.keys.startup_note(host)
+    if note:
+        print(note, file=sys.stderr, flush=True)
     bound_port = httpd.server_address[1]
 
     def stop(signum, frame):
