@@ -235,3 +235,19 @@ def test_the_update_body_limit_follows_the_drafter_not_the_prompt_limit(folders)
             sock.sendall(b"POST /update_weights_from_tensor HTTP/1.1\r\nHost: x\r\n"
                          b"Content-Type: application/json\r\nContent-Length: 900000000\r\n\r\n")
             assert sock.recv(64).startswith(b"HTTP/1.1 413")
+
+
+@pytest.mark.parametrize("protocol", [3, 4, 5])
+def test_the_reader_takes_a_plain_pickle_of_any_dtype_exactly(protocol):
+    """What a sender may legitimately write (pickle protocols 3-5, float, bfloat16, int and empty tensors,
+    storages shared by memo) reads back bit for bit."""
+    from draftlab.serving import tensor_payload
+
+    named = [("a.weight", torch.randn(4, 3)), ("d2t", torch.arange(5)), ("n", torch.randn(3, dtype=torch.bfloat16)),
+             ("t2d", torch.ones(7, dtype=torch.bool)), ("e", torch.zeros(0, 3))]
+    raw = pickle.dumps([(n, t.clone()) for n, t in named], protocol=protocol)
+    out = tensor_payload.read_named_tensors(raw, [tuple(t.shape) for _, t in named], len(named))
+    assert [n for n, _ in out] == [n for n, _ in named]
+    assert all(a.dtype == b.dtype and torch.equal(a, b) for (_, a), (_, b) in zip(named, out))
+    with pytest.raises(tensor_payload.PayloadRefused, match="more tensors"):
+        tensor_payload.read_named_tensors(raw, [tuple(t.shape) for _, t in named], len(named) - 1)

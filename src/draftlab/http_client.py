@@ -62,8 +62,14 @@ def server_key(url: str, key: str | None) -> Iterator[None]:
             _KEYS.pop(origin, None)
 
 
+def key_for(url: str) -> str | None:
+    """The key this process sends to ``url``'s server (a child process given it as ``DRAFTLAB_API_KEY`` sends
+    the same)."""
+    return _KEYS.get(_origin(url)) or os.environ.get("DRAFTLAB_API_KEY") or None
+
+
 def _auth(url: str) -> dict[str, str]:
-    key = _KEYS.get(_origin(url)) or os.environ.get("DRAFTLAB_API_KEY")
+    key = key_for(url)
     return {"Authorization": f"Bearer {key}"} if key else {}
 
 

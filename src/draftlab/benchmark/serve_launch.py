@@ -15,6 +15,7 @@ its launch id. The plain launch then answers the fine-tune prompts through the s
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -24,10 +25,12 @@ from typing import Any, Mapping, Sequence
 from draftlab.benchmark import drafter_swap, launch_cache, launch_noise
 from draftlab.benchmark.bench import write_results
 from draftlab.benchmark.serve_bench import run_clients
+from draftlab import http_client
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import read_json, write_json
 from draftlab.serving.launch import running_server
 from draftlab.serving.server_spec import ServerSpec, check_command
+from draftlab.textsafe import plain
 
 FRESH_EPS = 1e-9  # float summation only: greedy decoding repeats its answers exactly
 
@@ -186,7 +189,7 @@ def _launch_reference(plan: Mapping[str, Any], url: str, first: Mapping[str, Any
         ref.update(drafter_swap.compare_with_file(held, named, f"launch {plan['launch']} ({folder})", url=url,
                                                   dtype=_dtype(plan)))
     # which server checksum each file's tensors produced in this launch (the launch's own drafter first)
-    ref["held_by_file"] = {drafter_swap.file_checksum(named): held["per_engine_checksum"]}
+    ref["held_by_file"] = {drafter_swap.file_checksum(named): plain(str(held["per_engine_checksum"]), 80)}
     return ref
 
 
@@ -221,7 +224,7 @@ def _check_moved(url: str, folder: str, rec: dict[str, Any], held_by_file: dict[
     if held_by_file is None:
         return
     mine = rec["sent_checksum"]
-    got = rec["per_engine_checksum"]
+    got = plain(str(rec["per_engine_checksum"]), 80)  # the server's text, shown escaped
     if mine in held_by_file and held_by_file[mine] != got:
         raise DraftlabError(f"{url}/weights_checker: per_engine_checksum {got} for {folder}, whose files gave "
                             f"{held_by_file[mine]} earlier in this launch: the server does not hold the file's weights")
@@ -238,8 +241,10 @@ def _fresh_check(plan: Mapping[str, Any], url: str, launch: dict[str, Any], meas
     first = plan["benches"][0]
     rec = _swap(plan, url, first["server"]["drafter"], launch["launch_drafter"])
     if rec["per_engine_checksum"] != launch["launch_drafter"]["per_engine_checksum"]:
-        raise DraftlabError(f"launch {plan['launch']}: {first['variant']} swapped back in holds checksum "
-                            f"{rec['per_engine_checksum']}, the launch loaded {launch['launch_drafter']['per_engine_checksum']}")
+        got = plain(str(rec["per_engine_checksum"]), 80)
+        raise DraftlabError(f"{url}/weights_checker: per_engine_checksum {got} after swapping {first['variant']} "
+                            f"back in, where launch {plan['launch']} loaded it as "
+                            f"{launch['launch_drafter']['per_engine_checksum']}")
     client = next(c for c in first["clients"] if c["name"] == check["client"])
     spec = ServerSpec.from_dict(first["server"], source="fresh check")
     scratch = {"argv": list(plan["argv"]), "clients": [], "launch": plan["launch"]}
@@ -315,7 +320,8 @@ def _generate(plan: Mapping[str, Any], url: str) -> dict[str, Any]:
     t0 = time.time()
     sys.stdout.flush()
     sys.stderr.flush()
-    rc = subprocess.run(argv).returncode
+    key = http_client.key_for(url)  # the launch's own key, to the child through its environment, not argv
+    rc = subprocess.run(argv, env={**os.environ, **({"DRAFTLAB_API_KEY": key} if key else {})}).returncode
     if rc != 0:
         raise DraftlabError(f"generate-data failed (exit {rc}) against {url}; the answers so far are kept for a rerun")
     _name_the_server(argv[argv.index("--stats") + 1], plan, url)

@@ -48,7 +48,6 @@ from draftlab.serving import api_keys, weight_swap
 from draftlab.serving.server_state import BadRequest, ClientGone, HTTPFailure, ServerState
 from draftlab.serving.streaming import Stream, send_sse
 
-LOOPBACK = api_keys.LOOPBACK
 LISTEN_LINE = "draftlab-serve listening on http://{host}:{port}"
 STOP_GRACE_S = 3.0
 

@@ -40,9 +40,9 @@ STORAGE_DTYPES = {
     "BFloat16Storage": torch.bfloat16, "LongStorage": torch.int64, "IntStorage": torch.int32,
     "ShortStorage": torch.int16, "CharStorage": torch.int8, "ByteStorage": torch.uint8, "BoolStorage": torch.bool,
 }
-# the opcodes plain pickle (protocols 2-5) writes for a list of (str, tensor) pairs and for torch's legacy
-# storage record; everything else (BUILD, INST, OBJ, NEWOBJ, EXT*, BYTEARRAY8, out-of-band buffers, text
-# INT/LONG of any length, ...) is refused before unpickling starts
+# the opcodes plain pickle writes for a list of (str, tensor) pairs (protocols 3-5; 2 writes bytes through
+# _codecs.encode) and protocol 2 for torch's legacy storage record; everything else (BUILD, INST, OBJ, NEWOBJ,
+# EXT*, BYTEARRAY8, out-of-band buffers, text INT/LONG of any length, ...) is refused before unpickling starts
 OPCODES = frozenset({
     "PROTO", "FRAME", "STOP", "MARK", "EMPTY_LIST", "EMPTY_TUPLE", "EMPTY_DICT", "APPEND", "APPENDS", "SETITEM",
     "SETITEMS", "LIST", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8",
@@ -81,7 +81,7 @@ def _scan(stream: io.BytesIO, max_opcodes: int, persid: bool) -> None:
     """Walk one pickle's opcodes without building anything: refuse what a tensor list never holds."""
     start = stream.tell()
     count = 0
-    strings: list[Any] = [None, None]  # the last two string arguments: STACK_GLOBAL's module and name
+    pushed: list[Any] = [None, None]  # the last two stack pushes (memo puts aside): STACK_GLOBAL's operands
     try:
         for op, arg, _pos in pickletools.genops(stream):
             count += 1
@@ -94,10 +94,10 @@ def _scan(stream: io.BytesIO, max_opcodes: int, persid: bool) -> None:
                 raise refuse(f"memo index {int(arg)} is larger than the pickle could fill")
             if op.name == "GLOBAL":
                 _check_global(*str(arg).split(" ", 1))
-            elif op.name == "STACK_GLOBAL":
-                _check_global(str(strings[0]), str(strings[1]))
-            elif isinstance(arg, str):
-                strings = [strings[1], arg]
+            elif op.name == "STACK_GLOBAL" and all(isinstance(p, str) for p in pushed):
+                _check_global(*pushed)  # operands fetched from the memo are left to find_class
+            if op.name not in ("MEMOIZE", "BINPUT", "LONG_BINPUT", "FRAME"):
+                pushed = [pushed[1], arg if "UNICODE" in op.name else None]
     except PayloadRefused:
         raise
     except Exception:  # noqa: BLE001 - pickletools' own errors: a torn or foreign byte stream
