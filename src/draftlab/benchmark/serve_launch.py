@@ -15,6 +15,7 @@ its launch id. The plain launch then answers the fine-tune prompts through the s
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -24,10 +25,12 @@ from typing import Any, Mapping, Sequence
 from draftlab.benchmark import drafter_swap, launch_cache, launch_noise
 from draftlab.benchmark.bench import write_results
 from draftlab.benchmark.serve_bench import run_clients
+from draftlab import http_client
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import read_json, write_json
 from draftlab.serving.launch import running_server
 from draftlab.serving.server_spec import ServerSpec, check_command
+from draftlab.textsafe import plain
 
 FRESH_EPS = 1e-9  # float summation only: greedy decoding repeats its answers exactly
 
@@ -113,7 +116,7 @@ def run_launch(plan: Mapping[str, Any], argv: Sequence[str] | None = None, progr
         if bench["variant"] in reused:
             launch_cache.restore(plan["cache"], bench, keys[bench["variant"]])
         elif plan.get("cache"):
-            launch_cache.keep(plan["cache"], bench, keys[bench["variant"]])
+            keep_if_unchanged(plan, bench, keys[bench["variant"]])
     launch["reused"] = sorted(reused)
     launch["finished_at"] = time.time()
     write_json(plan["summary"], launch)
@@ -132,6 +135,19 @@ def _reusable(plan: Mapping[str, Any]) -> tuple[dict[str, str], set[str]]:
         _say(f"{v}: unchanged since its last measurement in this launch (same drafter files, plan and command): "
              "its results are reused, not measured again")
     return keys, reused
+
+
+def keep_if_unchanged(plan: Mapping[str, Any], bench: Mapping[str, Any], key: str) -> bool:
+    """Keep a variant's results for reuse only if its drafter files (and plan, command, compared files) are
+    still those of ``key``, taken before the launch: a file edited while the launch ran may have been
+    measured, or not, and a rerun must measure it again."""
+    now = launch_cache.variant_key(bench, plan["argv"], list(plan.get("plain_outputs") or []))
+    if now != key:
+        _say(f"{bench['variant']}: its drafter files changed while this launch ran: its results are written but "
+             "not kept for reuse (the next run measures it again)")
+        return False
+    launch_cache.keep(plan["cache"], bench, key)
+    return True
 
 
 def _bench_all(plan: Mapping[str, Any], url: str, launch: dict[str, Any], progress: bool, reused=()) -> list:
@@ -168,9 +184,12 @@ def _launch_reference(plan: Mapping[str, Any], url: str, first: Mapping[str, Any
     held = drafter_swap.server_checksums(url)
     ref = {"drafter": folder, "per_engine_checksum": held["per_engine_checksum"],
            "d2t_digest": drafter_swap.d2t_digest_of(folder)}
+    named = drafter_swap.drafter_tensors(folder, plan["backend"], _dtype(plan))
     if plan["backend"] == "builtin":
-        named = drafter_swap.drafter_tensors(folder, "builtin", _dtype(plan))
-        ref.update(drafter_swap.compare_with_file(held, named, f"launch {plan['launch']} ({folder})"))
+        ref.update(drafter_swap.compare_with_file(held, named, f"launch {plan['launch']} ({folder})", url=url,
+                                                  dtype=_dtype(plan)))
+    # which server checksum each file's tensors produced in this launch (the launch's own drafter first)
+    ref["held_by_file"] = {drafter_swap.file_checksum(named): plain(str(held["per_engine_checksum"]), 80)}
     return ref
 
 
@@ -194,7 +213,26 @@ def _swap(plan: Mapping[str, Any], url: str, folder: str, reference: Mapping[str
     _say(f"swapping in {folder}")
     rec = drafter_swap.swap(url, folder, plan["backend"], tp_size=tp, dtype=_dtype(plan))
     rec["d2t_digest"] = drafter_swap.d2t_digest_of(folder)
+    _check_moved(url, folder, rec, reference.get("held_by_file"))
     return rec
+
+
+def _check_moved(url: str, folder: str, rec: dict[str, Any], held_by_file: dict[str, str] | None) -> None:
+    """One server checksum per file in a launch: a swap whose files differ from an earlier one's but whose
+    checksum equals that one's did not happen (SGLang's checksums cannot be recomputed from the file: this is
+    what proves an SGLang swap), and the same files must give the same checksum again."""
+    if held_by_file is None:
+        return
+    mine = rec["sent_checksum"]
+    got = plain(str(rec["per_engine_checksum"]), 80)  # the server's text, shown escaped
+    if mine in held_by_file and held_by_file[mine] != got:
+        raise DraftlabError(f"{url}/weights_checker: per_engine_checksum {got} for {folder}, whose files gave "
+                            f"{held_by_file[mine]} earlier in this launch: the server does not hold the file's weights")
+    others = [f for f, c in held_by_file.items() if c == got and f != mine]
+    if others:
+        raise DraftlabError(f"{url}/weights_checker: per_engine_checksum {got} did not move after swapping in "
+                            f"{folder}, whose files differ from the drafter that gave it: the swap did not happen")
+    held_by_file[mine] = got
 
 
 def _fresh_check(plan: Mapping[str, Any], url: str, launch: dict[str, Any], measured: list, progress: bool):
@@ -203,8 +241,10 @@ def _fresh_check(plan: Mapping[str, Any], url: str, launch: dict[str, Any], meas
     first = plan["benches"][0]
     rec = _swap(plan, url, first["server"]["drafter"], launch["launch_drafter"])
     if rec["per_engine_checksum"] != launch["launch_drafter"]["per_engine_checksum"]:
-        raise DraftlabError(f"launch {plan['launch']}: {first['variant']} swapped back in holds checksum "
-                            f"{rec['per_engine_checksum']}, the launch loaded {launch['launch_drafter']['per_engine_checksum']}")
+        got = plain(str(rec["per_engine_checksum"]), 80)
+        raise DraftlabError(f"{url}/weights_checker: per_engine_checksum {got} after swapping {first['variant']} "
+                            f"back in, where launch {plan['launch']} loaded it as "
+                            f"{launch['launch_drafter']['per_engine_checksum']}")
     client = next(c for c in first["clients"] if c["name"] == check["client"])
     spec = ServerSpec.from_dict(first["server"], source="fresh check")
     scratch = {"argv": list(plan["argv"]), "clients": [], "launch": plan["launch"]}
@@ -280,7 +320,8 @@ def _generate(plan: Mapping[str, Any], url: str) -> dict[str, Any]:
     t0 = time.time()
     sys.stdout.flush()
     sys.stderr.flush()
-    rc = subprocess.run(argv).returncode
+    key = http_client.key_for(url)  # the launch's own key, to the child through its environment, not argv
+    rc = subprocess.run(argv, env={**os.environ, **({"DRAFTLAB_API_KEY": key} if key else {})}).returncode
     if rc != 0:
         raise DraftlabError(f"generate-data failed (exit {rc}) against {url}; the answers so far are kept for a rerun")
     _name_the_server(argv[argv.index("--stats") + 1], plan, url)

@@ -157,6 +157,7 @@ def handle_generate(state: ServerState, body: dict[str, Any], t_arrival: float,
     outs = []
     for i, res in enumerate(state.run_many(prompts, max_new, ignore_eos, stop_ids, client_gone=client_gone)):
         meta = meta_info(res, rid if not batched else f"{rid}-{i}", num_draft_tokens=state.engine.num_draft_tokens,
+                         weight_version=state.weight_version,
                          e2e_latency=time.perf_counter() - t_arrival)
         outs.append({"text": state.decode(res.output_ids), "output_ids": res.output_ids, "meta_info": meta})
     return outs if batched else outs[0]

@@ -16,6 +16,7 @@ from draftlab.errors import DraftlabError
 from draftlab.engine.core import Engine, GenerationResult
 from draftlab.engine.scheduler import DEFAULT_MAX_BATCH_SIZE, Scheduler, Ticket
 from draftlab.engine.static_decode import enable_static
+from draftlab.serving.sglang_meta import WEIGHT_VERSION
 
 MAX_PROMPTS = 256  # prompts in one /generate or /v1/completions request (--max-prompts-per-request)
 MIN_BODY = 1024 * 1024  # body limit: this, or BODY_BYTES_PER_TOKEN per context token if larger
@@ -71,6 +72,7 @@ class ServerState:
         ctx = engine.context_length or 0
         self.max_body_bytes = int(max_body_bytes or max(MIN_BODY, BODY_BYTES_PER_TOKEN * ctx))
         self.max_prompts = int(max_prompts)
+        self.weight_version = WEIGHT_VERSION  # SGLang's --weight-version; a drafter swap may name a new one
         self.stopping = threading.Event()  # set on SIGTERM: every wait and generation ends
         self._active = 0  # requests being handled, so a shutdown can let their answers go out
         self._idle = threading.Condition()
@@ -204,7 +206,7 @@ class ServerState:
             "max_running_requests": self.scheduler.max_batch_size,
             "max_req_input_len": (eng.context_length - 1) if eng.context_length else None,
             "skip_tokenizer_init": self.tokenizer is None,
-            "weight_version": "default",
+            "weight_version": self.weight_version,
             "startup_time": self.started,
             "frontend": "python",
             "max_batch_size": self.scheduler.max_batch_size,
