@@ -15,7 +15,7 @@ launches and launch noise (``replicated.assemble``), then ``verdict.decide``. Pe
   drafter (the probe, the other arms) 1.0x: a deploy is a ``serve`` verdict naming that arm, a false deploy at
   s = 1.0 a ``serve`` of anything.
 
-    python benchmarks/decision_power.py                      # every shipped config, 40 draws a cell (~minutes)
+    python benchmarks/decision_power.py                      # every shipped config, 30 draws a cell (~2 CPU-minutes)
     python benchmarks/decision_power.py --draws 400          # tighter rates
     python benchmarks/decision_power.py --config config/demo-gpu.yaml --replicates 2 --draws 100
 
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", action="append", help="a shipped config (default: all three)")
     ap.add_argument("--replicates", type=int, action="append", help="bench.launch_replicates values (default 1 2 3)")
-    ap.add_argument("--draws", type=int, default=40, help="Monte Carlo draws a cell (default 40: a few minutes)")
+    ap.add_argument("--draws", type=int, default=30, help="Monte Carlo draws a cell (default 30: ~2 CPU-minutes)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path)

@@ -14,6 +14,7 @@ from draftlab.benchmark import launch_noise, paired, power, replicated
 from draftlab.benchmark.bench_summary import t_quantile_975
 from draftlab.benchmark.chain import contradicted, impossible_fit
 from draftlab.benchmark.serve_launch import compare_speed
+from draftlab.benchmark import verdict
 from draftlab.benchmark.verdict import decide
 from draftlab.experiment import jobs, launches
 from draftlab.experiment.layout import Layout
@@ -161,7 +162,7 @@ def _run(arm_speedup: float, effects: dict[str, float], n: int = N):
                                      own_launch="probe", arms_launch=lid, client="c")
         summaries.append({"launch": lid, "stage": "arms", "spec_id": "s2", "replicate": rep,
                           "of": "arms" if rep == 2 else None, "benches": [{"variant": "finetune-keep"}],
-                          "launch_check": dict(check, result=f"{lid}/probe.json"),
+                          "launch_check": dict(check, result=f"{lid}/probe.json", spec_id="s2"),
                           "results": [{"variant": "finetune-keep", "client": "c", "path": "arms-r2/finetune-keep.json"}]
                           if rep == 2 else []})
     summaries.append({"launch": "plain-r2", "stage": "plain", "spec_id": "plain", "replicate": 2, "of": "plain",
@@ -226,3 +227,34 @@ def test_an_impossible_fit_and_a_contradicted_prediction_are_not_recommended():
     assert contradicted(preds, {2: 300.0, 4: 600.0}) is None
     unmeasured = [{"k": 1, "tps": 700.0}, {"k": 2, "tps": 650.0}, {"k": 4, "tps": 660.0}]
     assert "unmeasured k = 1" in contradicted(unmeasured, {2: 597.0, 4: 308.0})
+
+
+def test_a_not_separable_line_states_the_margin_it_was_judged_against_and_where_it_came_from():
+    t = 0.01 * (1 + np.arange(N) / N)
+    quiet = _result(t, "arms-s2", "finetune-keep", 2)
+    noisy = _result(t, "arms-s2", "probe", 2)
+    for r in noisy["rows"]:  # the second repeat 39% slower on every prompt: the hosts' noise is 39%
+        if r["repeat"] == 1:
+            r["latency_s"] *= 1.39
+    p = verdict.judged(paired.paired_speedup(noisy, quiet, by_category=False), noisy, quiet)
+    assert p["margin"] == pytest.approx(0.39 / np.median([1.0, 1.39]), rel=1e-6) and not p["clears"]
+    said = verdict.margin_basis(p)
+    assert "`probe` in `arms-s2`" in said and f"{p['margin']:.1%}" in said
+    # through the decision: fine-tuning vs the probe, both in the replicated arms launches, not separable
+    rows, (decided, launch) = _run(1.0, {"plain": 1.0, "plain-r2": 1.0, "arms": 1.0, "arms-r2": 1.0, "probe": 1.0})
+    line = next(x for x in decide(rows, "c", decided, launch)["lines"] if "not separable from `probe`" in x)
+    assert "judged against" in line and "both in `arms+arms-r2`" in line
+
+
+def test_the_simulation_runs_the_real_decision_over_a_shipped_plan(monkeypatch):
+    """benchmarks/decision_power.py end to end on a few draws: a clear gain on a quiet host is deployed, no gain
+    never is (its tables in docs/benchmark.md come from the same function at 30 draws a cell)."""
+    import importlib.util
+
+    monkeypatch.chdir(ROOT)  # the benchmark names the shipped configs by their paths in the checkout
+    spec = importlib.util.spec_from_file_location("decision_power", ROOT / "benchmarks" / "decision_power.py")
+    sim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sim)
+    assert sim.cell(("config/demo-gpu.yaml", 1.5, 0.01, 2, 3, 0))["p_deploy"] == 1.0
+    none = sim.cell(("config/kimi-k25.yaml", 1.0, 0.03, 2, 3, 1))
+    assert none["p_serve"] == 0.0 and sum(none["outcomes"].values()) == 3

@@ -204,8 +204,8 @@ def report_lines(decision: Mapping[str, Any]) -> list[str]:
         line += (f". This cannot-tell would have been told by bench.launch_replicates: {need} (its interval's low end "
                  f"{versus['ci95'][0]:.2f} cleared against that margin)" if need else
                  f". Its interval's low end ({versus['ci95'][0]:.2f}) clears no launch margin up to "
-                 f"bench.launch_replicates {MAX_REPLICATES}: only more prompts (a narrower interval) or a larger gain "
-                 "would tell")
+                 f"bench.launch_replicates {MAX_REPLICATES} at this noise: a host whose launches agree would tell "
+                 "(more prompts narrow the interval, not the launch margin)")
     return [line + "."]
 
 

@@ -278,13 +278,19 @@ def _launch_would_tell(p: Mapping[str, Any], m: float, inside: bool) -> str:
     if inside and launch.get("scale") == "standard error":
         return (f"replicated launches or a quieter host: {p['speedup']:.2f}x sits inside {came}; more prompts narrow "
                 "that only as far as the drift itself (the check's own standard error sets it now), more pairs of "
-                "launches narrow it further (each speculative setting adds one; or bench on a host whose launches agree)")
+                f"launches narrow it further ({_replicas(launch)}; or bench on a host whose launches agree)")
     if inside:
         return (f"replicated launches or a quieter host: {p['speedup']:.2f}x sits inside {came}, which more prompts "
-                "do not shrink (each speculative setting adds one pair of launches to the bound; or bench on a host whose "
-                "launches agree)")
+                f"do not shrink ({_replicas(launch)}; or bench on a host whose launches agree)")
     return (f"{_needed(p)} (`bench.clients[].limit` or a larger prompt file), each result clearing 1.0 by {came}; "
             "or replicated launches")
+
+
+def _replicas(launch: Mapping[str, Any]) -> str:
+    """The setting that adds pairs of launches, from where the run stands."""
+    r = int(launch.get("replicates") or 1)
+    return (f"`bench.launch_replicates: {r + 1}` (now {r}) repeats the plain and arms launches: more pairs of launches "
+            "in the bound and the launch effect averaged out")
 
 
 def like_for_like(rows: Sequence[dict[str, Any]], client: str, bench: Bench,
