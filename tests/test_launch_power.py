@@ -114,7 +114,7 @@ def test_more_replicates_tell_smaller_speedups_and_the_plan_names_the_setting(tm
     d = launches.design(s)
     told = [power.smallest_speedup(d.at(r), 0.03, 0.01) for r in (1, 2, 3, 4)]
     assert told == sorted(told, reverse=True) and told[0] > 1.5 > told[1] > 1.0
-    layout = Layout(str(tmp_path), "x")
+    layout = Layout("x", str(tmp_path))
     lines = launches.plan_lines(s, layout)
     assert f"bench.launch_replicates {d.replicates}" in lines[0] and "assumed" in lines[0]
     assert f"bench.launch_replicates: {d.replicates + 1}" in lines[1]
@@ -215,6 +215,11 @@ def test_the_fresh_check_compares_speed_paired_per_prompt():
     assert same["speedup"] == pytest.approx(1.0) and same["same_speed"] is True
     slower = compare_speed(_result(t, "a", "keep", 2), _result(t * 1.2, "a", "keep", 2))
     assert slower["speedup"] == pytest.approx(1 / 1.2) and slower["same_speed"] is False
+    # the report reads it from the launch summaries: one line per launch that swapped
+    summaries = [{"launch": "arms-s2", "fresh_check": {"variant": "keep", "ok": True, "speed": slower}},
+                 {"launch": "plain-r2", "fresh_check": None}]
+    line = launch_noise.order_line({"order_checks": replicated.order_checks(summaries)})
+    assert len(line) == 1 and "`keep` in `arms-s2` 0.833x" in line[0] and "(not the same speed)" in line[0]
 
 
 def test_an_impossible_fit_and_a_contradicted_prediction_are_not_recommended():
@@ -258,3 +263,16 @@ def test_the_simulation_runs_the_real_decision_over_a_shipped_plan(monkeypatch):
     assert sim.cell(("config/demo-gpu.yaml", 1.5, 0.01, 2, 3, 0))["p_deploy"] == 1.0
     none = sim.cell(("config/kimi-k25.yaml", 1.0, 0.03, 2, 3, 1))
     assert none["p_serve"] == 0.0 and sum(none["outcomes"].values()) == 3
+
+
+def test_the_plain_launch_note_never_moves_with_the_history_the_printed_line_does(tmp_path):
+    """The note after the plain launch is a rule parameter: it must not change when a run records its launch
+    noise (Snakemake would rerun the launch); the line printed apart reads the history."""
+    s = _settings(["config/demo-gpu.yaml"])
+    layout = Layout("x", str(tmp_path))
+    note = launches.plan_lines(s)
+    assert launches.measured_plan_lines(s, layout) == []
+    power.record(layout.root, {"measured": True, "sigma": 0.01, "df": 3, "replicates": 2}, 0.005, "run-a")
+    assert launches.plan_lines(s) == note
+    measured = launches.measured_plan_lines(s, layout)
+    assert measured and "sigma 1.00% a launch over 3 contrasts" in measured[0] and measured != note

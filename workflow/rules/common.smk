@@ -132,6 +132,10 @@ def get_plan(wildcards):
 
 # --- launches: one job per start of the target (experiment.launches) -------------------------------
 LAUNCHES = launches.launches(S)
+# what the plan can tell at the launch noise earlier runs of this experiment measured on this host (if any):
+# printed, not a rule parameter, so a new run's history never reruns a launch
+for _line in launches.measured_plan_lines(S, L):
+    print(f"draftlab {_line}", file=sys.stderr)
 
 
 def get_in_domain_prompts():
@@ -192,8 +196,10 @@ def get_launch_note(launch, wildcards=None):
     """Comment lines after a launch's command (`-n -p` prints them): what it benches, swaps and generates."""
     gen = jobs.generate_url_command(S, L) if launch.generate else None
     # the plain launch (always in the DAG) also says what the plan can tell: the smallest speed-up it separates
+    # (at the stated assumption: a parameter that moved with each run's history would rerun the launch; the
+    # line at this host's measured noise is printed apart, below LAUNCHES)
     power = (
-        launches.plan_lines(S, L)
+        launches.plan_lines(S)
         if launch.stage == "plain" and launch.replicate == 1
         else []
     )

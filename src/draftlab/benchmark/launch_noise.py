@@ -203,9 +203,27 @@ def where(launch: Mapping[str, Any]) -> str:
             f"{c['speedup']:.2f}x{iv} over {c['prompts']} prompts")
 
 
+def order_line(launch: Mapping[str, Any] | None) -> list[str]:
+    """Whether a drafter's position in its launch moved its speed: each fresh check's paired speed-up of the
+    launch's first drafter benched again after the swaps over its first bench (none: no launch swapped)."""
+    checks = (launch or {}).get("order_checks") or []
+    if not checks:
+        return []
+    said = "; ".join(f"`{c['variant']}` in `{c['launch']}` {c['speedup']:.3f}x"
+                     + (f" [{c['ci95'][0]:.3f}, {c['ci95'][1]:.3f}]" if c.get("ci95") else "")
+                     + ("" if c.get("same_speed") in (True, None) else " (not the same speed)") for c in checks)
+    return [f"**Order inside a launch:** the launch's first drafter benched again at its end, after the swaps, over "
+            f"its first bench, paired per prompt: {said}."]
+
+
 def report_lines(launch: Mapping[str, Any] | None) -> list[str]:
     """The decision section's launch-check paragraph: what it measured and the margin it sets, or why
-    the launch noise is unmeasured (then the margin is the hosts' repeat noise alone)."""
+    the launch noise is unmeasured (then the margin is the hosts' repeat noise alone); then
+    :func:`order_line`."""
+    return _check_lines(launch) + order_line(launch)
+
+
+def _check_lines(launch: Mapping[str, Any] | None) -> list[str]:
     if not launch or not launch.get("measured"):
         why = (launch or {}).get("reason") or "no arms launch summary was handed to the report"
         return [f"**Launch check:** launch-to-launch noise unmeasured ({why}); each comparison's margin is the "

@@ -71,8 +71,20 @@ def assemble(bench: Bench, summaries: Sequence[Mapping[str, Any]], client: str |
     firsts = [s for s in summaries if (s.get("replicate") or 1) == 1 and s.get("stage", "arms") == "arms"]
     checking = sum(1 for s in firsts if (s.get("launch_check") or {}).get("noise") is not None)
     launch["design"] = {"replicates": replicates, "checking": checking, "unchecked": 1 + len(firsts) - checking}
+    launch["order_checks"] = order_checks(summaries)
     _merge_checks(launch, summaries, read)
     return out, launch
+
+
+def order_checks(summaries: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each launch's fresh check as a speed measurement: its first drafter benched again at the end of the launch,
+    after the swaps, over its first bench (``fresh_check.speed``: serve-launch's ``compare_speed``)."""
+    out = []
+    for s in summaries:
+        fc = s.get("fresh_check") or {}
+        if (fc.get("speed") or {}).get("speedup") is not None:
+            out.append({"launch": s["launch"], "variant": fc.get("variant"), **fc["speed"]})
+    return out
 
 
 def _merge_checks(launch: dict[str, Any], summaries: Sequence[Mapping[str, Any]],

@@ -178,9 +178,18 @@ def design(settings: Settings) -> power.Design:
     return power.Design(settings.bench.launch_replicates, checking, 1 + len(arms) - checking, len(every))
 
 
-def plan_lines(settings: Settings, layout: Layout) -> list[str]:
-    """What the plan can tell before it runs (``-n -p`` prints it after the plain launch; the report too)."""
-    return power.plan_lines(design(settings), power.prior(layout.root))
+def plan_lines(settings: Settings, layout: Layout | None = None) -> list[str]:
+    """What the plan can tell before it runs: at the launch noise earlier runs of this experiment measured on this
+    host (``layout``'s history, :func:`draftlab.benchmark.power.prior`), else at the stated assumption. Without
+    ``layout`` always the assumption: the plain launch's note (``-n -p``) is a rule parameter, and a parameter
+    that moved with each run's history would make Snakemake rerun the launch; the Snakefile prints the
+    measured line apart (:func:`measured_plan_lines`)."""
+    return power.plan_lines(design(settings), power.prior(layout.root) if layout is not None else None)
+
+
+def measured_plan_lines(settings: Settings, layout: Layout) -> list[str]:
+    """:func:`plan_lines` at this host's measured launch noise, or [] where no earlier run recorded one."""
+    return plan_lines(settings, layout) if power.prior(layout.root) is not None else []
 
 
 def checks_launch_noise(settings: Settings, launch: Launch) -> bool:
