@@ -130,6 +130,11 @@ def test_the_prior_pools_this_hosts_earlier_runs_by_degrees_of_freedom(tmp_path)
     assert p["df"] == 4 and p["runs"] == 2
     assert p["sigma"] == pytest.approx(math.sqrt((1 * 0.01 ** 2 + 3 * 0.03 ** 2) / 4))
     assert power.prior(tmp_path, host="another-host") is None
+    # a run whose launches ran on another host (a cluster's GPU node) is that host's, not the report job's
+    gpu = [{"launch": "arms", "host": "gpu-node-1"}, {"launch": "plain-r2", "host": "gpu-node-1"}]
+    assert power.launch_host(gpu) == "gpu-node-1" and power.launch_host(gpu + [{"launch": "x"}]) is None
+    assert power.record(tmp_path, one, 0.01, "run-c", power.launch_host(gpu))
+    assert power.prior(tmp_path, host="gpu-node-1")["runs"] == 1 and power.prior(tmp_path)["runs"] == 2
     lines = power.plan_lines(power.Design(2, 1, 1, 5), p)
     assert "2 earlier run(s)" in lines[0] and "assumed" not in lines[0]
 

@@ -88,22 +88,31 @@ def history_path(exp_dir: str | Path) -> Path:
     return Path(exp_dir) / "launch-noise-history.jsonl"
 
 
-def record(exp_dir: str | Path, launch: Mapping[str, Any], se: float | None, summaries_key: str) -> bool:
-    """Append this run's measured launch noise (``sigma``, ``df``, the prompt-level ``se``, this host) to the
-    history, once per set of launches (``summaries_key``: a rerun report adds nothing); False where unmeasured."""
+def record(exp_dir: str | Path, launch: Mapping[str, Any], se: float | None, summaries_key: str,
+           host: str | None = None) -> bool:
+    """Append this run's measured launch noise (``sigma``, ``df``, the prompt-level ``se``, the ``host`` its
+    launches ran on: default this one) to the history, once per set of launches (``summaries_key``: a rerun
+    report adds nothing); False where unmeasured."""
     if not launch.get("measured") or launch.get("sigma") is None:
         return False
     path = history_path(exp_dir)
     old = path.read_text() if path.exists() else ""
     if any(json.loads(line).get("key") == summaries_key for line in old.splitlines() if line.strip()):
         return False
-    entry = {"key": summaries_key, "host": platform.node(), "at": time.time(), "sigma": launch["sigma"],
+    entry = {"key": summaries_key, "host": host or platform.node(), "at": time.time(), "sigma": launch["sigma"],
              "sigma_drift": launch.get("sigma_drift"), "df": launch["df"], "se": se,
              "replicates": launch.get("replicates") or 1}
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
         Path(tmp).write_text(old + json.dumps(entry) + "\n")
     return True
+
+
+def launch_host(summaries: Sequence[Mapping[str, Any]]) -> str | None:
+    """The host every launch of a run ran on (``launch.json`` ``host``), or None where they differ or say none
+    (a cluster's report job runs elsewhere: the launches' host is the one whose noise was measured)."""
+    hosts = {s.get("host") for s in summaries}
+    return hosts.pop() if len(hosts) == 1 and None not in hosts else None
 
 
 def summaries_key(summaries: Sequence[Mapping[str, Any]]) -> str:

@@ -15,6 +15,7 @@ its launch id. The plain launch then answers the fine-tune prompts through the s
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import sys
 import time
@@ -86,7 +87,7 @@ def run_launch(plan: Mapping[str, Any], argv: Sequence[str] | None = None, progr
                               "argv": list(plan["argv"]), "launches": 1, "swap_rule": plan["swap"],
                               "started_at": time.time(), "benches": [], "swaps": [], "fresh_check": None,
                               "launch_check": None, "replicate": plan.get("replicate") or 1, "of": plan.get("of"),
-                              "results": list(plan.get("results") or [])}
+                              "results": list(plan.get("results") or []), "host": platform.node()}
     Path(plan["server_log"]).parent.mkdir(parents=True, exist_ok=True)
     _say(f"launching {' '.join(plan['argv'])}")
     keys, reused = _reusable(plan)

@@ -417,7 +417,8 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
     decision, rec_path, deploy = _write_recommendation(out_dir, rows, results, client, server_plans, launch, decided)
     if launches:  # this run's launch noise, for the next plan's power line (power.prior, this host only)
         summaries = [s for s in (_read_json(Path(p)) for p in launches) if isinstance(s, dict)]
-        power.record(exp_dir, launch, power.interval_se(decision.get("paired")), power.summaries_key(summaries))
+        power.record(exp_dir, launch, power.interval_se(decision.get("paired")), power.summaries_key(summaries),
+                     power.launch_host(summaries))
     paths, standing_rows, curves = _write_plots(out_dir, rows, results, client, files["train"], standing)
     experiment = rows[0]["experiment"] if rows else exp_dir.name
     decision_lines = decision_text(rows, gate, results, decision) if rows else decision_text(rows, gate)
