@@ -135,6 +135,10 @@ def get_plan(wildcards):
 
 # --- launches: one job per start of the target (experiment.launches) -------------------------------
 LAUNCHES = launches.launches(S)
+# what the plan can tell at the launch noise earlier runs of this experiment measured on this host (if any):
+# printed, not a rule parameter, so a new run's history never reruns a launch
+for _line in launches.measured_plan_lines(S, L):
+    print(f"draftlab {_line}", file=sys.stderr)
 
 
 def get_in_domain_prompts():
@@ -214,7 +218,15 @@ def _resource_value(res):
 def get_launch_note(launch, wildcards=None):
     """Comment lines after a launch's command (`-n -p` prints them): what it benches, swaps and generates."""
     gen = jobs.generate_url_command(S, L) if launch.generate else None
-    return launches.describe(launch, S, gen)
+    # the plain launch (always in the DAG) also says what the plan can tell: the smallest speed-up it separates
+    # (at the stated assumption: a parameter that moved with each run's history would rerun the launch; the
+    # line at this host's measured noise is printed apart, below LAUNCHES)
+    power = (
+        launches.plan_lines(S)
+        if launch.stage == "plain" and launch.replicate == 1
+        else []
+    )
+    return launches.describe(launch, S, gen, power)
 
 
 def launch_outputs(launch):
@@ -255,6 +267,10 @@ def get_launch_inputs(launch, wildcards):
         own = launches.launch_check_result(S, L, launch, CLIENTS[0])
         if own is not None:
             inputs.update(probe_result=own, probe_drafter=L.drafter_marker("probe"))
+    # a replicate (bench.launch_replicates) runs after the block of launches before it: the order alternates
+    inputs["after"] = [
+        L.launch_summary(x.id) for x in launches.replicate_after(S, launch)
+    ]
     return inputs
 
 
@@ -312,10 +328,10 @@ def get_report_inputs(wildcards):
         # the servers' plans: the recommendation's launch command comes from the same builder
         # the baseline's too: a plain verdict's deploy block names its launch command
         "plans": [L.bench_plan(v, s) for v, s in servers],
-        # the arms launches' summaries: their launch_check (the probe benched again in an arms launch) sets
-        # the launch-to-launch noise each comparison across launches must clear
+        # the arms launches' and every replicate's summaries: their launch_check (the probe benched again in an
+        # arms launch) and the replicates' results set the launch-to-launch noise comparisons across launches carry
         "launches": (
-            [L.launch_summary(x.id) for x in LAUNCHES if x.stage == "arms"]
+            [L.launch_summary(x.id) for x in LAUNCHES if launches.behind_gate(x)]
             if get_open_arms()
             else []
         ),

@@ -16,6 +16,7 @@ its launch id. The plain launch then answers the fine-tune prompts through the s
 from __future__ import annotations
 
 import os
+import platform
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from draftlab.benchmark import drafter_swap, launch_cache, launch_noise
+from draftlab.benchmark import paired as pairing
 from draftlab.benchmark.bench import write_results
 from draftlab.benchmark.serve_bench import run_clients
 from draftlab import http_client
@@ -87,7 +89,8 @@ def run_launch(plan: Mapping[str, Any], argv: Sequence[str] | None = None, progr
     launch: dict[str, Any] = {"launch": plan["launch"], "stage": plan["stage"], "spec_id": plan["spec_id"],
                               "argv": list(plan["argv"]), "launches": 1, "swap_rule": plan["swap"],
                               "started_at": time.time(), "benches": [], "swaps": [], "fresh_check": None,
-                              "launch_check": None}
+                              "launch_check": None, "replicate": plan.get("replicate") or 1, "of": plan.get("of"),
+                              "results": list(plan.get("results") or []), "host": platform.node()}
     Path(plan["server_log"]).parent.mkdir(parents=True, exist_ok=True)
     _say(f"launching {' '.join(plan['argv'])}")
     keys, reused = _reusable(plan)
@@ -251,9 +254,35 @@ def _fresh_check(plan: Mapping[str, Any], url: str, launch: dict[str, Any], meas
     again = run_clients(url, first, spec, scratch, progress, clients=[client], ttft=False)[0][0]  # reads accept lengths
     fresh = next(r for r, c, v in measured if v == first["variant"] and c["name"] == check["client"])
     out = compare_fresh(fresh.rows, again.rows, first["variant"])
+    out["speed"] = compare_speed(fresh.to_dict(), again.to_dict())
+    sp = out["speed"]
     _say(f"fresh-launch check {first['variant']}: {out['fresh']:.4f} fresh, {out['after_swaps']:.4f} after swaps "
-         f"(noise {out['noise']:.4f}): {'ok' if out['ok'] else 'REFUSED'}")
+         f"(noise {out['noise']:.4f}): {'ok' if out['ok'] else 'REFUSED'}; speed after the swaps over first in the "
+         f"launch: {_x(sp)}" + ("" if sp.get("same_speed") in (True, None) else " (NOT the same speed: the position "
+                                "in the launch moves it)"))
     return out
+
+
+def compare_speed(fresh: Mapping[str, Any], again: Mapping[str, Any]) -> dict[str, Any]:
+    """The same drafter benched first in the launch (``fresh``) and again at its end, after the swaps (``again``),
+    paired per prompt: ``speedup`` (>1: faster at the end), ``ci95``, ``prompts``, and ``same_speed`` (the
+    interval holds 1.0 widened by the two benches' own repeat spread; None where unpaired). Greedy answers make
+    the accept lengths equal by construction, so only this says whether a bench's position in the launch (first or
+    after swaps, fresh CUDA graphs or recaptured ones) moves its speed: it is recorded, never refuses."""
+    p = pairing.paired_speedup(fresh, again, by_category=False)
+    out = {k: p.get(k) for k in ("speedup", "ci95", "prompts", "time_field", "reason")}
+    spread = max(pairing.host_stability(fresh)["prompt_spread"] or 0.0, pairing.host_stability(again)["prompt_spread"] or 0.0)
+    ci = p.get("ci95")
+    out["host_spread"] = spread
+    out["same_speed"] = None if not ci else bool(ci[0] <= 1.0 + spread and ci[1] >= 1.0 / (1.0 + spread))
+    return out
+
+
+def _x(p: Mapping[str, Any]) -> str:
+    if p.get("speedup") is None:
+        return f"unpaired ({p.get('reason')})"
+    ci = p.get("ci95")
+    return f"{p['speedup']:.3f}x" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "") + f" over {p['prompts']} prompts"
 
 
 def _launch_check(plan: Mapping[str, Any], url: str, launch: dict[str, Any], progress: bool) -> dict[str, Any]:

@@ -267,6 +267,15 @@ class Layout:
         with that launch's arms inside one start of the target (hosts' margin, not the launch bound)."""
         return f"{self.launch_dir(launch)}/probe-again-{client}.json"
 
+    def replicate_result(self, launch: str, variant: str, client: str, ext: str = "json") -> str:
+        """A variant's result in a replicated launch (``bench.launch_replicates``): beside its original's, never
+        in its place, so records read the first launch and the report pairs the replicates."""
+        return f"{self.launch_dir(launch)}/{variant}-{client}.{ext}"
+
+    def replicate_serve(self, launch: str, variant: str) -> str:
+        """A variant's server summary in a replicated launch."""
+        return f"{self.launch_dir(launch)}/serve-{variant}.json"
+
     def launch_cache(self, launch: str) -> str:
         """Each swapped-in variant's results and the key they were measured under (outside the rule's
         outputs, which Snakemake removes before a rerun): retraining one arm re-benches only it."""

@@ -234,6 +234,11 @@ class Bench:
         "client-side variants; all run against one launch of each server", of=Client, minItems=1)
     gate_client: str | None = setting(None,
         "client variant whose probe accept length feeds the gate; null = the first")
+    launch_replicates: int = setting(1,
+        "how many times the plain launch and every arms launch run (1 = once): from 2 on, the replicates alternate "
+        "(plain, arms | arms, plain | ...), each arm is compared with plain decoding averaged over the replicated "
+        "launches, and every pair of launches of one server configuration estimates the launch-to-launch noise "
+        "(docs/benchmark.md, Replicated launches)", minimum=1, maximum=8)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
