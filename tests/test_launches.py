@@ -40,7 +40,7 @@ def test_sglang_groups_drafters_by_the_d2t_map_their_kind_carries():
     arms = [x for x in launches.launches(s) if x.stage == "arms"]
     assert [(x.id, x.variants) for x in arms] == [("drafter-map-s2-k1-d3", ("finetune-keep",)),
                                                   ("corpus-map-s2-k1-d3", ("finetune-regenerate", "scratch"))]
-    assert launches.launch_count(s) == 2 + len(s.specs) * 2
+    assert launches.launch_count(s) == 2 + len(s.specs) * 3  # the reference's own map: a probe launch of its own
     assert launches.map_group("probe") == launches.map_group("finetune-keep") == "drafter-map"
     assert {launches.map_group(v) for v in ("finetune-remap", "finetune-regenerate", "scratch")} == {"corpus-map"}
     note = launches.describe(arms[1], s)

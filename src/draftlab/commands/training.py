@@ -491,6 +491,9 @@ def _add_capture(sub) -> None:
         p.add_argument("--chat-template", default=schema_default("train.chat_template"))
         p.add_argument("--max-length", type=number(int, minimum=1), default=schema_default("train.max_length"))
         p.add_argument("--checkout", default=None, help="SpecForge checkout at the v0.2.0 release")
+        p.add_argument("--budget-gb", type=number(float, above=0), default=None,
+                       help="the features' disk budget in GB: the capture keeps the data's first samples up to "
+                            "budget / (--max-length x bytes a token) (train.specforge.capture_budget_gb)")
         if name == "capture-record":
             p.add_argument("--out", required=True, help="the record JSON to write")
             p.add_argument("--mapping-out", required=True, help="the corpus-derived vocab mapping to write")
@@ -506,7 +509,8 @@ def _capture_plan(args: argparse.Namespace):
 
     return CapturePlan(engine=args.engine, target=args.target, drafter=args.drafter, tokens=args.tokens,
                        data=args.data, state=args.state, chat_template=args.chat_template,
-                       max_length=args.max_length, checkout=args.checkout)
+                       max_length=args.max_length, checkout=args.checkout,
+                       budget_bytes=int(args.budget_gb * 10**9) if args.budget_gb else None)
 
 
 def _capture_preflight(args: argparse.Namespace) -> int:
@@ -519,6 +523,9 @@ def _capture_preflight(args: argparse.Namespace) -> int:
              if sf else "draftlab capture (dump-hidden-states), filed in SpecForge's offline format"]
     lines += r["notes"]
     lines.append(f"aux layer ids {r['aux_layer_ids']} (outputs of layers {r['aux_output_layers']})")
+    if est.get("budget_samples") is not None:
+        lines.append(f"disk budget {human(est['budget_bytes'])}: the first {est['budget_samples']} samples of the data "
+                     "are captured (budget / (max length x bytes a token))")
     lines.append(f"disk estimate: {est['samples']} samples, {est['tokens']} tokens x {est['bytes_per_token']} B = "
                  f"{human(est['bytes'])}; already captured {r['have']['samples']} files, {human(r['have']['bytes'])}; "
                  f"needs {human(r['need_bytes'])} more, {human(r['free_bytes'])} free at {r['features']}")

@@ -344,7 +344,8 @@ def capture_plan(settings: Settings, layout: Layout) -> specforge.CapturePlan:
     return specforge.CapturePlan(
         engine=t.specforge.capture, target=layout.target_model, drafter=layout.patched, tokens=layout.tokens,
         data=train_data(settings, layout), state=layout.capture_state, chat_template=t.chat_template,
-        max_length=t.max_length, checkout=t.specforge.checkout)
+        max_length=t.max_length, checkout=t.specforge.checkout,
+        budget_bytes=int(t.specforge.capture_budget_gb * 10**9) if t.specforge.capture_budget_gb else None)
 
 
 def check_capture_ready(settings: Settings) -> dict[str, Any] | None:
@@ -368,6 +369,7 @@ def _plan_args(plan: specforge.CapturePlan) -> list[str]:
     args = ["--engine", plan.engine, "--target", plan.target, "--drafter", plan.drafter, "--tokens", plan.tokens,
             "--data", plan.data, "--state", plan.state, "--chat-template", plan.chat_template,
             "--max-length", str(plan.max_length)]
+    args += ["--budget-gb", f"{plan.budget_bytes / 10**9:g}"] if plan.budget_bytes and plan.engine == "specforge" else []
     return args + (["--checkout", plan.checkout] if plan.checkout and plan.engine == "specforge" else [])
 
 
