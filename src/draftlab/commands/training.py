@@ -15,7 +15,7 @@ from draftlab.commands._common import FRACTION, SEED, add_json_flag, emit, numbe
 from draftlab.errors import DraftlabError
 from draftlab.settings.model import schema_default
 from draftlab.datagen.answerers import TURN_MODES
-from draftlab.fsutil import parse_json_text, read_json
+from draftlab.fsutil import parse_json_text, read_json, write_json
 from draftlab.settings.config import load_config, read_yaml
 from draftlab.training.config import ATTENTION_CHOICES, INIT_MODES, VOCAB_MODES, TrainConfig
 from draftlab.training.config import default as train_default
@@ -37,6 +37,23 @@ def _add_tokenize(sub) -> None:
     p.add_argument("--trust-remote-code", action="store_true")
     add_json_flag(p)
     p.set_defaults(func=_tokenize)
+
+    p = sub.add_parser("token-check", help="render every stored conversation as training renders it and compare each "
+                                           "assistant turn with the ids the target emitted (rate of exact turns, the "
+                                           "first mismatch decoded); below --min-match: one error line, exit 2")
+    p.add_argument("--target", required=True, help="target model folder (its tokenizer and chat template)")
+    p.add_argument("--data", required=True, help="the generated conversations (assistant turns with token_ids)")
+    p.add_argument("--out", help="record JSON to write (written before a floor refuses the run)")
+    p.add_argument("--rendering", choices=["tokenize", "text"], default="tokenize",
+                   help="tokenize: draftlab tokenize's (the builtin trainer); text: the conversation's text tokenized "
+                        "again, as SpecForge's capture does")
+    p.add_argument("--sample", type=number(int, minimum=1), default=None, help="check a seeded sample of N "
+                                                                             "conversations (default: every one)")
+    p.add_argument("--min-match", type=number(float, minimum=0), default=1.0,
+                   help="the floor of exact turns (data.min_token_match)")
+    p.add_argument("--trust-remote-code", action="store_true")
+    add_json_flag(p)
+    p.set_defaults(func=_token_check)
 
 
 def _add_dump(sub) -> None:
@@ -301,6 +318,23 @@ def _tokenize(args: argparse.Namespace) -> int:
 
     r = tokenize_file(args.target, args.data, args.out, args.max_length, args.trust_remote_code)
     emit(args, r, lambda r: f"{r['samples']} samples, {r['tokens']} tokens ({r['loss_tokens']} in the loss) -> {r['out']}")
+    return 0
+
+
+def _token_check(args: argparse.Namespace) -> int:
+    from draftlab.models.target import load_tokenizer
+    from draftlab.training import token_check
+
+    tok = load_tokenizer(args.target, trust_remote_code=args.trust_remote_code)
+    r = token_check.check_file(tok, args.data, args.sample, rendering=args.rendering)
+    r["min_match"] = args.min_match
+    if args.out:
+        write_json(args.out, r)
+    token_check.check_floor(r, args.min_match)
+    emit(args, r, lambda r: (f"token check ({r['rendering']}): {r['exact']}/{r['turns']} assistant turns render to the "
+                             f"ids the target emitted" + (f" ({r['match_rate']:.1%})" if r["turns"] else "")
+                             + (f"; first mismatch: {token_check.mismatch_text(r['first_mismatch'])}"
+                                if r["first_mismatch"] else "")))
     return 0
 
 

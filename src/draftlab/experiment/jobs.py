@@ -172,6 +172,17 @@ def launch_plan(settings: Settings, layout: Layout, launch_id: str) -> dict[str,
     return launches.launch_plan(settings, layout, launch, benches, generate, probe)
 
 
+def token_check_command(settings: Settings, layout: Layout) -> list[str]:
+    """Rule token_check: the generated data against the ids the target emitted, rendered as the training renders
+    it (SpecForge's capture tokenizes the text again; draftlab's tokenize splices the emitted ids in)."""
+    rendering = "text" if settings.train.captures and settings.train.specforge.capture == "specforge" else "tokenize"
+    argv = ["draftlab", "token-check", "--target", layout.target_model, "--data", layout.generated_data,
+            "--out", layout.token_check, "--rendering", rendering, "--min-match", f"{settings.data.min_token_match:g}"]
+    if settings.data.token_check_sample:
+        argv += ["--sample", str(settings.data.token_check_sample)]
+    return argv + (["--trust-remote-code"] if settings.target.trust_remote_code else [])
+
+
 def leak_check_files(settings: Settings, layout: Layout) -> dict[str, list[str]]:
     """What rule leak_check compares: every prompt file a bench client sends (``default`` = the shipped set),
     against the fine-tune data and, when generated, the prompts it was generated from."""

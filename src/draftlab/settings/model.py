@@ -272,6 +272,12 @@ class Data:
         "time, as on a CPU", minimum=1)
     draft_vocab_size: int | None = setting(None,
         "size of the rebuilt vocab mapping; null = the drafter's draft_vocab_size", minimum=1)
+    min_token_match: float = setting(1.0,
+        "generated data: the share of assistant turns whose training rendering must hold exactly the ids the "
+        "target emitted (rule token_check, before tokenize); below it the run stops with the first mismatch; "
+        "0 = report only", minimum=0, maximum=1)
+    token_check_sample: int | None = setting(None,
+        "rule token_check checks a seeded sample of N conversations; null = every one", minimum=1)
 
     @property
     def generated(self) -> bool:

@@ -335,7 +335,9 @@ def conversations(data: str, limit: int | None = None) -> tuple[str, str]:
             if not isinstance(rec, dict) or not isinstance(rec.get("messages"), list):
                 raise DraftlabError(f"{path}: line {n}: expected {{\"messages\": [...]}} (SpecForge captures "
                                     "conversations, rendered by its chat template)")
-            out = json.dumps({"conversations": rec["messages"]}, ensure_ascii=False) + "\n"
+            turns = [{k: v for k, v in m.items() if k != "token_ids"} if isinstance(m, dict) else m
+                     for m in rec["messages"]]  # the emitted ids stay draftlab's (the token check's)
+            out = json.dumps({"conversations": turns}, ensure_ascii=False) + "\n"
             rows.append(out)
             h.update(out.encode())
     return "".join(rows), h.hexdigest()
