@@ -121,3 +121,18 @@ def test_a_special_token_the_target_emitted_inside_its_answer_is_trained_on_thou
     assert [r["exact"] for r in token_check.check_conversation(tok, messages)] == [True]
     text = token_check.check_conversation(tok, messages, "text")
     assert [r["exact"] for r in text] == [False] and "<|user|>" in text[0]["emitted_text"]
+
+
+@pytest.mark.parametrize("rendering", token_check.RENDERINGS)
+def test_thinking_the_training_rendering_drops_is_a_mismatch(target, rendering):
+    """SGLang's reasoning parser keeps K2.5's thinking apart (reasoning_content) while the emitted ids hold it;
+    SpecForge 0.2.0's parser (role, content, tool_calls) and draftlab's tokenize (role, content) never render it,
+    so the drafter would not train on it: the check says so."""
+    tok = load_tokenizer(str(target))
+    emitted = tok.encode("the fox jumps over", add_special_tokens=False) + tok.encode(" the dog", add_special_tokens=False) \
+        + [tok.convert_tokens_to_ids("<|end|>")]
+    messages = [{"role": "user", "content": "what"},
+                {"role": "assistant", "content": tok.decode(tok.encode(" the dog", add_special_tokens=False)).strip(),
+                 "reasoning_content": "the fox jumps over", "token_ids": emitted}]
+    res, = token_check.check_conversation(tok, messages, rendering)
+    assert not res["exact"] and res["emitted_text"].startswith("the fox jumps")

@@ -2,11 +2,12 @@
 
 Data generation keeps the ids the target emitted with each answer (``token_ids`` of an assistant turn, where the
 server returned them: SGLang's ``return_token_ids``, the builtin server, the in-process engine). This check renders
-every stored conversation as tokenize and the capture do (the target's tokenizer and its chat template, the
-reasoning kept where the data has it), takes each assistant turn's trained span (the loss mask's runs) and
+every stored conversation as tokenize and the capture do (the target's tokenizer and its chat template, role and
+content), takes each assistant turn's trained span (the loss mask's runs) and
 compares it with the emitted ids: the span must begin with exactly those ids. A drafter trained on another
 rendering learns another distribution while its loss looks fine (a template of the sibling model, a tokenizer
-that splits ``<think>`` differently, text that re-tokenizes otherwise than it was emitted).
+that splits ``<think>`` differently, thinking kept apart as ``reasoning_content`` that the rendering drops, text
+that re-tokenizes otherwise than it was emitted).
 
 The result: the rate of exact turns, the first mismatch decoded, and a floor below which the run stops.
 """
@@ -42,9 +43,10 @@ RENDERINGS = ("tokenize", "text")
 
 
 def rendered_messages(messages: list[dict[str, Any]], rendering: str) -> list[dict[str, Any]]:
-    """The turns as the rendering sees them: role, content and any reasoning; the emitted ids only where draftlab's
-    tokenize reads them."""
-    keep = ("role", "content", "reasoning_content") + (("token_ids",) if rendering == "tokenize" else ())
+    """The turns as the rendering sees them: role and content (SpecForge 0.2.0's ``Parser._sanitize_message`` keeps
+    role, content and tool_calls; draftlab's tokenize reads role and content), so a turn's ``reasoning_content``
+    is not rendered; the emitted ids only where draftlab's tokenize reads them."""
+    keep = ("role", "content") + (("token_ids",) if rendering == "tokenize" else ())
     return [{k: m[k] for k in keep if k in m} for m in messages]
 
 
