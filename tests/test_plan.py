@@ -61,7 +61,7 @@ def test_before_any_data_the_bound_is_the_prompts_times_the_token_limit_times_by
     assert disk["per_token"]["bytes_per_token"] == PER_TOKEN and "plan.hidden_size" in disk["per_token"]["source"]
     assert disk["upper_bound_bytes"] == 30 * 2048 * PER_TOKEN and disk["estimate_bytes"] is None
     text = "\n".join(plan.plan_lines(s, layout, d))
-    assert (f"plan: capture disk upper bound: 30 samples (30 samples of data/kimi-k25-prompts.jsonl) x train.max_length "
+    assert (f"plan: capture disk upper bound: 30 samples (data/kimi-k25-prompts.jsonl) x train.max_length "
             f"2048 x (3 aux + 1) x hidden 7168 x 2 B + 16 B ids = 57,360 B a token") in text
     assert f"= {human(30 * 2048 * PER_TOKEN)}" in text and "GB" in human(30 * 2048 * PER_TOKEN)
     assert re.search(r"^plan: free now at results/kimi-k25/capture-state/features: .*; the capture fits$", text, re.M)
@@ -102,7 +102,8 @@ def test_a_capture_that_cannot_fit_says_so_and_a_budget_caps_the_samples(kimi, t
     d = plan.plan(s, layout)["disk"]
     assert d["budget_samples"] == 7 and d["samples"] == 7 and d["upper_bound_bytes"] == 7 * 2048 * PER_TOKEN
     text = "\n".join(plan.plan_lines(s, layout))
-    assert "capped at 7 by train.specforge.capture_budget_gb" in text
+    assert "capture disk upper bound: 7 samples (data/kimi-k25-prompts.jsonl: 50 capped by " \
+           "train.specforge.capture_budget_gb" in text
     big, _ = kimi({"data": {"limit": 10**9}})
     prompts(tmp_path / "data/kimi-k25-prompts.jsonl", 20000)  # ~2.3 TB, more than a test machine has free
     lines = plan.plan_lines(big, layout)

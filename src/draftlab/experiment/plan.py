@@ -266,10 +266,9 @@ def _disk_lines(settings: Settings, disk: dict[str, Any]) -> list[str]:
                f"{specforge.ID_BYTES} B ids = {per['bytes_per_token']:,} B a token ({per['source']})")
     lines = []
     if disk["upper_bound_bytes"] is not None:
-        counted = f"{size['samples']:,} samples of {size['file']}" if size["samples"] is not None else ""
-        capped = (f", capped at {disk['budget_samples']:,} by train.specforge.capture_budget_gb {disk['budget_gb']:g}"
+        capped = (f": {size['samples']:,} capped by train.specforge.capture_budget_gb {disk['budget_gb']:g}"
                   if disk["budget_samples"] is not None and disk["budget_samples"] < (size["samples"] or 0) else "")
-        lines.append(f"plan: capture disk upper bound: {disk['samples']:,} samples ({counted}{capped}) x "
+        lines.append(f"plan: capture disk upper bound: {disk['samples']:,} samples ({size['file']}{capped}) x "
                      f"train.max_length {disk['max_length']} x {formula} = {h(disk['upper_bound_bytes'])}")
     else:
         why = size.get("error") or f"{size['file']} not here yet"
