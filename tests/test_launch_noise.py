@@ -342,3 +342,24 @@ def test_the_probe_benched_again_in_the_arms_launch_pairs_with_the_arms_there():
     # a check of another setting, client or launch is not a stand-in
     for key, other in (("spec_id", "s4-k1-d5"), ("client", "long"), ("arms_launch", "arms-s4-k1-d5")):
         assert "in_launch" not in head_to_head(bench, keep, rows[-1], dict(launch, checks=[dict(check, **{key: other})]))
+
+
+def test_fine_tuned_arms_are_reported_against_the_reference_paired_or_across_launches():
+    """The public drafter the target already has (the reference): a fine-tuned arm is reported against it at
+    its own setting, paired per prompt; across two launches (SGLang: the reference's d2t map needs its own)
+    the launch margin applies, within one (the builtin server swaps it in) the hosts' margin alone."""
+    rows = [row("baseline"), row("finetune-keep", accept=2.1), row("reference", accept=2.3)]
+    across = {("baseline", "plain"): result(1.0, 1.0, 1.0, "plain"),
+              ("finetune-keep", "s2-k1-d3"): result(1.30, 1.26, 1.34, "drafter-map-s2-k1-d3"),
+              ("reference", "s2-k1-d3"): result(1.40, 1.36, 1.44, "reference-s2-k1-d3", order=2)}
+    lines = decide(rows, "short", across, measured(1.02))["lines"]
+    said = [x for x in lines if x.startswith("Fine-tuning vs the public drafter the target already has")]
+    assert len(said) == 1 and "`finetune-keep` is" in said[0] and "`reference`" in said[0]
+    assert "across two launches (margin" in said[0] and "accept length 2.10 vs 2.30" in said[0]
+    one = dict(across)
+    one[("reference", "s2-k1-d3")] = result(1.40, 1.36, 1.44, "drafter-map-s2-k1-d3", order=2)
+    said = [x for x in decide(rows, "short", one, measured(1.02))["lines"] if x.startswith("Fine-tuning vs the public")]
+    assert said and "`finetune-keep` is slower than `reference`" in said[0] and "across two launches" not in said[0]
+    # without a reference benched, no such line
+    assert not any(x.startswith("Fine-tuning vs the public")
+                   for x in decide(rows[:2], "short", {k: v for k, v in across.items() if k[0] != "reference"})["lines"])

@@ -58,8 +58,8 @@ def test_sglang_groups_drafters_by_the_d2t_map_their_kind_carries():
     arms = [x for x in launches.launches(s) if x.stage == "arms" and x.replicate == 1]
     assert [(x.id, x.variants) for x in arms] == [("drafter-map-s2-k1-d3", ("finetune-keep",)),
                                                   ("corpus-map-s2-k1-d3", ("finetune-regenerate", "scratch"))]
-    r = s.bench.launch_replicates  # the plain and both arms launches, each replicated
-    assert launches.launch_count(s) == 1 + len(s.specs) + (r - 1) + len(s.specs) * 2 * r
+    r = s.bench.launch_replicates  # the plain and both arms launches, each replicated; the reference's own map:
+    assert launches.launch_count(s) == 2 + len(s.specs) + (r - 1) + len(s.specs) * 2 * r  # a launch of its own
     assert launches.map_group("probe") == launches.map_group("finetune-keep") == "drafter-map"
     assert {launches.map_group(v) for v in ("finetune-remap", "finetune-regenerate", "scratch")} == {"corpus-map"}
     note = launches.describe(arms[1], s)

@@ -120,13 +120,13 @@ def test_kimi_dag_on_gpu8_prints_real_sglang_and_training_commands(tmp_path):
     text = before.stdout + after.stdout
     assert "Using profile gpu8" in before.stdout + before.stderr
     launches = [l for l in text.splitlines() if "python -m sglang.launch_server" in l and "serve-launch" in l]
-    # probe; plain (baseline + data); after the gate one launch per d2t map: finetune-keep (the drafter's
-    # map), finetune-regenerate then scratch (the corpus map): 2 + settings x groups; then bench.launch_replicates 2:
-    # both arms launches and the plain launch again (the plain one after them: plain, arms | arms, plain)
-    assert len(launches) == 4 + 3
+    # probe; the reference (its own d2t map: a launch of its own); plain (baseline + data); after the gate one
+    # launch per d2t map: finetune-keep (the drafter's map), finetune-regenerate then scratch (the corpus map);
+    # then bench.launch_replicates 2: both arms launches and the plain launch again (plain, arms | arms, plain)
+    assert len(launches) == 5 + 3
     # -n -p says what the plan can tell before it runs, and the setting that would lower it
-    assert re.search(r"# power: this plan \(7 launches .* tells a speed-up of 1\.\d\dx or more from 1\.0 with 90% power", text)
-    assert "# power: bench.launch_replicates: 3 (10 launches" in text
+    assert re.search(r"# power: this plan \(8 launches .* tells a speed-up of 1\.\d\dx or more from 1\.0 with 90% power", text)
+    assert "# power: bench.launch_replicates: 3 (11 launches" in text
     # the fine-tune data: K2.5 answers the prompts through the plain launch's SGLang server (tp 8, no drafter)
     gen = [l for l in text.splitlines() if "draftlab generate-data " in l]
     assert len(gen) == 1 and "--prompts data/kimi-k25-prompts.jsonl" in gen[0] and "--concurrency 128" in gen[0]
@@ -167,8 +167,9 @@ def test_kimi_dag_on_gpu8_prints_real_sglang_and_training_commands(tmp_path):
     # training: SpecForge 0.2.0's own launcher on the run config the prepare step writes from the merged
     # experiment config, over the capture's features (local_colocated: tests/test_contract_specforge.py);
     # the drafter config is the same file in the plan and at run time; mapping pinned
-    train = [l for l in text.splitlines() if "draftlab specforge-command" in l]
-    assert len(train) == 3 and text.count("torchrun") == 1 and "train_eagle3.py" not in text
+    jobs_text = "\n".join(l for l in text.splitlines() if not l.startswith("# plan: "))  # the gate's notes aside
+    train = [l for l in jobs_text.splitlines() if "draftlab specforge-command" in l]
+    assert len(train) == 3 and jobs_text.count("torchrun") == 1 and "train_eagle3.py" not in text
     for l in train:
         arm = re.search(r"--out results/kimi-k25/train/([\w-]+)/drafter ", l).group(1)
         out = f"results/kimi-k25/train-state/{arm}/specforge"
@@ -196,7 +197,7 @@ def test_kimi_dag_on_gpu8_prints_real_sglang_and_training_commands(tmp_path):
     assert re.search(r"input: .*results/kimi-k25/static/doctor-probe\.json", probe_job)
     gpu_jobs = [b for t in (before.stdout, after.stdout) for b in job_blocks(t)
                 if re.search(r"^rule (launch_(?!plan)\w+|train|capture):", b.strip())]
-    assert len(gpu_jobs) == 4 + 3 + 3 + 1
+    assert len(gpu_jobs) == 5 + 3 + 3 + 1
     for block in gpu_jobs:
         assert re.search(r"resources: .*\bgpu=8\b", block), block
     cpu_jobs = [b for b in job_blocks(text) if re.search(r"^(local)?rule (doctor|inspect|records):", b.strip())]
@@ -466,7 +467,7 @@ def test_kimi_plan_groups_sglang_launches_by_d2t_map_and_names_the_deciding_file
                                           "all"])
     later = job_counts(after.stdout)
     assert later["launch_drafter_map_s2_k1_d3"] == later["launch_corpus_map_s2_k1_d3"] == 1
-    assert launch_jobs(job_counts(before.stdout)) + launch_jobs(later) == 2 + 1 * 2 + 3  # + the replicates
+    assert launch_jobs(job_counts(before.stdout)) + launch_jobs(later) == 3 + 1 * 2 + 3  # the reference's launch, the replicates
     corpus = next(b for b in job_blocks(after.stdout) if "rule launch_corpus_map_s2_k1_d3:" in b)
     assert "benches finetune-regenerate (launched with), then swaps in scratch" in corpus
     assert "sglang/srt/models/llama_eagle3.py (load_weights: hot_token_id)" in corpus

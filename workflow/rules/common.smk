@@ -13,7 +13,7 @@ from snakemake.exceptions import WorkflowError
 from draftlab.errors import DraftlabError
 from draftlab.benchmark.bench_prompts import default_prompts_path
 from draftlab.benchmark.probe_gate import gate_open
-from draftlab.experiment import jobs, launches, variants
+from draftlab.experiment import jobs, launches, plan, variants
 from draftlab.experiment.inputs_ready import check_inputs_ready
 from draftlab.experiment.layout import (
     Layout,
@@ -299,6 +299,13 @@ def get_server_jobs(wildcards=None):
     return jobs.server_jobs(S, get_open_arms())
 
 
+def get_before_gate_results():
+    """Every result of the drafters benched whatever the gate says (the probe, the reference), every client."""
+    return L.bench_results(
+        [(v, s) for v in jobs.drafted(S, []) for s in SPECS], CLIENTS
+    )
+
+
 def get_gate_results():
     return [L.bench_result("probe", s, S.gate_client) for s in SPECS]
 
@@ -557,8 +564,19 @@ def get_capture_shell(wildcards):
     return jobs.capture_shell(S, L, L.log("capture.log"))
 
 
-def get_capture_note(wildcards):
-    return jobs.capture_note(S, L)
+def get_capture_note(wildcards, input):
+    """The capture's notes (aux ids, disk estimate, the plan's disk bound against the free space): a function of
+    the job's input, so Snakemake does not count it as a params change (the free space moves).
+    """
+    return jobs.capture_note(S, L) + plan.as_comments(plan.disk_lines(S, L))
+
+
+def get_gate_note(wildcards, input):
+    """The whole plan past the probe gate as comment lines after its command (`-n -p` prints them, bash skips
+    them): launches, capture and training commands, disk bound, timeline (draftlab.experiment.plan, the lines
+    `draftlab plan` prints). A function of the job's input: the free space and the records it reads move, and
+    Snakemake counts no such params change."""
+    return plan.as_comments(plan.plan_lines(S, L))
 
 
 def get_train_capture_note(wildcards):

@@ -85,5 +85,7 @@ checkpoint probe_gate:
         "../../envs/analysis.yaml"
     params:
         min_accept_length=S.gate.min_accept_length,
+        # comment lines after the command (`-n -p` prints them): what runs past the gate if it opens (draftlab plan)
+        note=get_gate_note,
     shell:
-        "draftlab probe-gate {input:q} --min-accept-length {params.min_accept_length:q} --out {output.gate:q} > {log:q} 2>&1"
+        "draftlab probe-gate {input:q} --min-accept-length {params.min_accept_length:q} --out {output.gate:q} > {log:q} 2>&1{params.note}"

@@ -303,24 +303,44 @@ def like_for_like(rows: Sequence[dict[str, Any]], client: str, bench: Bench,
     lines = []
     for other, what in (("scratch", "Transfer vs training from scratch on the same data"),
                         ("probe", "Fine-tuning vs the transferred drafter as is")):
-        peer = next((r for r in ok_rows(rows, client) if r["variant"] == other and r["spec_id"] == ft["spec_id"]), None)
-        if peer is None:
-            continue
-        p = head_to_head(bench, ft, peer, launch)
-        if not p.get("paired"):
-            lines.append(f"{what}, at {ft['spec_id']}: {speedup_text(p)}.")
-            continue
-        if p["clears"]:
-            verb = "faster than"
-        elif p["below"]:
-            verb = "slower than"
-        else:
-            verb = "not separable from"
-        judged_by = f"; judged against {margin_basis(p)}" if verb == "not separable from" else ""
-        lines.append(f"{what}, both at {md(ft['spec_id'])}: {code(ft['variant'])} is {verb} {code(other)} ({speedup_text(p)}, "
-                     f"paired{in_launch_text(p)}; accept length {fmt(ft['accept_length'])} vs {fmt(peer['accept_length'])}"
-                     f"{judged_by}).")
+        line = _versus_line(rows, client, bench, ft, other, what, launch)
+        if line:
+            lines.append(line)
     return lines
+
+
+def against_reference(rows: Sequence[dict[str, Any]], client: str, bench: Bench, best: Sequence[dict[str, Any]],
+                      launch: Mapping[str, Any] | None = None) -> list[str]:
+    """Every fine-tuned arm (at its best setting) against the reference drafter at that setting: the drafter the
+    target's users can already download, so whether fine-tuning was worth it. Paired per prompt; across two
+    launches (SGLang serves the reference's d2t map in a launch of its own) the launch margin applies."""
+    tuned = [a["row"] for a in best if a["row"]["variant"].startswith(("finetune-", "specforge-"))]
+    return [line for ft in tuned
+            if (line := _versus_line(rows, client, bench, ft, "reference",
+                                     "Fine-tuning vs the public drafter the target already has", launch))]
+
+
+def _versus_line(rows: Sequence[dict[str, Any]], client: str, bench: Bench, ft: Mapping[str, Any], other: str,
+                 what: str, launch: Mapping[str, Any] | None) -> str | None:
+    """One like-for-like sentence: ``ft`` against variant ``other`` at ``ft``'s setting, or None without it."""
+    peer = next((r for r in ok_rows(rows, client) if r["variant"] == other and r["spec_id"] == ft["spec_id"]), None)
+    if peer is None:
+        return None
+    p = head_to_head(bench, ft, peer, launch)
+    if not p.get("paired"):
+        return f"{what}, at {ft['spec_id']}: {speedup_text(p)}."
+    if p["clears"]:
+        verb = "faster than"
+    elif p["below"]:
+        verb = "slower than"
+    else:
+        verb = "not separable from"
+    across = (f", across two launches (margin {p['margin']:.1%} from the launch check)"
+              if p.get("margin_source") == "launch" else "")
+    judged_by = f"; judged against {margin_basis(p)}" if verb == "not separable from" else ""
+    return (f"{what}, both at {md(ft['spec_id'])}: {code(ft['variant'])} is {verb} {code(other)} ({speedup_text(p)}, "
+            f"paired{in_launch_text(p)}{across}; accept length {fmt(ft['accept_length'])} vs {fmt(peer['accept_length'])}"
+            f"{judged_by}).")
 
 
 def decide(rows: Sequence[dict[str, Any]], client: str, bench: Bench | None = None,
@@ -349,7 +369,7 @@ def decide(rows: Sequence[dict[str, Any]], client: str, bench: Bench | None = No
     if not best:
         return {**empty, "verdict": "cannot-tell",
                 "lines": lines + ["**Decision:** the run cannot tell: no drafter result pairs with the baseline's."]}
-    lines += like_for_like(rows, client, bench, best, launch)
+    lines += like_for_like(rows, client, bench, best, launch) + against_reference(rows, client, bench, best, launch)
     res = {**empty, "arms": best, "paired": best[0]["paired"], "runner_up": best[1]["row"] if len(best) > 1 else None}
     return _against_plain(res, lines, best, base, client, bench)
 

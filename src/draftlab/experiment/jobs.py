@@ -177,6 +177,17 @@ def launch_plan(settings: Settings, layout: Layout, launch_id: str) -> dict[str,
     return launches.launch_plan(settings, layout, launch, benches, generate, probe)
 
 
+def token_check_command(settings: Settings, layout: Layout) -> list[str]:
+    """Rule token_check: the generated data against the ids the target emitted, rendered as the training renders
+    it (SpecForge's capture tokenizes the text again; draftlab's tokenize splices the emitted ids in)."""
+    rendering = "text" if settings.train.captures and settings.train.specforge.capture == "specforge" else "tokenize"
+    argv = ["draftlab", "token-check", "--target", layout.target_model, "--data", layout.generated_data,
+            "--out", layout.token_check, "--rendering", rendering, "--min-match", f"{settings.data.min_token_match:g}"]
+    if settings.data.token_check_sample:
+        argv += ["--sample", str(settings.data.token_check_sample)]
+    return argv + (["--trust-remote-code"] if settings.target.trust_remote_code else [])
+
+
 def leak_check_files(settings: Settings, layout: Layout) -> dict[str, list[str]]:
     """What rule leak_check compares: every prompt file a bench client sends (``default`` = the shipped set),
     against the fine-tune data and, when generated, the prompts it was generated from."""
@@ -349,7 +360,8 @@ def capture_plan(settings: Settings, layout: Layout) -> specforge.CapturePlan:
     return specforge.CapturePlan(
         engine=t.specforge.capture, target=layout.target_model, drafter=layout.patched, tokens=layout.tokens,
         data=train_data(settings, layout), state=layout.capture_state, chat_template=t.chat_template,
-        max_length=t.max_length, checkout=t.specforge.checkout)
+        max_length=t.max_length, checkout=t.specforge.checkout,
+        budget_bytes=int(t.specforge.capture_budget_gb * 10**9) if t.specforge.capture_budget_gb else None)
 
 
 def check_capture_ready(settings: Settings) -> dict[str, Any] | None:
@@ -373,6 +385,7 @@ def _plan_args(plan: specforge.CapturePlan) -> list[str]:
     args = ["--engine", plan.engine, "--target", plan.target, "--drafter", plan.drafter, "--tokens", plan.tokens,
             "--data", plan.data, "--state", plan.state, "--chat-template", plan.chat_template,
             "--max-length", str(plan.max_length)]
+    args += ["--budget-gb", f"{plan.budget_bytes / 10**9:g}"] if plan.budget_bytes and plan.engine == "specforge" else []
     return args + (["--checkout", plan.checkout] if plan.checkout and plan.engine == "specforge" else [])
 
 

@@ -131,6 +131,11 @@ class Layout:
         return self._p("data", "leak-check.json")
 
     @property
+    def token_check(self) -> str:
+        """Rule token_check's record: how many assistant turns render to the ids the target emitted."""
+        return self._p("data", "token-check.json")
+
+    @property
     def generate_server(self) -> str:
         """The server spec generate_data launches (rule generate_server)."""
         return self._p("data", "generate-server.json")

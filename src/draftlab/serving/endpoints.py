@@ -298,13 +298,16 @@ def handle_chat_completions(state: ServerState, body: dict[str, Any],
         snaps = streaming.token_stream(state, ids, max_new, ignore_eos, stop_ids, client_gone or (lambda: False))
         return Stream(streaming.chat_events(state, snaps, rid, model, include_usage))
     res = state.run(ids, max_new, ignore_eos, stop_ids, client_gone=client_gone)
+    choice = {"index": 0, "message": {"role": "assistant", "content": state.decode(res.output_ids)},
+              "logprobs": None, "finish_reason": res.finish_reason, "matched_stop": _matched(res)}
+    if _bool(body.get("return_token_ids", False), "return_token_ids"):  # SGLang 0.5.23's keys (non-streamed)
+        choice.update(prompt_token_ids=list(ids), response_token_ids=list(res.output_ids))
     return {
         "id": rid,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": state.decode(res.output_ids)},
-                     "logprobs": None, "finish_reason": res.finish_reason, "matched_stop": _matched(res)}],
+        "choices": [choice],
         "usage": {"prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
                   "total_tokens": res.prompt_tokens + res.completion_tokens},
     }

@@ -47,7 +47,8 @@ GENERATE_KEYS = frozenset({"text", "input_ids", "sampling_params", "stream"})
 COMPLETION_KEYS = frozenset({"model", "prompt", "max_tokens", "temperature", "top_k", "n", "stop", "stop_token_ids",
                              "ignore_eos", "stream", "stream_options"})
 CHAT_KEYS = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_k", "n", "stop",
-                       "stop_token_ids", "ignore_eos", "stream", "stream_options", "chat_template_kwargs"})
+                       "stop_token_ids", "ignore_eos", "stream", "stream_options", "chat_template_kwargs",
+                       "return_token_ids"})
 
 
 def check_options(body: dict[str, Any], handled: frozenset[str], route: str) -> None:

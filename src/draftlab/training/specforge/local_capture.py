@@ -71,6 +71,7 @@ class CapturePlan:
     chat_template: str = "llama3"
     max_length: int = 2048
     checkout: str | None = None
+    budget_bytes: int | None = None  # the features' disk budget: caps the samples (specforge engine)
 
     @property
     def features(self) -> Path:
@@ -130,9 +131,10 @@ def bytes_per_token(target_cfg: dict[str, Any], n_aux: int = 3, dtype: str | Non
             "bytes_per_token": (n_aux + 1) * hidden * width + ID_BYTES}
 
 
-def count_tokens(tokens: str | os.PathLike, max_length: int) -> tuple[int, int]:
-    """``(samples, tokens)`` of draftlab's tokens.jsonl: rows with a loss token, each cut at ``max_length``."""
-    samples = total = 0
+def count_tokens(tokens: str | os.PathLike, max_length: int, limit: int | None = None) -> tuple[int, int]:
+    """``(samples, tokens)`` of draftlab's tokens.jsonl: rows with a loss token, each cut at ``max_length``;
+    ``limit``: only the first rows (the samples a disk budget keeps)."""
+    samples = total = rows = 0
     path = Path(tokens)
     if not path.is_file():
         raise DraftlabError(f"{path}: not found (the tokenized fine-tune data, rule tokenize)")
@@ -140,6 +142,9 @@ def count_tokens(tokens: str | os.PathLike, max_length: int) -> tuple[int, int]:
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue
+            rows += 1
+            if limit is not None and rows > limit:
+                break
             try:
                 row = json.loads(line)
                 ids, mask = row["input_ids"], row["loss_mask"]
@@ -151,11 +156,20 @@ def count_tokens(tokens: str | os.PathLike, max_length: int) -> tuple[int, int]:
     return samples, total
 
 
+def budget_samples(budget_bytes: int | None, max_length: int, per_token: int) -> int | None:
+    """Samples a disk budget keeps: budget / (max_length x bytes a token), so samples of the longest length fit
+    too; None without a budget."""
+    return None if budget_bytes is None else int(budget_bytes // (max_length * per_token))
+
+
 def estimate(plan: CapturePlan, target_cfg: dict[str, Any], n_aux: int = 3) -> dict[str, Any]:
-    """The capture's size before it starts: tokens of the data x feature bytes a token."""
+    """The capture's size before it starts: tokens of the data (the first ``budget_samples`` rows under a
+    budget) x feature bytes a token."""
     per = bytes_per_token(target_cfg, n_aux, None if plan.engine == "specforge" else "bfloat16")
-    samples, tokens = count_tokens(plan.tokens, plan.max_length)
-    return {**per, "samples": samples, "tokens": tokens, "bytes": tokens * per["bytes_per_token"]}
+    cap = budget_samples(plan.budget_bytes, plan.max_length, per["bytes_per_token"]) if plan.engine == "specforge" else None
+    samples, tokens = count_tokens(plan.tokens, plan.max_length, cap)
+    return {**per, "samples": samples, "tokens": tokens, "bytes": tokens * per["bytes_per_token"],
+            "budget_bytes": plan.budget_bytes if cap is not None else None, "budget_samples": cap}
 
 
 def free_bytes(path: str | os.PathLike) -> int:
@@ -291,8 +305,9 @@ def check_identity(features: Path, saved: dict[str, Any] | None, now: dict[str, 
     return [k for k in STALE_KEYS if saved.get(k) != now.get(k)] if feature_files(features) else []
 
 
-def conversations(data: str) -> tuple[str, str]:
-    """The data as SpecForge's ``{"conversations": [...]}`` rows (``safe_conversations_generator``), and their digest."""
+def conversations(data: str, limit: int | None = None) -> tuple[str, str]:
+    """The data as SpecForge's ``{"conversations": [...]}`` rows (``safe_conversations_generator``), and their digest;
+    ``limit``: only the first rows (the samples a disk budget keeps)."""
     rows, h = [], hashlib.sha256()
     path = Path(data)
     if not path.is_file():
@@ -301,6 +316,8 @@ def conversations(data: str) -> tuple[str, str]:
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue
+            if limit is not None and len(rows) >= limit:
+                break
             try:
                 rec = json.loads(line)
             except ValueError:
@@ -308,7 +325,9 @@ def conversations(data: str) -> tuple[str, str]:
             if not isinstance(rec, dict) or not isinstance(rec.get("messages"), list):
                 raise DraftlabError(f"{path}: line {n}: expected {{\"messages\": [...]}} (SpecForge captures "
                                     "conversations, rendered by its chat template)")
-            out = json.dumps({"conversations": rec["messages"]}, ensure_ascii=False) + "\n"
+            turns = [{k: v for k, v in m.items() if k != "token_ids"} if isinstance(m, dict) else m
+                     for m in rec["messages"]]  # the emitted ids stay draftlab's (the token check's)
+            out = json.dumps({"conversations": turns}, ensure_ascii=False) + "\n"
             rows.append(out)
             h.update(out.encode())
     return "".join(rows), h.hexdigest()
@@ -360,7 +379,8 @@ def _identity_now(plan: CapturePlan) -> tuple[dict[str, Any], dict[str, Any], st
     ids, outputs = capture_ids(drafter_cfg, target_cfg)
     rows = None
     if plan.engine == "specforge":
-        rows, data_sha = conversations(plan.data)
+        per = bytes_per_token(target_cfg, len(ids))["bytes_per_token"]
+        rows, data_sha = conversations(plan.data, budget_samples(plan.budget_bytes, plan.max_length, per))
     else:
         data_sha = sha256_file(plan.tokens)
     return identity(plan, target_path, ids, outputs, data_sha), {"target": target_cfg, "drafter": drafter_cfg}, rows
