@@ -71,7 +71,7 @@ def draw(settings, s: float, sigma: float, n: int, rng: np.random.Generator) -> 
     every = launches.launches(settings)
     fast = settings.arms[0]
     base_t = 0.01 * (1 + 2 * rng.random(n))
-    gain = {v: rng.normal(0, GAIN_SD, n) for v in (PROBE, *settings.arms)}
+    gain = {v: rng.normal(0, GAIN_SD, n) for v in dict.fromkeys(v for x in every for v in x.variants if v != BASELINE)}
     files: dict[str, dict] = {}
     first: dict[tuple[str, str], dict] = {}
     summaries = []

@@ -67,7 +67,7 @@ def test_before_any_data_the_bound_is_the_prompts_times_the_token_limit_times_by
     assert re.search(r"^plan: free now at results/kimi-k25/capture-state/features: .*; the capture fits$", text, re.M)
     # the timeline: launches x the 30-minute deadline; generation and capture at the stated assumptions
     parts = {p["what"]: p for p in d["timeline"]["parts"]}
-    assert parts["launches"]["seconds"] == 5 * 30 * 60
+    assert parts["launches"]["seconds"] == 8 * 30 * 60
     assert parts["generation"]["seconds"] == pytest.approx(40 * 2048 / 2000)
     assert "assumed (plan.generate_tokens_per_s)" in parts["generation"]["basis"]
     assert parts["capture"]["seconds"] == pytest.approx(30 * 2048 / 10000)
@@ -114,23 +114,26 @@ def test_a_capture_that_cannot_fit_says_so_and_a_budget_caps_the_samples(kimi, t
 def test_the_launch_count_says_what_the_reference_costs(kimi):
     s, layout = kimi()
     launch = plan.launch_plan(s)
-    assert launch["total"] == 5 and launch["before_gate"] == 3 and launch["reference_launches"] == 1
+    assert launch["total"] == 8 and launch["before_gate"] == 3 and launch["reference_launches"] == 1
     assert [r["id"] for r in launch["launches"]][:3] == ["probe-s2-k1-d3", "reference-s2-k1-d3", "plain"]
     first = plan.plan_lines(s, layout)[0]
-    assert first == ("plan: 5 launches of the target: 3 whatever the probe gate says, 2 more if it opens; the reference "
+    assert first == ("plan: 8 launches of the target: 3 whatever the probe gate says, 5 more if it opens; the reference "
                      "drafter costs 1 of them (its d2t map needs a launch of its own)")
     no_ref, _ = kimi({"reference": {"source": None, "revision": None}})
-    assert plan.launch_plan(no_ref)["total"] == 4 and "reference" not in plan.plan_lines(no_ref, layout)[0]
+    assert plan.launch_plan(no_ref)["total"] == 7 and "reference" not in plan.plan_lines(no_ref, layout)[0]
 
 
 def test_draftlab_plan_prints_the_lines_and_json(kimi, tmp_path, capsys):
     assert main(["plan", str(KIMI)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("plan: 5 launches of the target") and "plan: if the gate opens, the capture runs `torchrun " in out
+    assert out.startswith("plan: 8 launches of the target") and "plan: if the gate opens, the capture runs `torchrun " in out
     assert "capture disk upper bound: 117.5 MB a sample" in out and "11.7 TB for 100,000 samples" in out
+    # what the decision can tell, before anything runs: the smallest speed-up and the setting that lowers it
+    assert re.search(r"^plan: power: this plan \(8 launches .* tells a speed-up of 1\.\d\dx or more", out, re.M)
+    assert "plan: power: bench.launch_replicates: 3 (11 launches" in out
     assert main(["plan", "--json", str(KIMI)]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert set(d) >= {"launch", "capture", "train", "disk", "timeline"} and d["launch"]["reference_launches"] == 1
+    assert set(d) >= {"launch", "capture", "train", "disk", "timeline", "power"} and d["launch"]["reference_launches"] == 1
     assert sorted(d["train"]) == ["finetune-keep", "finetune-regenerate", "scratch"]
 
 
@@ -144,7 +147,7 @@ def test_the_readme_dry_run_shows_past_the_gate_as_the_gates_notes(tmp_path):
     assert counts["launch_reference_s2_k1_d3"] == 1 and counts["doctor"] == 2
     gate = next(b for b in re.split(r"^\[\w{3} \w{3} .*\]$", out, flags=re.M) if "checkpoint probe_gate:" in b)
     notes = [x[2:] for x in gate.splitlines() if x.startswith("# plan: ")]
-    assert notes[0].startswith("plan: 5 launches of the target: 3 whatever the probe gate says, 2 more if it opens")
+    assert notes[0].startswith("plan: 8 launches of the target: 3 whatever the probe gate says, 5 more if it opens")
     assert any(x.startswith("plan: if the gate opens, the capture runs `torchrun --standalone --nproc_per_node 8 ")
                for x in notes)
     assert sum(x.startswith("plan: if the gate opens, training ") and "runs `specforge train --config" in x

@@ -127,14 +127,7 @@ def predict_chain(drafter: Mapping[str, Any], baseline: Mapping[str, Any],
     cycle_K = decode / verify
     points = [(K, cycle_K)] + [(int(k), c) for k, run in (measured or {}).items()
                                if 0 < int(k) != K and (c := _cycle_s(run)) is not None]
-    if len(points) > 1:
-        t_verify, t_draft = _line(points)
-        fit = (f"t(k) = t_verify + k * t_draft, least squares through the measured cycles at k = "
-               f"{', '.join(str(k) for k, _ in sorted(points))}")
-    else:
-        # verify of k + 1 tokens costs more than plain decoding's one: that growth is part of the slope
-        t_verify, t_draft = t_plain, (cycle_K - t_plain) / K
-        fit = "t(k) = t_verify (baseline s/decode step) + k * t_draft (from the measured cycle at K)"
+    t_verify, t_draft, fit = _cycle_line(points, t_plain)
     base_tps = median_pass_tps(baseline)
     out = []
     for k in range(1, K + 1):
@@ -158,6 +151,19 @@ def predict_chain(drafter: Mapping[str, Any], baseline: Mapping[str, Any],
     if pred["unusable"]:
         pred["recommended_k"] = None
     return pred
+
+
+def _cycle_line(points: list[tuple[int, float]], t_plain: float) -> tuple[float, float, str]:
+    """(t_verify, t_draft, how) of the cycle line t(k) = t_verify + k * t_draft: least squares through every
+    measured (k, cycle) point, or from one point at K through plain decoding's step."""
+    if len(points) > 1:
+        t_verify, t_draft = _line(points)
+        return t_verify, t_draft, (f"t(k) = t_verify + k * t_draft, least squares through the measured cycles at k = "
+                                   f"{', '.join(str(k) for k, _ in sorted(points))}")
+    K, cycle_K = points[0]
+    # verify of k + 1 tokens costs more than plain decoding's one: that growth is part of the slope
+    return (t_plain, (cycle_K - t_plain) / K,
+            "t(k) = t_verify (baseline s/decode step) + k * t_draft (from the measured cycle at K)")
 
 
 # a fitted t_verify below this share of plain decoding's step is impossible: a verify forward of k + 1 tokens

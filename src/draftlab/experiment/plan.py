@@ -40,7 +40,7 @@ def launch_plan(settings: Settings) -> dict[str, Any]:
     reference drafter adds (the same plan without it, compared)."""
     every = launches.launches(settings)
     rows = [{"id": x.id, "stage": x.stage, "spec": x.spec, "variants": list(x.variants), "swaps": x.swaps,
-             "generate": x.generate, "behind_gate": x.stage == "arms"} for x in every]
+             "generate": x.generate, "behind_gate": launches.behind_gate(x)} for x in every]
     without = dataclasses.replace(settings, reference=Source())
     reference_cost = (launches.launch_count(settings) - launches.launch_count(without)) if settings.has_reference else 0
     return {"launches": rows, "total": len(rows), "before_gate": sum(not r["behind_gate"] for r in rows),
@@ -209,6 +209,8 @@ def plan(settings: Settings, layout: Layout) -> dict[str, Any]:
         "train": {arm: [shlex.join(c) for c in jobs.train_commands(settings, layout, arm)] for arm in arms},
         "disk": disk,
         "timeline": timeline(settings, layout, launch, disk),
+        # what the decision can tell: the smallest speed-up at this host's measured launch noise, else assumed
+        "power": launches.plan_lines(settings, layout),
     }
 
 
@@ -221,10 +223,10 @@ def human_time(seconds: float) -> str:
 
 
 def plan_lines(settings: Settings, layout: Layout, data: dict[str, Any] | None = None) -> list[str]:
-    """The plan as lines of text, in order: launches, capture, training, disk, timeline."""
+    """The plan as lines of text, in order: launches, what the decision can tell, capture, training, disk, timeline."""
     d = data or plan(settings, layout)
-    return (_launch_lines(d["launch"]) + _command_lines(d) + _disk_lines(settings, d["disk"])
-            + _timeline_lines(d["timeline"]))
+    return (_launch_lines(d["launch"]) + [f"plan: {line}" for line in d["power"]] + _command_lines(d)
+            + _disk_lines(settings, d["disk"]) + _timeline_lines(d["timeline"]))
 
 
 def _launch_lines(launch: dict[str, Any]) -> list[str]:

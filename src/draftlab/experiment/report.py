@@ -415,21 +415,26 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
     client = rows[0]["client"] if rows else None
     decided, launch = load_launch_noise(launches, results, client)
     decision, rec_path, deploy = _write_recommendation(out_dir, rows, results, client, server_plans, launch, decided)
-    if launches:  # this run's launch noise, for the next plan's power line (power.prior, this host only)
-        summaries = [s for s in (_read_json(Path(p)) for p in launches) if isinstance(s, dict)]
-        power.record(exp_dir, launch, power.interval_se(decision.get("paired")), power.summaries_key(summaries),
-                     power.launch_host(summaries))
+    _record_launch_noise(exp_dir, launches, launch, decision)
     paths, standing_rows, curves = _write_plots(out_dir, rows, results, client, files["train"], standing)
     experiment = rows[0]["experiment"] if rows else exp_dir.name
     decision_lines = decision_text(rows, gate, results, decision) if rows else decision_text(rows, gate)
-    md = _results_markdown(experiment, deploy + decision_lines, rows, results, decision, client, standing_rows, curves)
-    md += _inputs_markdown(files, data_stats, gate)
+    md = (_results_markdown(experiment, deploy + decision_lines, rows, results, decision, client, standing_rows, curves)
+          + _inputs_markdown(files, data_stats, gate))
     summary = out_dir / REPORT_FILES["summary"]
     write_text(summary, "\n".join(md) + "\n")
     views = write_views(out_dir, experiment, md, paths, deploy + decision_lines[:1],
                         landing_table(rows, results, client) if rows else [], records_csv, static_md)
     return {"summary": str(summary), "recommendation": str(rec_path),
             **{k: str(v) for k, v in paths.items()}, **views}
+
+
+def _record_launch_noise(exp_dir: Path, launches: Sequence[str | os.PathLike] | None, launch, decision) -> None:
+    """This run's launch noise, kept for the next plan's power line (power.prior, this host only)."""
+    if launches:
+        summaries = [s for s in (_read_json(Path(p)) for p in launches) if isinstance(s, dict)]
+        power.record(exp_dir, launch, power.interval_se(decision.get("paired")), power.summaries_key(summaries),
+                     power.launch_host(summaries))
 
 
 def load_launch_noise(paths: Sequence[str | os.PathLike] | None, results: Bench | None = None,
