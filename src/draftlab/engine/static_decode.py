@@ -424,8 +424,11 @@ class StaticDecoder(DraftTreeCycle):
 
     # -- joining and leaving -------------------------------------------------------------------
     @torch.inference_mode()
-    def add(self, prompt: list[int], max_new: int, stops: set[int], tag: Any = None) -> Row:
-        """Prefill one request alone (the engine's code); it takes the next free row unless already done."""
+    def add(self, prompt: list[int], max_new: int, stops: set[int], tag: Any = None, min_new: int = 0) -> Row:
+        """Prefill one request alone (the engine's code); it takes the next free row unless already done.
+        ``min_new`` is refused: the greedy choice runs inside the CUDA graphs, where no stop id is held back."""
+        if min_new:
+            raise DraftlabError("min_tokens (min_new_tokens) is not supported by the static-cache CUDA decoder")
         if len(self.rows) >= self.max_rows:
             raise RuntimeError(f"all {self.max_rows} rows are in use")
         row, cache, pending, drafted = prefill_row(self.engine, prompt, max_new, stops, tag)
