@@ -118,8 +118,8 @@ class Scheduler:
         rows (None: a group of its own). ``min_new_tokens``: no stop id or EOS before this many tokens."""
         budget, stops = self.engine.limits(ids, max_new_tokens, ignore_eos, stop_token_ids)
         if min_new_tokens and not getattr(self._decoder, "holds_stops", False):
-            raise DraftlabError("min_tokens (min_new_tokens) is not supported by this server's decoder (the "
-                                "static-cache CUDA decoder); leave it out or send 0")
+            raise DraftlabError("min_tokens (min_new_tokens) is not supported by this server's decoder (CUDA "
+                                "graphs or a draft tree choose the greedy token); leave it out or send 0")
         ticket = Ticket(list(map(int, ids)), budget, stops, min_new_tokens)
         with self._cv:
             self._queue.setdefault(ticket if group is None else group, deque()).append(ticket)
