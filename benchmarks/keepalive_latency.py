@@ -8,7 +8,7 @@ imports: point PYTHONPATH at another checkout to measure it), then, in ``--clien
 interpreter with ``openai`` installed), times ``models.list()`` and a 1-token ``completions.create``
 ``--requests`` times each on one client, after one warm-up call each. Reports the median, p90, min
 and max per call in milliseconds and how many connections the client used (1 when kept alive).
-Prints and writes one JSON document.
+Prints one JSON document (and writes it with ``--out``).
 
     python benchmarks/keepalive_latency.py --client-python /path/to/venv-with-openai/bin/python
     PYTHONPATH=/other/checkout/src python benchmarks/keepalive_latency.py --client-python ...   # before/after
@@ -21,24 +21,26 @@ import json
 import platform
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server_batching import ROOT, Server, demo_pair  # noqa: E402  (the same demo server)
+from server_batching import Server, demo_pair  # noqa: E402  (the same demo server)
 
 CLIENT = r"""
 import json, statistics, sys, time
-import httpx, openai
+import openai
 
 job = json.load(sys.stdin)
 ports = set()  # the client's local port of each answer's connection: one when the connection is kept
 
 
 def seen(response):
-    ports.add(response.extensions["network_stream"].get_extra_info("client_addr")[1])
+    stream = response.extensions.get("network_stream")
+    ports.add(stream.get_extra_info("client_addr")[1] if stream is not None else None)
 
 
-http = httpx.Client(event_hooks={"response": [seen]})
+http = openai.DefaultHttpxClient(event_hooks={"response": [seen]})  # the client's own transport, one pool
 client = openai.OpenAI(base_url=job["url"] + "/v1", api_key="none", max_retries=0, http_client=http)
 model = client.models.list().data[0].id
 calls = {"models.list": lambda: client.models.list(),
@@ -68,13 +70,14 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--requests", type=int, default=20)
     ap.add_argument("--plain", action="store_true", help="serve the target alone (no drafter)")
-    ap.add_argument("--out", default=None, help="JSON written here (default benchmarks/results/keepalive_latency.json)")
+    ap.add_argument("--out", default=None, help="also write the JSON here (the server's log beside it)")
     args = ap.parse_args()
     args.dtype, args.threads, args.max_batch_size, args.num_steps = None, None, 8, 3
     demo = demo_pair(args)
-    out = Path(args.out or ROOT / "benchmarks" / "results" / "keepalive_latency.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    server = Server(demo["target_v1"], None if args.plain else demo["drafter_v1"], args, out.with_suffix(".server.log"))
+    out = Path(args.out) if args.out else None
+    log = out.with_suffix(".server.log") if out else Path(tempfile.mkdtemp(prefix="keepalive-")) / "server.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    server = Server(demo["target_v1"], None if args.plain else demo["drafter_v1"], args, log)
     try:
         proc = subprocess.run([args.client_python, "-c", CLIENT], input=json.dumps({"url": server.url,
                               "requests": args.requests}), capture_output=True, text=True, timeout=900)
@@ -86,9 +89,10 @@ def main() -> int:
 
     doc = {"server_code": str(Path(draftlab.__file__).parent), "speculative": not args.plain,
            "host": platform.node(), **json.loads(proc.stdout.strip().splitlines()[-1])}
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n")
-    tmp.replace(out)
+    if out:
+        tmp = out.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(doc, indent=2) + "\n")
+        tmp.replace(out)
     print(json.dumps(doc, indent=2))
     return 0
 

@@ -8,6 +8,7 @@ speculative averages, ``/server_info``'s dtype, and ``/metrics`` in Prometheus t
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 
 import pytest
@@ -16,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from test_server import folders  # noqa: F401 - the same tiny target and drafter (a fixture)
 from test_streaming import stream
 
+from draftlab.benchmark.bench import run_benchmark
 from draftlab.serving.server import load_state, make_server
 
 # SpecTokensDetails' fields, in the wheel's order
@@ -245,3 +247,20 @@ def test_metrics_count_what_was_served_under_sglangs_names(folders):
     assert 0 <= gauges["sglang:spec_accept_rate"].value <= 1
     assert set(families["sglang:time_to_first_token_seconds"][0].labels) == {"model_name", "engine_type",
                                                                              "is_streaming", "le"}
+
+
+def test_bench_reads_the_servers_own_counters_as_it_reads_sglangs(folders, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": str(i), "conversations": [{"from": "human", "value": text}]}) + "\n"
+                               for i, text in enumerate(["the quick brown fox", "def add(a, b):", "jumps over"])))
+    with serving(folders, True) as (_, url):
+        res = run_benchmark(url, prompts, max_new_tokens=9, repeats=2, warmup=1, concurrency=2, ignore_eos=True,
+                            progress=False, measure_ttft=False)
+        info = call(url + "/server_info")[1]["internal_states"][0]
+    rows = [r for r in res.rows if r["phase"] == "measure"]
+    delta = res.summary["sglang_metrics_delta"]  # the timed passes only: not the warm-up
+    assert delta["requests"] == len(rows) == 6
+    assert delta["generation_tokens"] == sum(r["completion_tokens"] for r in rows) == 54
+    assert delta["verify_calls"] == sum(r["verify_ct"] for r in rows)
+    assert delta["accept_length"] == pytest.approx((54 - 6) / delta["verify_calls"])
+    assert info["avg_spec_accept_length"] >= 1.0

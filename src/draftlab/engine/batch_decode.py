@@ -81,7 +81,8 @@ def prefill_row(eng: Engine, prompt: list[int], max_new: int, stops: set[int], t
     """
     k = eng.num_steps if eng.speculative else 0
     t0 = eng._tick()
-    cache, out, pending = eng.prefill_target(prompt, hidden=eng.speculative, hold=stops if min_new > 0 else ())
+    hold = stops | eng.eos_token_ids if min_new > 0 else ()  # SGLang holds EOS back even under ignore_eos
+    cache, out, pending = eng.prefill_target(prompt, hidden=eng.speculative, hold=hold)
     tok = int(pending.item())
     res = GenerationResult(output_ids=[tok], prompt_tokens=len(prompt), finish_reason="length", num_steps=k,
                            accept_histogram=[0] * (k + 1) if k else [], accept_by_position=[0] * k if k else [])
@@ -269,7 +270,8 @@ class BatchDecoder:
     def _held(self, logits: Tensor) -> Tensor:
         """``logits`` [B, T, V] with the stop ids held back where a row is still below its ``min_new``."""
         if any(r.min_new > len(r.res.output_ids) for r in self.rows):
-            hold_stops(logits, [(len(r.res.output_ids), r.min_new, r.stops) for r in self.rows])
+            hold_stops(logits, [(len(r.res.output_ids), r.min_new, r.stops | self.engine.eos_token_ids)
+                                for r in self.rows])
         return logits
 
     def _spec_step(self) -> list[Row]:

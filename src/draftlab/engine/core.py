@@ -391,9 +391,10 @@ class Engine:
 
 
 def hold_stops(logits: Tensor, rows: Sequence[tuple[int, int, set[int]]]) -> Tensor:
-    """SGLang's ``min_new_tokens``: no stop id (EOS included) is chosen before a request has that many
-    tokens. ``logits`` [B, T, V] (in place): position ``j`` of row ``b`` gives its token number
-    ``have + j``; ``rows[b] = (have, min_new, stops)``. The stop ids' logits are -inf below ``min_new``."""
+    """SGLang's ``min_new_tokens``: no stop id is chosen before a request has that many tokens (its
+    stop ids and the model's EOS ids, even under ``ignore_eos``, as SGLang's min-new-tokens penalizer).
+    ``logits`` [B, T, V] (in place): position ``j`` of row ``b`` gives its token number ``have + j``;
+    ``rows[b] = (have, min_new, stop ids)``. The stop ids' logits are -inf below ``min_new``."""
     for b, (have, min_new, stops) in enumerate(rows):
         upto = min(min_new - have, logits.shape[1])
         ids = [t for t in stops if 0 <= t < logits.shape[-1]]

@@ -487,7 +487,7 @@ class StaticDecoder(DraftTreeCycle):
         if k and k_eff != self._k_eff_sent:  # a host-to-device copy only when a row nears its end
             self.k_eff[:b].copy_(torch.tensor(k_eff))
             self._k_eff_sent = k_eff
-        self._hold = ([(len(r.res.output_ids), r.min_new, r.stops) for r in rows]
+        self._hold = ([(len(r.res.output_ids), r.min_new, r.stops | eng.eos_token_ids) for r in rows]
                       if any(r.min_new > len(r.res.output_ids) for r in rows) else None)
         t0 = eng.clock()
         self._run(b)
