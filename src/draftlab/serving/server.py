@@ -82,6 +82,9 @@ def _lone_surrogate(body: dict[str, Any]) -> str | None:
 class Handler(BaseHTTPRequestHandler):
     server_version = f"draftlab/{__version__}"
     protocol_version = "HTTP/1.1"
+    # writes gather here until the answer is whole (http.server flushes after each request) or a stream
+    # event is due: status line, headers and a body up to this size leave in one send
+    wbufsize = 64 * 1024
 
     @property
     def state(self) -> ServerState:
@@ -122,8 +125,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         if self.close_connection:
             self.send_header("Connection", "close")
-        self._headers_buffer.extend((b"\r\n", body))  # status line, headers and body in one send
-        self.flush_headers()
+        self.end_headers()
+        self.wfile.write(body)  # buffered with the headers: one send when http.server flushes the answer
 
     def _answer(self, answer: Any) -> None:
         """A whole JSON answer, or server-sent events for a :class:`Stream`."""
@@ -142,12 +145,12 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         if self.close_connection:
             self.send_header("Connection", "close")
-        self._headers_buffer.append(b"\r\n")  # sent with the first chunk, in one send
+        self.end_headers()  # buffered: sent with the first chunk, in one send
 
     def write_chunk(self, data: bytes) -> None:
         """One chunk of the stream, sent at once (an empty one ends it)."""
-        self._headers_buffer.append(b"%x\r\n%s\r\n" % (len(data), data))
-        self.flush_headers()
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
 
     def _error(self, status: int, message: str) -> None:
         # SGLang's error shape ({"object": "error", "message", "type", "code"}) plus an OpenAI-style "error" object
