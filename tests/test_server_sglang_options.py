@@ -264,3 +264,28 @@ def test_bench_reads_the_servers_own_counters_as_it_reads_sglangs(folders, tmp_p
     assert delta["verify_calls"] == sum(r["verify_ct"] for r in rows)
     assert delta["accept_length"] == pytest.approx((54 - 6) / delta["verify_calls"])
     assert info["avg_spec_accept_length"] >= 1.0
+
+
+@pytest.mark.parametrize("speculative", [True, False], ids=["spec", "plain"])
+def test_min_new_in_the_dynamic_cache_decoder_is_the_servers_answer(folders, servers, speculative):
+    """The dynamic-cache decoder (a static path refused, or its CUDA graphs off) holds stop ids back as the
+    server's default decoder does: the same ids."""
+    from draftlab.engine.batch_decode import BatchDecoder
+    from draftlab.engine.core import Engine
+
+    target, drafter = folders
+    engine = Engine.from_folders(target, drafter if speculative else None, num_steps=3)
+
+    def run(min_new: int, stops: set[int]) -> list[int]:
+        decoder = BatchDecoder(engine)
+        row = decoder.add(PROMPT, 16, stops, min_new=min_new)
+        while not row.done:
+            decoder.step()
+        return row.res.output_ids
+
+    free = run(0, set())
+    stop = free[1]
+    held = run(6, {stop})
+    assert stop not in held[:6] and held[:free.index(stop)] == free[:free.index(stop)]
+    url = servers["spec" if speculative else "plain"]
+    assert _ids(url, "/generate", {"ignore_eos": True, "stop_token_ids": [stop], "min_new_tokens": 6}) == held

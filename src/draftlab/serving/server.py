@@ -5,7 +5,9 @@ SGLang, so this server answers ``/health``, ``/health_generate``, ``/ready``, ``
 0.5.23's ``meta_info``: ``completion_tokens``, ``spec_verify_ct``, ``spec_accept_length``, ...),
 ``/server_info`` (``internal_states[0].avg_spec_accept_length``), ``/model_info``, ``/v1/models``,
 ``/v1/models/{id}``, ``/v1/completions`` and ``/v1/chat/completions`` in the same shapes, whole or
-streamed as server-sent events (``streaming``); an option it does not honour is a 400. Standard
+streamed as server-sent events (``streaming``), ``/flush_cache`` and ``/metrics`` (``metrics``:
+Prometheus text under SGLang's names); an option it does not honour is a 400. Nagle is off on every
+connection and an answer leaves in one send, so kept-alive clients never wait for a delayed ACK. Standard
 library only (``http.server``). The requests in flight are decoded together, up to
 ``max_batch_size`` rows per forward (``scheduler``, continuous batching), each one's output the
 same as if it ran alone; greedy decoding only (temperature 0).
