@@ -69,8 +69,9 @@ rule all:
 
 
 onstart:
-    # Before any job (GPU work included) of a real run: a one-host SpecForge capture needs its checkout.
-    check_capture_ready()
+    # Before any job of a real run that launches the target or does GPU work: every input file a later
+    # stage reads is here, and a one-host SpecForge capture has its checkout.
+    check_ready_to_launch()
 
 
 onsuccess:

@@ -1,4 +1,4 @@
-"""Demo models (issue 9): build both sizes, time them, and measure how well the v1 drafter transfers.
+"""Demo models: build both sizes, time them, and measure how well the v1 drafter transfers.
 
 For each size:
 1. ``draftlab demo-models`` (timed, with the machine's load average before and after);

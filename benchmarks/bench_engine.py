@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Builtin engine performance: speculative vs plain tok/s, and engine efficiency (issue 3).
+"""Builtin engine performance: speculative vs plain tok/s, and engine efficiency.
 
 Self-contained (torch + transformers + draftlab): it builds its own target, trains an EAGLE-3
 drafter on the target's own greedy outputs, then decodes held-out prompts plainly and with

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Pipeline timings (issue 5): the embedded default from a clean copy, then a no-op rerun.
+# Pipeline timings: the embedded default from a clean copy, then a no-op rerun.
 #   benchmarks/bench_pipeline.sh [default|smoke] [CORES]
 # Runs in a fresh temporary copy of the workflow (demo models built from scratch, no results, no
 # .snakemake), so it measures a clean checkout; prints one line per measurement and the job counts.

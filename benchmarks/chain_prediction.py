@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Every shorter chain from one launch, checked against measurement (issue 22, item 2).
+"""Every shorter chain from one launch, checked against measurement.
 
 On the builtin engine: measure plain decoding, measure a chain of K drafts once, predict accept
 length and tok/s at k = 1..K from that one run (draftlab.benchmark.chain.predict_chain), then measure

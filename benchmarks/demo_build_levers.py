@@ -1,4 +1,4 @@
-"""Same-host A/B of the demo build's two GPU levers (issue 38: demo-gpu within 8 minutes from clean), on a
+"""Same-host A/B of the demo build's two GPU levers (the demo-gpu loop within 8 minutes from clean), on a
 built demo pair. Run on the GPU host after a demo-gpu run (or `draftlab demo-models --size gpu --device cuda`):
 
     python benchmarks/demo_build_levers.py --demo resources/demo/gpu [--steps 200] [--json out.json]

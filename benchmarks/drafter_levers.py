@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Issue 26: what the fine-tuned drafter needs for the demo-gpu keep arm to pay 1.5x, measured in process.
+"""What the fine-tuned drafter needs for the demo-gpu keep arm to pay 1.5x, measured in process.
 
 After a run of the pipeline up to its fine-tune data (``snakemake ... --until tokenize``), trains the keep
 arm with the pipeline's own ``draftlab train`` command (from ``jobs.builtin_train_command``) under a few

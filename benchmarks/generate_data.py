@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Data generation through the builtin server (issue 17): as fast as the engine's own batched loop, and exact
+"""Data generation through the builtin server: as fast as the engine's own batched loop, and exact
 when killed.
 
 1. The engine's own batched loop: the demo target in this process, the prompts tokenized with its chat

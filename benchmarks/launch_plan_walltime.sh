@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 35: wall time and target launches of the smoke run before vs after the launch plan, in one run.
+# Wall time and target launches of the smoke run before vs after the launch plan, in one run.
 #   benchmarks/launch_plan_walltime.sh BASE [CORES]      e.g. benchmarks/launch_plan_walltime.sh main 2
-# BASE (a commit before issue 35) and HEAD are each exported (git archive) into a temporary folder and run
+# BASE (a commit before the launch plan, e.g. 0ee33a5) and HEAD are each exported (git archive) into a temporary folder and run
 # `snakemake --cores CORES all --config size=smoke` from clean, BASE first, with PYTHONPATH at that tree's
 # src/ (a venv with draftlab installed editable elsewhere is overridden). DEMO_OUT=<dir> (a folder holding
 # smoke/demo.json, e.g. /work/demo-cache) shares one prebuilt demo pair, so only the pipeline is timed;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Builtin server throughput at concurrency 1 vs 8 (issue 17): batching must pay, and change nothing.
+"""Builtin server throughput at concurrency 1 vs 8: batching must pay, and change nothing.
 
 Starts ``draftlab serve`` on the demo target v1 (plain, then with the demo drafter v1), sends the
 same chat prompts (the shipped prompt set, rendered with the demo's chat format) at each
@@ -11,12 +11,12 @@ concurrency 8 equal those at concurrency 1, and prints / writes one JSON documen
     python benchmarks/server_batching.py --device cuda --size gpu          # one GPU (builds the gpu demo
                                                                           #  first if missing: minutes)
     python benchmarks/server_batching.py --demo resources/demo/smoke       # an already built demo folder
-    python benchmarks/server_batching.py --single-stream --threads 1       # issue 26: concurrency 1 in-process,
+    python benchmarks/server_batching.py --single-stream --threads 1       # concurrency 1 in-process,
                                                                           #  before/after the scheduler (ratios)
 
-``--single-stream`` (issue 26) decodes the prompts one at a time in this process, interleaved round
+``--single-stream`` decodes the prompts one at a time in this process, interleaved round
 by round, through: ``engine`` (``Engine.generate``, the path before the batching scheduler),
-``scheduler_masked`` (the scheduler with a lone row masked like a batch: issue 17's path),
+``scheduler_masked`` (the scheduler with a lone row masked like a batch: the first batching server's path),
 ``scheduler`` (today's: a lone row runs unmasked) and ``scheduler_static`` (the static-slot decoder;
 on CUDA with its graphs). Prefill included; median of ``--rounds``; ratios against ``engine`` (also the
 median of per-round ratios, ``paired_ratio_vs_engine``); on the
@@ -227,7 +227,7 @@ def main() -> int:
     ap.add_argument("--max-batch-size", type=int, default=8)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--modes", nargs="+", default=["plain", "speculative"], choices=["plain", "speculative"])
-    ap.add_argument("--single-stream", action="store_true", help="issue 26: concurrency 1 in-process, per decoder")
+    ap.add_argument("--single-stream", action="store_true", help="concurrency 1 in-process, per decoder")
     ap.add_argument("--rounds", type=int, default=5, help="--single-stream: timed rounds per arm (median)")
     ap.add_argument("--arms", nargs="+", default=["scheduler_masked", "scheduler", "scheduler_static"],
                     choices=["scheduler_masked", "scheduler", "scheduler_static"],

@@ -1,17 +1,17 @@
 #!/usr/bin/env python
-"""Issue 26 without the demo build: the static decoder's CUDA graphs against ``Engine.generate``.
+"""Without the demo build: the static decoder's CUDA graphs against ``Engine.generate``.
 
 A Llama of the demo-gpu target's shape (16 x 768, GQA 12/4, MLP 2048, vocab 8192, context 512,
 113M parameters) with random weights (decode speed does not depend on what they mean) and a random
 EAGLE-3 drafter of the demo drafter's shape (draft vocab 4096). Measures decode tokens/s (prefill
 excluded) of plain decoding at concurrency 1 through ``Engine.generate`` (dynamic cache, eager: the
-path before issue 17's scheduler) and through ``StaticDecoder`` with graphs at 1 and 8 rows, its fused
+path before the batching scheduler) and through ``StaticDecoder`` with graphs at 1 and 8 rows, its fused
 layers (``engine/fused_llama.py``, ``fused_drafter.py``) against transformers' own (kernels per step by
 the profiler; each piece of a speculative cycle timed alone, ``phase_ms``); the
 speculative cycle time (k=3) at 1 and 8 rows; token identity of every static output with the engine's;
 and the memory floor of a plain step (weight bytes read per token + KV bytes) / 4.3 TB/s.
 A random drafter is rarely accepted, so the speculative speed-up is given as predicted for an accept
-length A: A x t_plain_step / t_cycle (``--accept`` lists the A's; 1.85 is the demo drafter's at issue 17).
+length A: A x t_plain_step / t_cycle (``--accept`` lists the A's; 1.85 is the gpu demo drafter's on its own target).
 
     python benchmarks/static_decode_gpu.py --device cuda            # prints one JSON document
 """
@@ -71,7 +71,7 @@ def phase_times(spec, prompt: list[int], fused: bool, reps: int = 50) -> dict:
     """ms per run of each piece of a speculative cycle alone, at one row: the target forward over 1 and
     k+1 tokens, one drafter step, the drafter's extend over k+1 tokens, and the whole cycle. On CUDA
     each piece is captured as its own graph and replayed (CUDA events); elsewhere it runs eagerly.
-    Where the cycle's time goes beyond a plain step, and what a chain of k costs (issue 22's fit)."""
+    Where the cycle's time goes beyond a plain step, and what a chain of k costs (the chain prediction's fit)."""
     from draftlab.engine.static_decode import StaticDecoder
 
     dec = StaticDecoder(spec, max_rows=1, graph_max_bs=0, fused=fused)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The cost of streaming on the builtin server (issue 40): output tok/s streamed over whole, one run.
+"""The cost of streaming on the builtin server: output tok/s streamed over whole, one run.
 
 Starts ``draftlab serve`` on the demo pair (target v1 with drafter v1, speculative; ``--plain`` without
 the drafter), then sends the same prompts to ``/generate`` whole and with ``"stream": true``, rounds

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # N clean runs of one experiment, each in a work dir of its own (a copy of this checkout's tracked files, run
-# with that copy's src/ first on PYTHONPATH; demo pair rebuilt, nothing cached), then one table: each run's verdict, deployed arm and paired speed-up (issue 38:
+# with that copy's src/ first on PYTHONPATH; demo pair rebuilt, nothing cached), then one table: each run's verdict, deployed arm and paired speed-up (
 # does the answer hold from run to run?). Runs one after another: they would disturb each other's timings.
 #
 #   benchmarks/verdict_stability.sh N [snakemake args...]

@@ -311,3 +311,22 @@ def test_the_arms_of_a_specforge_arm_config_and_their_backends():
     assert keep[keep.index("--mapping") + 1] == layout.patched and "--ckpt-dir" in keep
     assert scratch[scratch.index("--mapping") + 1] == layout.capture_mapping and "--ckpt-dir" not in scratch
     assert jobs.train_commands(s, layout, "finetune-keep")[0][:2] == ["draftlab", "train"]
+
+
+def test_a_disk_budget_caps_the_samples_captured_and_a_capture_still_must_fit_the_free_space(here):
+    """train.specforge.capture_budget_gb: the data's first budget / (max_length x bytes a token) samples are
+    handed to the capture, so samples of the longest length fit too; the free space is still checked."""
+    per_sample = 2048 * oc.bytes_per_token(target_config())["bytes_per_token"]
+    s, layout = _experiment(here, capture_budget_gb=(5 * per_sample + 1) / 1e9)
+    _checkout(here / "SpecForge")
+    pre = jobs.capture_commands(s, layout)[0]
+    assert pre[pre.index("--budget-gb") + 1] == f"{(5 * per_sample + 1) / 1e9:g}"
+    proc = cli(*pre[1:], "--json")
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(proc.stdout)
+    assert r["estimate"]["budget_samples"] == 5 and r["estimate"]["samples"] == 5
+    handed = [json.loads(l) for l in Path(r["data_path"]).read_text().splitlines()]
+    assert [row["conversations"][0]["content"] for row in handed] == [f"q{i}" for i in range(5)]
+    assert r["estimate"]["bytes"] <= 5 * per_sample
+    refused = cli(*pre[1:], "--free-bytes", "100")
+    one_error_line(refused, "capture-state/features", "100 bytes")

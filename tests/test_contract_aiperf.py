@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 from pathlib import Path
@@ -27,6 +28,8 @@ from draftlab.serving.launch import ServerSpec, running_server
 pytestmark = [pytest.mark.contract, pytest.mark.slow]  # the smoke demo pair; each run takes ~1 min
 
 AIPERF = "aiperf==0.13.0"
+# the key the launch gives the server (DRAFTLAB_API_KEY); the load testers send it as a user would
+API_KEY = secrets.token_hex(16)
 REQUESTS, CONCURRENCY, ISL, OSL = 10, 1, 24, 12
 
 
@@ -37,12 +40,12 @@ def aiperf_python():
 
 @contextlib.contextmanager
 def builtin_server(demo: dict, log: Path, speculative: bool = True):
-    """``draftlab serve`` on the smoke pair (``--num-steps 3`` with its drafter), as a user starts it, in a
-    process of its own (torch on one thread, so that the load tester keeps a core of the two to read
+    """``draftlab serve`` on the smoke pair (``--num-steps 3`` with its drafter) with ``API_KEY``, as a user
+    starts it, in a process of its own (torch on one thread, so that the load tester keeps a core of the two to read
     the events as they come): its URL. Stopped with its process group whatever happens."""
     spec = ServerSpec(backend="builtin", target=demo["target_v1"], drafter=demo["drafter_v1"] if speculative else None,
                       num_steps=3 if speculative else None, device="cpu", health_interval_s=0.2,
-                      env={"OMP_NUM_THREADS": "1"})
+                      env={"OMP_NUM_THREADS": "1", "DRAFTLAB_API_KEY": API_KEY})
     with running_server(spec, log, progress=lambda m: None) as srv:
         yield srv.url
 
@@ -62,7 +65,7 @@ def run_tool(cmd: list[str], env: dict, timeout: float) -> subprocess.CompletedP
 
 def _aiperf(python, url: str, target: str, endpoint: str, out) -> None:
     cmd = [str(python.parent / "aiperf"), "profile", "--model", target, "--url", url, "--endpoint-type", endpoint,
-           "--streaming", "--tokenizer", target, "--isl", str(ISL), "--osl", str(OSL), "--extra-inputs",
+           "--streaming", "--api-key", API_KEY, "--tokenizer", target, "--isl", str(ISL), "--osl", str(OSL), "--extra-inputs",
            "ignore_eos:true", "--warmup-request-count", str(2 * CONCURRENCY), "--request-count", str(REQUESTS), "--concurrency", str(CONCURRENCY),
            "--connection-reuse-strategy", "pooled", "--workers-max", "1", "--record-processors", "1", "--no-gpu-telemetry", "--ui-type", "none", "--output-artifact-dir", str(out)]
     # aiperf refuses a local tokenizer folder under HF_HUB_OFFLINE (HFValidationError); without it, a

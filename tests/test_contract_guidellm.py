@@ -14,7 +14,7 @@ import json
 import os
 
 import pytest
-from test_contract_aiperf import builtin_server, run_tool
+from test_contract_aiperf import API_KEY, builtin_server, run_tool
 from toolenv import tool_python
 
 pytestmark = [pytest.mark.contract, pytest.mark.slow]  # the smoke demo pair
@@ -34,7 +34,7 @@ def test_guidellm_runs_against_the_builtin_server(guidellm_python, smoke_demo, t
     demo = smoke_demo["result"]
     out = tmp_path / "guidellm.json"
     with builtin_server(demo, tmp_path / "server.log", speculative) as url:
-        cmd = [str(guidellm_python.parent / "guidellm"), "run", "--backend", f"kind=openai_http,target={url}",
+        cmd = [str(guidellm_python.parent / "guidellm"), "run", "--backend", f"kind=openai_http,target={url},api_key={API_KEY}",
                "--profile", "kind=concurrent,streams=2", "--constraint", f"kind=max_requests,count={REQUESTS}",
                "--data", f"kind=synthetic_text,prompt_tokens={PROMPT_TOKENS},output_tokens={OUTPUT_TOKENS}",
                "--tokenizer", f"kind=huggingface_auto,model={demo['target_v1']}",

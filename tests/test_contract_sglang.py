@@ -159,6 +159,8 @@ def expected_drafter(experiment: str, variant: str) -> str | None:
         return None
     if variant == "probe":
         return f"results/{experiment}/drafter/patched"
+    if variant == "reference":  # served as acquired, never patched or trained
+        return f"results/{experiment}/models/reference"
     return f"results/{experiment}/train/{variant}/drafter"
 
 
@@ -196,9 +198,11 @@ def test_pin_matches_serving_env():
 def test_kimi_dry_run_launches_parse_in_sglang(sglang_python):
     cfg = load_config(ROOT / "config" / "kimi-k25.yaml")  # the file states only what differs from the defaults
     launches = planned_launches("config/kimi-k25.yaml")
-    # issue 35: the probe, the plain launch (baseline + data), one launch per d2t map (scratch is swapped
-    # into finetune-regenerate's: both carry the corpus map)
-    assert sorted(v for v, _, _ in launches) == sorted(["baseline", "probe", "finetune-keep", "finetune-regenerate"])
+    # the probe, the reference (the public K2.5 drafter: its d2t map needs a launch of its own), the plain launch
+    # (baseline + data), one launch per d2t map (scratch is swapped into finetune-regenerate's: both carry the
+    # corpus map)
+    assert sorted(v for v, _, _ in launches) == sorted(["baseline", "probe", "reference", "finetune-keep",
+                                                         "finetune-regenerate"])
     verdicts = judge(sglang_python, [argv for _, _, argv in launches])
     check_meant(launches, verdicts, cfg)
 

@@ -3,7 +3,8 @@
 The swap client's bodies are validated as SGLang's HTTP routes validate them (pydantic over the
 ``sglang.srt.managers.io_struct`` request structs: ``BeginWeightUpdateReqInput``,
 ``UpdateWeightsFromTensorReqInput``, ``EndWeightUpdateReqInput``, ``CheckWeightsReqInput``); the tensor
-payload is read back with SGLang's own ``MultiprocessingSerializer.deserialize`` (its ``SafeUnpickler``)
+payload (ForkingPickler's, and the in-band one the builtin server reads) is read back with SGLang's own
+``MultiprocessingSerializer.deserialize`` (its ``SafeUnpickler``)
 in the SGLang venv, a process of its own as SGLang's scheduler is; SGLang's ``tensor_hash`` and
 ``overall_checksum`` give the checksums the builtin server reports; and the builtin server's
 ``/weights_checker`` ranks convert to SGLang's ``ChecksumInfo``.
@@ -76,6 +77,10 @@ sums = {"draft." + n: ns["_hash_tensor"](t) for n, t in named}
 out["tensors"] = {n: list(t.shape) for n, t in named}
 out["checksums"] = sums
 out["overall"] = ns["overall_checksum"](sums)
+# the in-band payload the builtin server reads: SGLang's own deserializer must read it the same
+in_band = pydantic.TypeAdapter(UpdateWeightsFromTensorReqInput).validate_python(job["update_in_band"])
+out["in_band_checksums"] = {"draft." + n: ns["_hash_tensor"](t)
+                            for n, t in MultiprocessingSerializer.deserialize(in_band.serialized_named_tensors[0])}
 out["ranks"] = [msgspec.to_builtins(msgspec.convert(r, ChecksumInfo)) for r in job["ranks"]]
 print(json.dumps(out, default=str))
 """
@@ -104,7 +109,8 @@ def test_swap_requests_and_payload_are_read_by_sglangs_own_code(sglang_python, t
         httpd.shutdown()
         httpd.server_close()
     named = drafter_swap.drafter_tensors(other, "builtin")  # kept alive: SGLang reads the shared storages
-    job = {"begin": {"selector": "draft"}, "update": drafter_swap.update_body(named), "end": {},
+    job = {"begin": {"selector": "draft"}, "update": drafter_swap.update_body(named),
+           "update_in_band": drafter_swap.update_body(named, in_band=True), "end": {},
            "check": {"action": "checksum", "selector": "draft"}, "ranks": ranks}
     verdict = run_in(sglang_python, JUDGE, job)
     assert verdict["begin"]["selector"] == verdict["update"]["selector"] == verdict["check"]["selector"] == "draft"
@@ -113,6 +119,7 @@ def test_swap_requests_and_payload_are_read_by_sglangs_own_code(sglang_python, t
     assert "embed_tokens.weight" not in verdict["tensors"] and "d2t" in verdict["tensors"]
     # SGLang's own checksum of what it read == draftlab's of the file == what the builtin server holds
     assert verdict["checksums"] == weight_payload.checksums_of(named, prefix="draft.")
+    assert verdict["in_band_checksums"] == verdict["checksums"]  # one payload format, read by both servers
     held = {n: c for n, c in ranks[0]["checksums"].items() if n in verdict["checksums"]}
     assert held == verdict["checksums"] and verdict["ranks"][0]["per_gpu_checksum"] == ranks[0]["per_gpu_checksum"]
     assert weight_payload.overall_checksum(verdict["checksums"]) == verdict["overall"]

@@ -417,3 +417,42 @@ def test_index_with_an_empty_weight_map_is_not_ready_to_serve(tmp_path, target):
     report = doctor.run_doctor(folder, target)
     assert not report["ok"] and [f["code"] for f in report["findings"]] == ["no-tensors"]
     assert "ready to serve" not in doctor.to_text(report)
+
+
+# --- drafters only served (the reference): any architecture SGLang 0.5.23 serves for the target ------------
+
+
+def mla_drafter(tmp_path) -> Path:
+    """A drafter laid out as SGLang 0.5.23's kimi_k25_eagle3.py loads it (lightseekorg/kimi-k2.5-eagle3-mla):
+    ``layers.0.*`` with DeepSeek-V2 MLA projections, no ``midlayer.*``."""
+    cfg = {**tiny_drafter_config(), "architectures": ["Eagle3DeepseekV2ForCausalLM"], "kv_lora_rank": 16,
+           "q_lora_rank": 24, "qk_nope_head_dim": 8, "qk_rope_head_dim": 8, "v_head_dim": 8}
+    llama = drafter_tensors(tiny_drafter_config())
+    tensors = {k: v for k, v in llama.items() if not k.startswith("midlayer.")}
+    h = cfg["hidden_size"]
+    tensors.update({"layers.0.self_attn.q_a_proj.weight": torch.zeros(24, 2 * h),
+                    "layers.0.self_attn.kv_a_proj_with_mqa.weight": torch.zeros(16 + 8, 2 * h),
+                    "layers.0.self_attn.o_proj.weight": torch.zeros(h, 32),
+                    "layers.0.mlp.gate_proj.weight": torch.zeros(64, h)})
+    return write_drafter(tmp_path / "mla", cfg, tensors)
+
+
+def test_mla_drafter_is_told_apart_and_not_held_to_the_llama_layout(tmp_path, target):
+    report = doctor.run_doctor(mla_drafter(tmp_path), target, serve_only=True)
+    assert report["drafter_kind"] == "eagle3-mla"
+    assert not {"missing-tensor", "shape-mismatch", "ignored-tensors", "unsupported-option"} & set(codes(report))
+    assert report["ok"], report["findings"]
+
+
+def test_mla_drafter_served_with_the_wrong_algorithm_is_still_refused(tmp_path, target):
+    report = doctor.run_doctor(mla_drafter(tmp_path), target, algorithm="EAGLE", serve_only=True)
+    assert codes(report).get("algorithm-mismatch") == "error"
+
+
+def test_served_only_drafter_is_not_held_to_the_trainers_limits(tmp_path, target):
+    """A multi-layer drafter: SGLang serves it (the reference), draftlab's trainer and engine do not."""
+    folder, tgt, _ = case_unsupported(tmp_path, target)
+    assert "unsupported-option" in codes(doctor.run_doctor(folder, tgt))  # a drafter draftlab trains from
+    assert "unsupported-option" not in codes(doctor.run_doctor(folder, tgt, serve_only=True))
+    # the builtin server is draftlab's own engine: its limit holds for a served drafter too
+    assert "unsupported-option" in codes(doctor.run_doctor(folder, tgt, backend="builtin", serve_only=True))

@@ -96,10 +96,15 @@ def test_full_run_produces_records_and_report(smoke):
     # every rule logged under results/<experiment>/logs/
     assert (res / "logs" / "serve_launch" / "probe-s2-k1-d3.log").exists()
     assert (res / "logs" / "server" / "launch-probe-s2-k1-d3.log").exists()
-    # issue 35: the target started three times (probe, plain, arms), every arm swapped into one launch
+    # issue 35: the target started three times (probe, plain, arms), every arm swapped into one launch; the smoke
+    # preset replicates the plain and arms launches once (bench.launch_replicates 2): five starts
     starts = [p for p in (res / "logs").rglob("*.log") if "listening on" in p.read_text(errors="replace")]
-    assert sorted(p.name for p in starts) == ["launch-arms-s2-k1-d3.log", "launch-plain.log",
-                                              "launch-probe-s2-k1-d3.log"]
+    assert sorted(p.name for p in starts) == ["launch-arms-s2-k1-d3-r2.log", "launch-arms-s2-k1-d3.log",
+                                              "launch-plain-r2.log", "launch-plain.log", "launch-probe-s2-k1-d3.log"]
+    # the replicates wrote beside the first launch's results, and the decision pooled their launch noise
+    assert (res / "launch" / "plain-r2" / "baseline-short.json").exists()
+    rec = json.loads((res / "report" / "recommendation.json").read_text())
+    assert rec["launch_replicates"] == 2 and rec["launch_df"] == 3 and rec["smallest_speedup"] > 1.0
     arms = json.loads((res / "launch" / "arms-s2-k1-d3" / "launch.json").read_text())
     assert len(arms["swaps"]) == 3 and arms["fresh_check"]["ok"]
     assert all(s["matched_tensors"] == s["tensors_sent"] for s in arms["swaps"])
@@ -164,8 +169,9 @@ def test_the_loop_shows_the_embedded_defaults_headline(smoke):
 
 
 def test_launches_equal_distinct_server_configurations(smoke):
-    """One start of the target per launch job (issue 35): three for the smoke run; every variant's server
-    summary names its launch, and only the variant a launch started with counts the start."""
+    """One start of the target per launch job (issue 35): three for the smoke run's first launches (two more
+    replicate the plain and arms launches, bench.launch_replicates 2); every variant's server summary names its
+    launch, and only the variant a launch started with counts the start."""
     res = smoke / "results" / EXP
     serves = [json.loads(p.read_text()) for p in sorted((res / "bench").glob("*/*/serve.json"))]
     launched = [s for s in serves if not s.get("skipped")]
@@ -176,7 +182,7 @@ def test_launches_equal_distinct_server_configurations(smoke):
     # the server logs agree: one "listening" line per launch
     logs = list((res / "logs" / "server").glob("*.log"))
     listening = sum(p.read_text(errors="replace").count("draftlab-serve listening on") for p in logs)
-    assert listening == 3
+    assert listening == 3 + 2  # the replicates
     # and every client result names the server it ran against
     for p in (res / "bench").glob("*/*/*.json"):
         if p.name not in ("serve.json", "plan.json"):

@@ -21,6 +21,7 @@ from httpcall import call, send_json
 from tiny_models import WORDS, tiny_target
 
 from draftlab.errors import DraftlabError
+from draftlab import http_client
 from draftlab.serving.launch import ServerSpec, running_server
 from draftlab.datagen import answerers
 from draftlab.datagen.answer_shards import stored_ids
@@ -147,7 +148,8 @@ def test_sigkilled_runs_resume_with_nothing_lost_or_duplicated(server, target, p
     the uninterrupted one, no prompt was answered twice, and the last run only answered the rest."""
     out, state = tmp_path / "gen.jsonl", tmp_path / "state"
     rng = random.Random(11)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # the launch's own key, as serve-launch hands it to its generate-data child: through the environment
+    env = dict(os.environ, OMP_NUM_THREADS="1", DRAFTLAB_API_KEY=http_client.key_for(server))
     kills = 0
     while kills < 6:
         before = len(stored_ids(state))

@@ -1,6 +1,6 @@
 """Issue 38: launch-to-launch noise measured inside the run and carried into every comparison across launches.
 
-The fixtures are the three demo-gpu runs from clean on one H200 (benchmarks/RESULTS.md, "Issue 38"): 81 prompts
+The fixtures are the three demo-gpu runs from clean on one H200 (benchmarks/RESULTS.md, "Does the verdict hold"): 81 prompts
 paired per prompt on end-to-end seconds per token; finetune-remap 1.11x [1.07, 1.15] and 1.13x [1.08, 1.18]
 (served), then finetune-keep 0.96x [0.93, 0.99] and remap 0.95x [0.92, 0.98] (plain). Each arm's per-prompt
 ratios are built so that the paired interval reproduces the published one to two decimals. Run 2's keep interval
@@ -194,7 +194,7 @@ def test_the_noise_is_symmetric_and_an_unpaired_check_measures_nothing():
     assert not got["measured"] and "could not be paired" in got["reason"]
 
 
-# the H200 run 2 of 2026-12-06 (benchmarks/RESULTS.md, "Issue 38"): the probe swapped into the arms launch ran
+# the H200 run 2 of 2026-12-06 (benchmarks/RESULTS.md, "Does the verdict hold"): the probe swapped into the arms launch ran
 # 1.057x [1.045, 1.069] over its own launch, 81 prompts
 H200_DRIFT = 1.0567
 
@@ -232,7 +232,7 @@ def test_the_bound_covers_another_pair_of_launches_95_percent_of_the_time_the_dr
     assert t == 4.303 and margin == pytest.approx(math.expm1(4.303 * math.sqrt((math.log(1.05) ** 2 + math.log(1.03) ** 2) / 2)))
 
 
-# demo-gpu on one H100, three runs of the same code (benchmarks/RESULTS.md, "Issue 38", 2026-12-06 09:58 UTC): the
+# demo-gpu on one H100, three runs of the same code (benchmarks/RESULTS.md, "Does the verdict hold", 2026-12-06 09:58 UTC): the
 # launch check each run recorded (launch.json: speed-up and 95% interval over 81 prompts) and the arms it decided on
 H100_CHECKS = {"run 1": (1.0186937, 0.9991141, 1.0405348), "run 2": (0.9973298, 0.9808885, 1.0140933),
                "run 3": (0.9855419, 0.9639162, 1.0065959)}
@@ -342,3 +342,24 @@ def test_the_probe_benched_again_in_the_arms_launch_pairs_with_the_arms_there():
     # a check of another setting, client or launch is not a stand-in
     for key, other in (("spec_id", "s4-k1-d5"), ("client", "long"), ("arms_launch", "arms-s4-k1-d5")):
         assert "in_launch" not in head_to_head(bench, keep, rows[-1], dict(launch, checks=[dict(check, **{key: other})]))
+
+
+def test_fine_tuned_arms_are_reported_against_the_reference_paired_or_across_launches():
+    """The public drafter the target already has (the reference): a fine-tuned arm is reported against it at
+    its own setting, paired per prompt; across two launches (SGLang: the reference's d2t map needs its own)
+    the launch margin applies, within one (the builtin server swaps it in) the hosts' margin alone."""
+    rows = [row("baseline"), row("finetune-keep", accept=2.1), row("reference", accept=2.3)]
+    across = {("baseline", "plain"): result(1.0, 1.0, 1.0, "plain"),
+              ("finetune-keep", "s2-k1-d3"): result(1.30, 1.26, 1.34, "drafter-map-s2-k1-d3"),
+              ("reference", "s2-k1-d3"): result(1.40, 1.36, 1.44, "reference-s2-k1-d3", order=2)}
+    lines = decide(rows, "short", across, measured(1.02))["lines"]
+    said = [x for x in lines if x.startswith("Fine-tuning vs the public drafter the target already has")]
+    assert len(said) == 1 and "`finetune-keep` is" in said[0] and "`reference`" in said[0]
+    assert "across two launches (margin" in said[0] and "accept length 2.10 vs 2.30" in said[0]
+    one = dict(across)
+    one[("reference", "s2-k1-d3")] = result(1.40, 1.36, 1.44, "drafter-map-s2-k1-d3", order=2)
+    said = [x for x in decide(rows, "short", one, measured(1.02))["lines"] if x.startswith("Fine-tuning vs the public")]
+    assert said and "`finetune-keep` is slower than `reference`" in said[0] and "across two launches" not in said[0]
+    # without a reference benched, no such line
+    assert not any(x.startswith("Fine-tuning vs the public")
+                   for x in decide(rows[:2], "short", {k: v for k, v in across.items() if k[0] != "reference"})["lines"])

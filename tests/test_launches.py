@@ -19,14 +19,32 @@ def _settings(configfiles=(), **overrides):
                                                  overrides))
 
 
-def test_the_smoke_run_starts_the_target_three_times():
+ARMS = ("finetune-keep", "finetune-remap", "finetune-regenerate", "scratch")
+
+
+def test_the_smoke_run_starts_the_target_five_times_plain_and_arms_replicated_in_alternating_order():
     s = _settings(size="smoke")
-    got = [(x.id, x.stage, x.variants, x.generate) for x in launches.launches(s)]
-    assert got == [("probe-s2-k1-d3", "probe", ("probe",), False),
-                   ("plain", "plain", ("baseline",), True),
-                   ("arms-s2-k1-d3", "arms", ("finetune-keep", "finetune-remap", "finetune-regenerate", "scratch"),
-                    False)]
-    assert launches.launch_count(s) == 3 and launches.launch_count(s, gate_open=False) == 2
+    got = [(x.id, x.stage, x.variants, x.generate, x.replicate) for x in launches.launches(s)]
+    assert got == [("probe-s2-k1-d3", "probe", ("probe",), False, 1),
+                   ("plain", "plain", ("baseline",), True, 1),
+                   ("arms-s2-k1-d3", "arms", ARMS, False, 1),
+                   # replicate 2 in the other order (plain, arms | arms, plain): a linear drift cancels; no data again
+                   ("arms-s2-k1-d3-r2", "arms", ARMS, False, 2),
+                   ("plain-r2", "plain", ("baseline",), False, 2)]
+    assert launches.launch_count(s) == 5 and launches.launch_count(s, gate_open=False) == 2
+    by = {x.id: x for x in launches.launches(s)}
+    assert [x.id for x in launches.replicate_after(s, by["arms-s2-k1-d3-r2"])] == ["plain", "arms-s2-k1-d3"]
+    assert [x.id for x in launches.replicate_after(s, by["plain-r2"])] == ["plain", "arms-s2-k1-d3", "arms-s2-k1-d3-r2"]
+    assert launches.launch_of(s, "baseline", "plain").id == "plain"  # records read the first launch's results
+    # a replicate writes under its own launch folder, never over its original's results
+    layout = Layout("x")
+    outs = launches.launch_outputs(layout, by["plain-r2"], s.clients)
+    assert outs["results"] == [layout.replicate_result("plain-r2", "baseline", "short")]
+    assert layout.bench_result("baseline", "plain", "short") not in outs["results"]
+    plan = jobs.launch_plan(s, layout, "arms-s2-k1-d3-r2")
+    assert plan["replicate"] == 2 and plan["of"] == "arms-s2-k1-d3" and plan["launch_check"] is not None
+    assert {r["path"] for r in plan["results"]} == {layout.replicate_result("arms-s2-k1-d3-r2", v, "short") for v in ARMS}
+    assert "replicate 2 of arms-s2-k1-d3" in launches.describe(by["arms-s2-k1-d3-r2"], s)
 
 
 def test_the_default_sweep_shares_one_launch_per_setting_and_stage():
@@ -37,10 +55,11 @@ def test_the_default_sweep_shares_one_launch_per_setting_and_stage():
 
 def test_sglang_groups_drafters_by_the_d2t_map_their_kind_carries():
     s = _settings(["config/kimi-k25.yaml"])
-    arms = [x for x in launches.launches(s) if x.stage == "arms"]
+    arms = [x for x in launches.launches(s) if x.stage == "arms" and x.replicate == 1]
     assert [(x.id, x.variants) for x in arms] == [("drafter-map-s2-k1-d3", ("finetune-keep",)),
                                                   ("corpus-map-s2-k1-d3", ("finetune-regenerate", "scratch"))]
-    assert launches.launch_count(s) == 2 + len(s.specs) * 2
+    r = s.bench.launch_replicates  # the plain and both arms launches, each replicated; the reference's own map:
+    assert launches.launch_count(s) == 2 + len(s.specs) + (r - 1) + len(s.specs) * 2 * r  # a launch of its own
     assert launches.map_group("probe") == launches.map_group("finetune-keep") == "drafter-map"
     assert {launches.map_group(v) for v in ("finetune-remap", "finetune-regenerate", "scratch")} == {"corpus-map"}
     note = launches.describe(arms[1], s)
@@ -55,7 +74,7 @@ def test_sglang_groups_drafters_by_the_d2t_map_their_kind_carries():
 
 def test_vllm_keeps_one_launch_per_drafter():
     s = _settings(serve={"backend": "vllm"}, size="smoke")
-    arms = [x for x in launches.launches(s) if x.stage == "arms"]
+    arms = [x for x in launches.launches(s) if x.stage == "arms" and x.replicate == 1]
     assert [x.variants for x in arms] == [("finetune-keep",), ("finetune-remap",), ("finetune-regenerate",),
                                           ("scratch",)]
     assert "api_router.py" in launches.swap_rule(s)["decided_by"]
@@ -94,7 +113,7 @@ def test_the_launch_check_is_planned_only_where_an_arms_launch_can_serve_the_pro
     layout = Layout("x")
     sglang = _settings(["config/kimi-k25.yaml"])
     got = {x.id: jobs.launch_plan(sglang, layout, x.id)["launch_check"] for x in launches.launches(sglang)}
-    assert [k for k, v in got.items() if v] == [f"drafter-map-{spec}" for spec in sglang.specs]
+    assert [k for k, v in got.items() if v] == [f"drafter-map-{spec}{r}" for r in ("", "-r2") for spec in sglang.specs]
     first = next(x for x in launches.launches(sglang) if x.id.startswith("drafter-map-"))
     assert got[first.id]["own_launch"] == f"probe-{first.spec}" and got[first.id]["bench"]["variant"] == "probe"
     assert "launch check: probe swapped in last" in launches.describe(first, sglang)
@@ -102,12 +121,13 @@ def test_the_launch_check_is_planned_only_where_an_arms_launch_can_serve_the_pro
     assert not any(jobs.launch_plan(vllm, layout, x.id)["launch_check"] for x in launches.launches(vllm))
     assert not any(launches.checks_launch_noise(vllm, x) for x in launches.launches(vllm))
     smoke = _settings(size="smoke")
-    assert [x.id for x in launches.launches(smoke) if launches.checks_launch_noise(smoke, x)] == ["arms-s2-k1-d3"]
-    assert launches.launch_check_result(smoke, layout, launches.launches(smoke)[-1], "short") == \
+    assert [x.id for x in launches.launches(smoke) if launches.checks_launch_noise(smoke, x)] == [
+        "arms-s2-k1-d3", "arms-s2-k1-d3-r2"]
+    arms = next(x for x in launches.launches(smoke) if x.id == "arms-s2-k1-d3")
+    assert launches.launch_check_result(smoke, layout, arms, "short") == \
         layout.bench_result("probe", "s2-k1-d3", "short")
     # the probe's result in the arms launch is a declared output of that launch (the report pairs it there),
     # and the plan names it; a launch that does not check declares none
-    arms = launches.launches(smoke)[-1]
     again = layout.probe_again_result("arms-s2-k1-d3", "short")
     assert launches.launch_outputs(layout, arms, smoke.clients, launches.check_client(smoke, arms))["check"] == [again]
     assert jobs.launch_plan(smoke, layout, arms.id)["launch_check"]["result"] == again

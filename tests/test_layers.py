@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1] / "src" / "draftlab"
 LAYERS = ["settings", "formats", "models", "static", "engine", "training", "serving", "datagen", "benchmark",
           "experiment"]
 # Top-level helpers: any layer may import them; they import only each other.
-HELPERS = {"errors", "fsutil", "textsafe", "deadline_io", "http_client", "hf_cache", "draftlab"}
+HELPERS = {"errors", "fsutil", "textsafe", "csvcells", "deadline_io", "http_client", "hf_cache", "draftlab"}
 # The entry points: they may import everything, nothing imports them but themselves.
 ENTRY = {"cli", "commands"}
 # Module cycles allowed inside one layer: none (an exception would be named here, with its reason).

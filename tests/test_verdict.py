@@ -89,7 +89,10 @@ def test_no_winner_while_the_runner_up_is_not_separated():
         "winner": None, "verdict": "cannot-tell", "reason": last.replace("**", "").replace("`", "")}
     # issue 38: the deploy block is new, and the launch noise it was decided with (null: unmeasured)
     assert set(rec) == {"winner", "verdict", "reason", "deploy", "launch_noise", "launch_margin", "launch_pairs",
-                        "launch_margin_scale", "launch_check_se", "launch_check"}
+                        "launch_margin_scale", "launch_check_se", "launch_check",
+                        # what the design could tell (draftlab.benchmark.power): null where unmeasured
+                        "launch_sigma", "launch_df", "launch_replicates", "smallest_speedup", "replicates_needed"}
+    assert rec["smallest_speedup"] is None and rec["replicates_needed"] is None
     assert rec["launch_noise"] is None and rec["launch_margin"] is None and rec["launch_check"] is None
     assert rec["launch_margin_scale"] is None and rec["launch_check_se"] is None
 

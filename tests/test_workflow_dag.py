@@ -120,9 +120,13 @@ def test_kimi_dag_on_gpu8_prints_real_sglang_and_training_commands(tmp_path):
     text = before.stdout + after.stdout
     assert "Using profile gpu8" in before.stdout + before.stderr
     launches = [l for l in text.splitlines() if "python -m sglang.launch_server" in l and "serve-launch" in l]
-    # probe; plain (baseline + data); after the gate one launch per d2t map: finetune-keep (the drafter's
-    # map), finetune-regenerate then scratch (the corpus map): 2 + settings x groups
-    assert len(launches) == 4
+    # probe; the reference (its own d2t map: a launch of its own); plain (baseline + data); after the gate one
+    # launch per d2t map: finetune-keep (the drafter's map), finetune-regenerate then scratch (the corpus map);
+    # then bench.launch_replicates 2: both arms launches and the plain launch again (plain, arms | arms, plain)
+    assert len(launches) == 5 + 3
+    # -n -p says what the plan can tell before it runs, and the setting that would lower it
+    assert re.search(r"# power: this plan \(8 launches .* tells a speed-up of 1\.\d\dx or more from 1\.0 with 90% power", text)
+    assert "# power: bench.launch_replicates: 3 (11 launches" in text
     # the fine-tune data: K2.5 answers the prompts through the plain launch's SGLang server (tp 8, no drafter)
     gen = [l for l in text.splitlines() if "draftlab generate-data " in l]
     assert len(gen) == 1 and "--prompts data/kimi-k25-prompts.jsonl" in gen[0] and "--concurrency 128" in gen[0]
@@ -163,8 +167,9 @@ def test_kimi_dag_on_gpu8_prints_real_sglang_and_training_commands(tmp_path):
     # training: SpecForge 0.2.0's own launcher on the run config the prepare step writes from the merged
     # experiment config, over the capture's features (local_colocated: tests/test_contract_specforge.py);
     # the drafter config is the same file in the plan and at run time; mapping pinned
-    train = [l for l in text.splitlines() if "draftlab specforge-command" in l]
-    assert len(train) == 3 and text.count("torchrun") == 1 and "train_eagle3.py" not in text
+    jobs_text = "\n".join(l for l in text.splitlines() if not l.startswith("# plan: "))  # the gate's notes aside
+    train = [l for l in jobs_text.splitlines() if "draftlab specforge-command" in l]
+    assert len(train) == 3 and jobs_text.count("torchrun") == 1 and "train_eagle3.py" not in text
     for l in train:
         arm = re.search(r"--out results/kimi-k25/train/([\w-]+)/drafter ", l).group(1)
         out = f"results/kimi-k25/train-state/{arm}/specforge"
@@ -192,7 +197,7 @@ def test_kimi_dag_on_gpu8_prints_real_sglang_and_training_commands(tmp_path):
     assert re.search(r"input: .*results/kimi-k25/static/doctor-probe\.json", probe_job)
     gpu_jobs = [b for t in (before.stdout, after.stdout) for b in job_blocks(t)
                 if re.search(r"^rule (launch_(?!plan)\w+|train|capture):", b.strip())]
-    assert len(gpu_jobs) == 4 + 3 + 1
+    assert len(gpu_jobs) == 5 + 3 + 3 + 1
     for block in gpu_jobs:
         assert re.search(r"resources: .*\bgpu=8\b", block), block
     cpu_jobs = [b for b in job_blocks(text) if re.search(r"^(local)?rule (doctor|inspect|records):", b.strip())]
@@ -328,8 +333,10 @@ def test_demo_gpu_dag_on_gpu1_runs_every_stage_on_the_one_gpu(tmp_path):
     text = out.stdout + after.stdout
     assert "Using profile gpu1" in out.stdout + out.stderr
     counts, later = job_counts(out.stdout), job_counts(after.stdout)
-    # the probe and the plain launch up to the gate, then one launch for the 3 fine-tune arms + scratch
-    assert launch_jobs(counts) == 2 and launch_jobs(later) == 1
+    # the probe and the plain launch up to the gate, then one launch for the 3 fine-tune arms + scratch, and
+    # (bench.launch_replicates 2) that arms launch and the plain launch again
+    assert launch_jobs(counts) == 2 and launch_jobs(later) == 3
+    assert "# power: this plan (5 launches" in text and "bench.launch_replicates: 3" in text
     assert later["train"] == 4 and counts["demo_models"] == 1 and "generate_data" not in counts
     for rule in ("resolve_target", "acquire", "inspect", "patch_config", "doctor", "probe_gate", "tokenize",
                  "vocab_mapping", "records", "records_merge", "report"):
@@ -347,11 +354,11 @@ def test_demo_gpu_dag_on_gpu1_runs_every_stage_on_the_one_gpu(tmp_path):
     trains = [l for l in lines if re.search("(^|: )draftlab train ", l.strip())]
     assert len(trains) == 4 and all("--device cuda" in l for l in trains)
     serves = [l for l in lines if "draftlab serve-launch" in l]
-    assert len(serves) == 3 and all("--device cuda" in l for l in serves)
+    assert len(serves) == 5 and all("--device cuda" in l for l in serves)
     blocks = job_blocks(text)
     gpu_jobs = [b for b in blocks if re.search(r"^rule (demo_models|launch_(?!plan)\w+):", b.strip())]
     train_jobs = [b for b in blocks if re.search(r"^rule train:", b.strip())]
-    assert len(gpu_jobs) == 1 + 3 and len(train_jobs) == 4
+    assert len(gpu_jobs) == 1 + 5 and len(train_jobs) == 4
     # train.arms_per_gpu: 4: the arms share the GPU (a quarter of it each), every other GPU job holds it whole
     for block in gpu_jobs:
         assert re.search(r"resources: .*\bgpu=1, gpu_share=4\b", block), block
@@ -425,13 +432,22 @@ def test_arms_share_the_gpu_and_servers_hold_it_alone(tmp_path, arms_per_gpu):
     assert most == arms_per_gpu
 
 
-def test_smoke_plan_starts_the_target_three_times_and_says_what_each_launch_benches(tmp_path):
+def test_smoke_plan_starts_the_target_five_times_and_says_what_each_launch_benches(tmp_path):
     """Issue 35: probe launch -> gate -> one plain launch (baseline + data) -> one arms launch per setting,
-    every post-gate drafter swapped in; `-n -p` lists each launch's results and what it swaps."""
+    every post-gate drafter swapped in; `-n -p` lists each launch's results and what it swaps. The smoke preset
+    replicates (bench.launch_replicates 2): the arms launch again, then the plain launch, each after the last."""
     before, after = gate_plans(tmp_path, ["-n", "-p", "--cores", "2", "all", "--config", "size=smoke"])
     counts, later = job_counts(before.stdout), job_counts(after.stdout)
-    assert launch_jobs(counts) + launch_jobs(later) == 3
+    assert launch_jobs(counts) + launch_jobs(later) == 5
     exp = "results/demo-k2-to-k25-smoke"
+    again = next(b for b in job_blocks(after.stdout) if "rule launch_arms_s2_k1_d3_r2:" in b)
+    assert f"{exp}/launch/arms-s2-k1-d3/launch.json" in again  # ordered after the first arms launch
+    assert f"{exp}/launch/arms-s2-k1-d3-r2/finetune-keep-short.json" in again
+    assert "replicate 2 of arms-s2-k1-d3" in again
+    last = next(b for b in job_blocks(after.stdout) if "rule launch_plain_r2:" in b)
+    assert f"{exp}/launch/arms-s2-k1-d3-r2/launch.json" in last and f"{exp}/launch/plain-r2/baseline-short.json" in last
+    report = next(b for b in job_blocks(after.stdout) if re.search(r"^rule report:", b.strip()))
+    assert f"{exp}/launch/plain-r2/launch.json" in report and f"{exp}/launch/arms-s2-k1-d3-r2/launch.json" in report
     arms = next(b for b in job_blocks(after.stdout) if "rule launch_arms_s2_k1_d3:" in b)
     for arm in ("finetune-keep", "finetune-remap", "finetune-regenerate", "scratch"):
         assert f"{exp}/bench/{arm}/s2-k1-d3/short.json" in arms and f"{exp}/bench/{arm}/s2-k1-d3/serve.json" in arms
@@ -451,7 +467,7 @@ def test_kimi_plan_groups_sglang_launches_by_d2t_map_and_names_the_deciding_file
                                           "all"])
     later = job_counts(after.stdout)
     assert later["launch_drafter_map_s2_k1_d3"] == later["launch_corpus_map_s2_k1_d3"] == 1
-    assert launch_jobs(job_counts(before.stdout)) + launch_jobs(later) == 2 + 1 * 2
+    assert launch_jobs(job_counts(before.stdout)) + launch_jobs(later) == 3 + 1 * 2 + 3  # the reference's launch, the replicates
     corpus = next(b for b in job_blocks(after.stdout) if "rule launch_corpus_map_s2_k1_d3:" in b)
     assert "benches finetune-regenerate (launched with), then swaps in scratch" in corpus
     assert "sglang/srt/models/llama_eagle3.py (load_weights: hot_token_id)" in corpus

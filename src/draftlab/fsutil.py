@@ -71,11 +71,20 @@ def _cannot_write(path: Path, exc: OSError):
     return DraftlabError(f"{path}: cannot write this output ({exc.strerror or exc}); nothing was written there")
 
 
+# torch.save's writer on a failed write (a full disk, a quota, a file-size limit): a RuntimeError from
+# caffe2's inline_container.cc that carries no errno ("unexpected pos N vs M", "file write failed")
+_TORCH_WRITE_FAILED = re.compile(r"inline_container\.cc.*(unexpected pos|file write failed|failed writing)", re.S)
+
+
 def os_error(exc: BaseException) -> OSError | None:
-    """The operating system's error behind ``exc``: ``exc`` itself, or the ``(os error N)`` that
-    safetensors' writer wraps into a ``SafetensorError`` (a full disk reaches us that way)."""
+    """The operating system's error behind ``exc``: ``exc`` itself, the ``(os error N)`` that
+    safetensors' writer wraps into a ``SafetensorError`` (a full disk reaches us that way), or torch's
+    writer failing a write (read as a full disk: it says no more, and that is what makes it fail)."""
     if isinstance(exc, OSError):
         return exc
+    if isinstance(exc, RuntimeError) and _TORCH_WRITE_FAILED.search(str(exc)):
+        return OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (torch's writer: "
+                                     f"{' '.join(str(exc).split())[:80]})")
     found = re.search(r"\(os error (\d+)\)", str(exc)) if type(exc).__name__ == "SafetensorError" else None
     return OSError(int(found.group(1)), os.strerror(int(found.group(1)))) if found else None
 
@@ -228,20 +237,25 @@ def atomic_dir(path: str | os.PathLike, *, stage: str, inputs: Iterable[str | os
     try:
         with disk_errors_as(path):
             yield tmp
-        mark_output(tmp, stage)
-        check_replaceable(path, stage, inputs)
-        _open_up_private(tmp)
-        os.chmod(tmp, replacement_mode(path, folder=True))
-        if path.exists():
-            old = path.with_name(f".{path.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        replace_dir(tmp, path, stage, inputs)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def replace_dir(tmp: Path, path: Path, stage: str, inputs: tuple = ()) -> None:
+    """Put the finished folder ``tmp`` (a sibling of ``path``) in place of ``path``, marked as ``stage``'s."""
+    mark_output(tmp, stage)
+    check_replaceable(path, stage, inputs)
+    _open_up_private(tmp)
+    os.chmod(tmp, replacement_mode(path, folder=True))
+    if path.exists():
+        old = path.with_name(f".{path.name}.old")
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, path)
 
 
 def write_bytes(path: str | os.PathLike, data: bytes) -> None:

@@ -24,6 +24,7 @@ import http.client
 import io
 import json
 import math
+import os
 import time
 import urllib.parse
 from contextlib import contextmanager
@@ -36,6 +37,40 @@ from draftlab.textsafe import plain
 MAX_BODY_BYTES = 16 * 1024 * 1024  # one JSON answer: a /generate batch, a chat completion, /metrics
 MAX_LINE_BYTES = 4 * 1024 * 1024  # one server-sent event (SGLang repeats the whole text so far in each)
 MAX_STREAM_BYTES = 1024 * 1024 * 1024  # a whole event stream (only one line is held at a time)
+
+
+# server origin -> key, for the servers this process launched (serving.launch registers each launch's own);
+# any other URL gets $DRAFTLAB_API_KEY when it is set (a user's keyed `draftlab serve` or SGLang)
+_KEYS: dict[str, str] = {}
+
+
+def _origin(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}".lower()
+
+
+@contextmanager
+def server_key(url: str, key: str | None) -> Iterator[None]:
+    """Send ``Authorization: Bearer key`` to ``url``'s server while the block runs (no key: nothing)."""
+    origin = _origin(url)
+    if key:
+        _KEYS[origin] = key
+    try:
+        yield
+    finally:
+        if key:
+            _KEYS.pop(origin, None)
+
+
+def key_for(url: str) -> str | None:
+    """The key this process sends to ``url``'s server (a child process given it as ``DRAFTLAB_API_KEY`` sends
+    the same)."""
+    return _KEYS.get(_origin(url)) or os.environ.get("DRAFTLAB_API_KEY") or None
+
+
+def _auth(url: str) -> dict[str, str]:
+    key = key_for(url)
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 class RequestTimeout(DraftlabError):
@@ -305,7 +340,8 @@ def request(url: str, payload: Any = None, timeout: float = 60.0, *, body: bytes
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     if body is None and payload is not None:
         body = json.dumps(payload).encode()
-    sent = {"Accept": "*/*", **({"Content-Type": "application/json"} if body is not None else {}), **(headers or {})}
+    sent = {"Accept": "*/*", **({"Content-Type": "application/json"} if body is not None else {}), **_auth(url),
+            **(headers or {})}
     try:
         with _translated(url, timeout):
             conn.request(method or ("GET" if body is None else "POST"), path, body=body, headers=sent)

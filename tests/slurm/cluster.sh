@@ -9,7 +9,7 @@
 #
 # Try the slurm profile on a laptop (as root):
 #   eval "$(tests/slurm/cluster.sh start)"
-#   snakemake --profile profiles/slurm --config size=smoke all
+#   snakemake all --profile profiles/slurm --config size=smoke
 #   tests/slurm/cluster.sh stop
 #
 # Nothing outside STATE_DIR (default /tmp/draftlab-slurm) is written, apart from munge's own socket

@@ -8,10 +8,13 @@ import os
 import shlex
 import sys
 
+from snakemake.exceptions import WorkflowError
+
 from draftlab.errors import DraftlabError
 from draftlab.benchmark.bench_prompts import default_prompts_path
 from draftlab.benchmark.probe_gate import gate_open
-from draftlab.experiment import jobs, launches, variants
+from draftlab.experiment import jobs, launches, plan, variants
+from draftlab.experiment.inputs_ready import check_inputs_ready
 from draftlab.experiment.layout import (
     Layout,
     demo_bench_prompts,
@@ -132,6 +135,10 @@ def get_plan(wildcards):
 
 # --- launches: one job per start of the target (experiment.launches) -------------------------------
 LAUNCHES = launches.launches(S)
+# what the plan can tell at the launch noise earlier runs of this experiment measured on this host (if any):
+# printed, not a rule parameter, so a new run's history never reruns a launch
+for _line in launches.measured_plan_lines(S, L):
+    print(f"draftlab {_line}", file=sys.stderr)
 
 
 def get_in_domain_prompts():
@@ -166,6 +173,26 @@ def get_launch_command(launch_id, wildcards):
     return shlex.join(_launch_plan(launch_id)["argv"])
 
 
+def launch_threads(launch):
+    """A launch job's threads: every core of a local run, so that no other job runs on the host while it benches.
+
+    Tok/s measured beside another job's work moves with that work: the launch check (the probe benched again in
+    the arms launch) read it as launch-to-launch drift, and the decision paid for it in its margin. Under a cluster
+    executor every job has an allocation of its own, so there a launch asks for what it uses (2 threads where it
+    also generates the fine-tune data, else 1)."""
+    own = 2 if launch.generate else 1
+
+    def threads(wildcards):
+        if workflow.non_local_exec:
+            return own
+        try:
+            return max(own, int(workflow.cores))
+        except WorkflowError:  # a dry run given no --cores
+            return own
+
+    return threads
+
+
 def launch_cluster_resources():
     """A profile's `set-resources: serve_launch:` (profiles/slurm: memory, runtime, CPUs, partition, GPU model
     of a GPU job) for every launch job: their rule names are per launch (`launch_<id>`), so a profile names
@@ -191,7 +218,15 @@ def _resource_value(res):
 def get_launch_note(launch, wildcards=None):
     """Comment lines after a launch's command (`-n -p` prints them): what it benches, swaps and generates."""
     gen = jobs.generate_url_command(S, L) if launch.generate else None
-    return launches.describe(launch, S, gen)
+    # the plain launch (always in the DAG) also says what the plan can tell: the smallest speed-up it separates
+    # (at the stated assumption: a parameter that moved with each run's history would rerun the launch; the
+    # line at this host's measured noise is printed apart, below LAUNCHES)
+    power = (
+        launches.plan_lines(S)
+        if launch.stage == "plain" and launch.replicate == 1
+        else []
+    )
+    return launches.describe(launch, S, gen, power)
 
 
 def launch_outputs(launch):
@@ -227,11 +262,15 @@ def get_launch_inputs(launch, wildcards):
         )
     if launch.stage == "arms":
         inputs["plain"] = [L.bench_result("baseline", "plain", c) for c in CLIENTS]
-        # the launch check (issue 38): the probe's drafter, swapped in last, and its result in its own
+        # the launch check: the probe's drafter, swapped in last, and its result in its own
         # launch, paired with the probe benched here (a new probe result measures the launch check again)
         own = launches.launch_check_result(S, L, launch, CLIENTS[0])
         if own is not None:
             inputs.update(probe_result=own, probe_drafter=L.drafter_marker("probe"))
+    # a replicate (bench.launch_replicates) runs after the block of launches before it: the order alternates
+    inputs["after"] = [
+        L.launch_summary(x.id) for x in launches.replicate_after(S, launch)
+    ]
     return inputs
 
 
@@ -258,6 +297,13 @@ def get_drafted(wildcards=None):
 def get_server_jobs(wildcards=None):
     """(variant, spec) of every distinct server: plain baseline, every drafter x every setting."""
     return jobs.server_jobs(S, get_open_arms())
+
+
+def get_before_gate_results():
+    """Every result of the drafters benched whatever the gate says (the probe, the reference), every client."""
+    return L.bench_results(
+        [(v, s) for v in jobs.drafted(S, []) for s in SPECS], CLIENTS
+    )
 
 
 def get_gate_results():
@@ -289,10 +335,10 @@ def get_report_inputs(wildcards):
         # the servers' plans: the recommendation's launch command comes from the same builder
         # the baseline's too: a plain verdict's deploy block names its launch command
         "plans": [L.bench_plan(v, s) for v, s in servers],
-        # the arms launches' summaries: their launch_check (the probe benched again in an arms launch) sets
-        # the launch-to-launch noise each comparison across launches must clear
+        # the arms launches' and every replicate's summaries: their launch_check (the probe benched again in an
+        # arms launch) and the replicates' results set the launch-to-launch noise comparisons across launches carry
         "launches": (
-            [L.launch_summary(x.id) for x in LAUNCHES if x.stage == "arms"]
+            [L.launch_summary(x.id) for x in LAUNCHES if launches.behind_gate(x)]
             if get_open_arms()
             else []
         ),
@@ -484,25 +530,31 @@ def get_train_capture_input(wildcards):
     return []
 
 
-def _plans_gpu_work():
-    """Whether the jobs this run will run include the capture or any job that holds a GPU."""
+def _plans_launch_or_gpu_work():
+    """Whether the jobs this run will run start the target (a launch, generate-data) or hold a GPU (the
+    capture included)."""
+    starts = {launch.rule_name for launch in LAUNCHES} | {"generate_data", "capture"}
     for job in workflow.dag.needrun_jobs():
         res = job.resources
-        if job.rule.name == "capture" or any(
+        if job.rule.name in starts or any(
             int(res.get(k) or 0) > 0 for k in ("gpu", "gpu_share")
         ):
             return True
     return False
 
 
-def check_capture_ready():
-    """The Snakefile's onstart (a real run, before any job): a one-host SpecForge capture's checkout must hold
-    SpecForge's script at its v0.2.0 release; else one error line and exit 2, before any GPU work (a run of
-    CPU jobs only, e.g. the merged config, is let through)."""
-    if not S.train.captures or not _plans_gpu_work():
+def check_ready_to_launch():
+    """The Snakefile's onstart (a real run, before any job): every input file a later stage reads
+    (data.prompts or data.path, the bench clients' prompt files) is here, and a one-host SpecForge capture's
+    checkout holds SpecForge's script at its v0.2.0 release; else one error line and exit 2, before the first
+    launch of the target or any GPU work (a run of CPU jobs only, e.g. the merged config, is let through).
+    """
+    if not _plans_launch_or_gpu_work():
         return
     try:
-        jobs.check_capture_ready(S)
+        check_inputs_ready(S)
+        if S.train.captures:
+            jobs.check_capture_ready(S)
     except DraftlabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2)
@@ -512,8 +564,19 @@ def get_capture_shell(wildcards):
     return jobs.capture_shell(S, L, L.log("capture.log"))
 
 
-def get_capture_note(wildcards):
-    return jobs.capture_note(S, L)
+def get_capture_note(wildcards, input):
+    """The capture's notes (aux ids, disk estimate, the plan's disk bound against the free space): a function of
+    the job's input, so Snakemake does not count it as a params change (the free space moves).
+    """
+    return jobs.capture_note(S, L) + plan.as_comments(plan.disk_lines(S, L))
+
+
+def get_gate_note(wildcards, input):
+    """The whole plan past the probe gate as comment lines after its command (`-n -p` prints them, bash skips
+    them): launches, capture and training commands, disk bound, timeline (draftlab.experiment.plan, the lines
+    `draftlab plan` prints). A function of the job's input: the free space and the records it reads move, and
+    Snakemake counts no such params change."""
+    return plan.as_comments(plan.plan_lines(S, L))
 
 
 def get_train_capture_note(wildcards):

@@ -50,11 +50,34 @@ if GENERATE_HERE:
             "draftlab generate-data {params.args} > {log.main:q} 2>&1"
 
 
+if S.data.generated:
+
+    rule token_check:
+        """The generated data, rendered as the training renders it, against the ids the target emitted: the rate of
+        exact assistant turns and the first mismatch; below data.min_token_match the run stops here, before any
+        training data is made."""
+        input:
+            target=L.target_record,
+            data=get_train_data_input(),
+        output:
+            record=L.token_check,
+        log:
+            L.log("token_check.log"),
+        conda:
+            "../../envs/training.yaml"
+        params:
+            command=lambda wildcards: shlex.join(jobs.token_check_command(S, L)),
+        shell:
+            "{params.command} > {log:q} 2>&1"
+
+
 rule tokenize:
     input:
         target=L.target_record,
         data=get_train_data_input(),
         prompts=get_prompts_input(),
+        # generated data: the token check passed first (a run below its floor stops there)
+        token_check=[L.token_check] if S.data.generated else [],
     output:
         tokens=L.tokens,
     log:

@@ -9,6 +9,9 @@ rule records:
         target=L.target_record,
         drafter=L.acquire_record("drafter"),
         reference=[L.acquire_record("reference")] if HAS_REFERENCE else [],
+        # the launches that run whatever the gate says (probe, reference), named before the gate has run: a
+        # first `-n -p` lists the reference's launch too
+        before_gate=get_before_gate_results(),
         gate=L.gate,
     output:
         csv=L.records_csv,

@@ -55,7 +55,7 @@ for _launch in LAUNCHES:
             L.benchmark("serve_launch", f"{_launch.id}.tsv")
         conda:
             "../../envs/serving.yaml"
-        threads: 2 if _launch.generate else 1
+        threads: launch_threads(_launch)
         resources:
             **gpu_resources(SERVER_GPUS),
             # a cluster profile's `set-resources: serve_launch:` (every launch job)
@@ -85,5 +85,7 @@ checkpoint probe_gate:
         "../../envs/analysis.yaml"
     params:
         min_accept_length=S.gate.min_accept_length,
+        # comment lines after the command (`-n -p` prints them): what runs past the gate if it opens (draftlab plan)
+        note=get_gate_note,
     shell:
-        "draftlab probe-gate {input:q} --min-accept-length {params.min_accept_length:q} --out {output.gate:q} > {log:q} 2>&1"
+        "draftlab probe-gate {input:q} --min-accept-length {params.min_accept_length:q} --out {output.gate:q} > {log:q} 2>&1{params.note}"

@@ -1,6 +1,6 @@
 """Adapter for rule experiment_config: the merged, validated config as one file.
 
-A script rather than a ``run:`` block, so Snakemake's statistics see a start before the end (issue 22).
+A script rather than a ``run:`` block, so Snakemake's statistics see a start before the end.
 """
 
 from draftlab.settings.model import Settings

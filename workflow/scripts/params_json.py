@@ -1,7 +1,7 @@
 """Adapter for rules that write one params value as JSON (bench_plan, generate_server).
 
 A script rather than a ``run:`` block: Snakemake records a ``run:`` job's start only after its
-block has run, so its statistics page plotted negative runtimes for these rules (issue 22).
+block has run, so its statistics page plotted negative runtimes for these rules.
 """
 
 from draftlab.fsutil import write_json, write_text

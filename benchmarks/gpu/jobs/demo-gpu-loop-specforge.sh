@@ -1,4 +1,4 @@
-# demo-gpu-loop-specforge: the whole loop on one GPU from clean with a SpecForge arm inside the pipeline (issue 34),
+# demo-gpu-loop-specforge: the whole loop on one GPU from clean with a SpecForge arm inside the pipeline,
 # `snakemake all --profile gpu1 --configfile config/demo-gpu.yaml config/demo-gpu-specforge.yaml`: the arm
 # specforge-keep is trained by SpecForge 0.2.0's own trainer (its defaults: FSDP, flex attention, Triton loss) from
 # the one capture (draftlab's dump filed in SpecForge's offline format: the demo has no SGLang), then served,

@@ -1,4 +1,4 @@
-# demo-gpu-stability: one more clean demo-gpu run for issue 38's "does the verdict hold" check, through
+# demo-gpu-stability: one more clean demo-gpu run for the "does the verdict hold" check, through
 # benchmarks/verdict_stability.sh (a fresh copy of the checkout, its own demo build, `snakemake all --profile gpu1
 # --configfile config/demo-gpu.yaml`). Runs accumulate in $VS_OUT (default /tmp/vs-gpu) while the machine stays:
 # start it, then wait (a run from clean took 401 s at 3d1446f, 438 s and 577 s before on two H100 hosts, 860 s once on an H200; about

@@ -1,7 +1,7 @@
 # server-batching: the builtin server on this GPU, with the gpu-size demo pair (built first unless
 # resources/demo/gpu is there): benchmarks/server_batching.py at concurrency 1 vs 8, plain and speculative
 # (static cache, CUDA graphs; outputs compared), then --single-stream (concurrency 1 in process, the static
-# decoder's graphs), then benchmarks/streaming_cost.py (tok/s streamed over whole, issue 40), then with GENERATE=1 (the default) benchmarks/generate_data.py: generate-data through the
+# decoder's graphs), then benchmarks/streaming_cost.py (tok/s streamed over whole), then with GENERATE=1 (the default) benchmarks/generate_data.py: generate-data through the
 # builtin server against the engine's own batched loop (64 in flight), and SIGKILL/resume.
 # Run by benchmarks/gpu/run.sh (server-batching start, then wait N: about 8 minutes with the demo build).
 . "$GPU_DIR/env.sh"

@@ -1,7 +1,7 @@
-# Superseded (issue 34): SpecForge runs inside the pipeline now, as the arm specforge-keep of
+# Superseded: SpecForge runs inside the pipeline now, as the arm specforge-keep of
 # config/demo-gpu-specforge.yaml (the demo-gpu-loop-specforge job). Kept as the record of the 2026-12-04 H200 run
 # in benchmarks/RESULTS.md ("The GPU SpecForge run") and as its CPU rehearsal.
-# specforge-keep-arm: SpecForge 0.2.0 trains the `keep` arm of demo-gpu on one GPU, offline (issue 23, item 4): no capture server,
+# specforge-keep-arm: SpecForge 0.2.0 trains the `keep` arm of demo-gpu on one GPU, offline: no capture server,
 # no Mooncake. draftlab dumps the target's features, files them as SpecForge's .ckpt samples, writes the offline
 # run config (data.hidden_states_path, deployment local_colocated; warm start from the patched drafter, its own
 # mapping pinned), SpecForge trains for the builtin keep arm's steps, `draftlab import-specforge` reads the

@@ -34,6 +34,7 @@ from draftlab.benchmark.bench_prompts import (Prompt, default_prompts_path, file
                                               stratified_sample)
 from draftlab.benchmark.bench_summary import (PERCENTILES, VERIFY_CYCLE_SOURCES, _is_unverified,  # noqa: F401 - the bench API
                                               is_verify_cycle, summarize)
+from draftlab.csvcells import cell
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import atomic_path, write_json
 from draftlab.http_client import HTTPStatusError
@@ -89,7 +90,8 @@ class BenchResult:
 
 
 def write_results(result: BenchResult, out_json: str | Path, out_csv: str | Path | None = None) -> None:
-    """Write the result as JSON (everything) and CSV (one line per request), each atomically."""
+    """Write the result as JSON (everything) and CSV (one line per request, formula-looking text quoted:
+    :mod:`draftlab.csvcells`), each atomically."""
     write_json(out_json, result.to_dict())
     if out_csv is not None:
         with atomic_path(out_csv) as tmp:
@@ -97,7 +99,7 @@ def write_results(result: BenchResult, out_json: str | Path, out_csv: str | Path
                 writer = csv.DictWriter(fh, fieldnames=CSV_COLUMNS, extrasaction="ignore")
                 writer.writeheader()
                 for row in result.rows:
-                    writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in CSV_COLUMNS})
+                    writer.writerow({k: ("" if row.get(k) is None else cell(row.get(k))) for k in CSV_COLUMNS})
 
 
 def _guard_sglang(rows: list[dict], where: str, need_evidence: bool = True) -> None:

@@ -89,7 +89,7 @@ def at_least_counts(histogram: Any) -> list[int] | None:
 
 def accept_by_position(meta: dict) -> tuple[str | None, list | None]:
     """(the field it came from, accepts per draft position) of a ``meta_info``, or (None, None)."""
-    by_pos = meta.get("spec_accept_by_position")  # draftlab's builtin server before issue 40 (now the histogram)
+    by_pos = meta.get("spec_accept_by_position")  # the builtin server's older field (now the histogram)
     if isinstance(by_pos, list):
         return "spec_accept_by_position", by_pos
     counts = at_least_counts(meta.get("spec_correct_drafts_histogram"))  # SGLang 0.5.23 and the builtin server
@@ -221,12 +221,21 @@ class _Client:
         timed: (the last event, whether any output came back)."""
         final: Any = {}
         returned = False  # whether any output (ids or text) came back
+        last = 0  # the cumulative count so far: SGLang's events never take tokens back
         for n, event in enumerate(events):
             meta = http_client.JsonReader(event, url, f"event {n}").get("meta_info", "object", default={})
             tokens = max(0, _int_or_none(meta.get("completion_tokens")) or 0)
             if tokens > self.max_new_tokens:  # before it sizes anything (a lying count is refused)
                 raise DraftlabError(f"{url}: event {n}: meta_info.completion_tokens {tokens} is above "
                                     f"max_new_tokens {self.max_new_tokens}, which this benchmark asked for")
+            if tokens < last:
+                raise DraftlabError(f"{url}: event {n}: meta_info.completion_tokens went down from {last} to "
+                                    f"{tokens}; a stream's count is cumulative: refusing to record it")
+            if tokens >= 1 and not returned and not (event.get("output_ids") or event.get("text")):
+                # the first token's time is the TTFT: an event that claims tokens it did not return would set it
+                raise DraftlabError(f"{url}: event {n}: meta_info.completion_tokens {tokens} but the event returns "
+                                    "no token (output_ids and text empty): refusing its time as the first token's")
+            last = tokens
             if tokens >= 1 or event.get("text"):
                 itl.tokens_at(time.perf_counter(), tokens)
             returned = returned or bool(event.get("output_ids")) or bool(event.get("text"))

@@ -112,7 +112,9 @@ def predict_chain(drafter: Mapping[str, Any], baseline: Mapping[str, Any],
     (the drafter's extend over accepted tokens, acceptance), which the one-launch fit puts at k = 0 as
     plain decoding's step and so over-predicts short chains. Acceptance still comes from the run at K.
     None when the run has no per-position acceptance or no decode timings (nothing to predict from).
-    ``recommended_k`` is the k with the highest predicted tok/s.
+    ``recommended_k`` is the k with the highest predicted tok/s (``predicted_best_k``), or None where the fit
+    is impossible (:func:`impossible_fit`) or this run's measurements contradict it (:func:`contradicted`):
+    ``unusable`` says which.
     """
     summary = drafter.get("summary") or {}
     rates = summary.get("accepted_per_position_rate")
@@ -127,13 +129,11 @@ def predict_chain(drafter: Mapping[str, Any], baseline: Mapping[str, Any],
                                if 0 < int(k) != K and (c := _cycle_s(run)) is not None]
     if len(points) > 1:
         t_verify, t_draft = _line(points)
-        if t_draft < 0 or t_verify <= 0:  # noise bent the line: a flat cycle through their mean
-            t_verify, t_draft = sum(c for _, c in points) / len(points), 0.0
         fit = (f"t(k) = t_verify + k * t_draft, least squares through the measured cycles at k = "
                f"{', '.join(str(k) for k, _ in sorted(points))}")
     else:
         # verify of k + 1 tokens costs more than plain decoding's one: that growth is part of the slope
-        t_verify, t_draft = t_plain, max(0.0, (cycle_K - t_plain) / K)
+        t_verify, t_draft = t_plain, (cycle_K - t_plain) / K
         fit = "t(k) = t_verify (baseline s/decode step) + k * t_draft (from the measured cycle at K)"
     base_tps = median_pass_tps(baseline)
     out = []
@@ -147,7 +147,51 @@ def predict_chain(drafter: Mapping[str, Any], baseline: Mapping[str, Any],
                     "cycle_ms": 1000.0 * cycle, "tps": tps,
                     "speedup": tps / base_tps if base_tps else None})
     best = max(out, key=lambda p: p["tps"])
-    return {"num_steps": K, "t_verify_ms": 1000.0 * t_verify, "t_draft_ms": 1000.0 * t_draft,
+    pred = {"num_steps": K, "t_verify_ms": 1000.0 * t_verify, "t_draft_ms": 1000.0 * t_draft,
             "cycle_ms_at_K": 1000.0 * cycle_K, "fit_points": sorted(k for k, _ in points),
-            "predictions": out, "recommended_k": best["k"],
+            "predictions": out, "recommended_k": best["k"], "predicted_best_k": best["k"],
             "method": "E_k = 1 + sum_{i<=k} P(at least i accepted) from the run at K; " + fit}
+    measured_tps = {K: median_pass_tps(drafter)} | {int(k): median_pass_tps(run) for k, run in (measured or {}).items()
+                                                    if 0 < int(k) != K}
+    pred["measured_tps"] = {k: v for k, v in sorted(measured_tps.items()) if v is not None}
+    pred["unusable"] = impossible_fit(t_verify, t_draft, t_plain) or contradicted(out, pred["measured_tps"])
+    if pred["unusable"]:
+        pred["recommended_k"] = None
+    return pred
+
+
+# a fitted t_verify below this share of plain decoding's step is impossible: a verify forward of k + 1 tokens
+# costs at least about one plain step (one target forward either way)
+MIN_VERIFY_SHARE = 0.5
+
+
+def impossible_fit(t_verify: float, t_draft: float, t_plain: float) -> str | None:
+    """Why a fitted cycle line cannot be the hardware's, or None: drafting costs time (t_draft > 0), and a verify
+    forward is a target forward (t_verify at least :data:`MIN_VERIFY_SHARE` of plain decoding's step)."""
+    if t_draft <= 0:
+        return (f"the fit is not used: t_draft {1000 * t_draft:.2f} ms is impossible (a draft step costs time; "
+                "the measured cycles are too noisy to separate it)")
+    if t_verify < MIN_VERIFY_SHARE * t_plain:
+        return (f"the fit is not used: t_verify {1000 * t_verify:.2f} ms is impossible against plain decoding's "
+                f"{1000 * t_plain:.2f} ms step (a verify is a target forward)")
+    return None
+
+
+def contradicted(predictions: list[dict[str, Any]], measured_tps: Mapping[int, float]) -> str | None:
+    """Why the predicted best chain length is contradicted by this run's own measurements, or None: a measured
+    k must not be recommended where another measured k ran faster, nor an unmeasured k where the prediction
+    orders the measured ones otherwise than they ran."""
+    if len(measured_tps) < 2:
+        return None
+    pred = {p["k"]: p["tps"] for p in predictions}
+    best = max(predictions, key=lambda p: p["tps"])["k"]
+    ran_best = max(measured_tps, key=measured_tps.get)
+    if best in measured_tps and best != ran_best:
+        return (f"not recommended: k = {best} is predicted fastest, but it measured {measured_tps[best]:.1f} tok/s "
+                f"against {measured_tps[ran_best]:.1f} at k = {ran_best} in this run")
+    pred_best_measured = max((k for k in measured_tps if k in pred), key=pred.get)
+    if best not in measured_tps and pred_best_measured != ran_best:
+        return (f"not recommended: the fit orders the measured chain lengths otherwise than they ran (predicted "
+                f"k = {pred_best_measured} fastest of them, measured k = {ran_best}: {measured_tps[ran_best]:.1f} "
+                f"tok/s), so its unmeasured k = {best} is not trusted")
+    return None

@@ -1,4 +1,4 @@
-"""Swap a running server's drafter for another checkpoint, and prove what it holds (issue 35).
+"""Swap a running server's drafter for another checkpoint, and prove what it holds.
 
 The requests are SGLang 0.5.23's own (``sglang/srt/entrypoints/http_server.py``, bodies from
 ``sglang/srt/managers/io_struct.py``): ``/begin_weight_update {"selector": "draft"}``, then
@@ -27,6 +27,7 @@ import torch
 from draftlab.errors import DraftlabError
 from draftlab.http_client import HTTPStatusError, json_call
 from draftlab.serving import weight_payload
+from draftlab.textsafe import plain
 
 SWAP_TIMEOUT_S = 1800.0  # a 1T MoE's drafter is a few GB; the server copies it between decode steps
 NEVER_SENT = ("embed_tokens.weight",)
@@ -57,9 +58,10 @@ def d2t_digest_of(folder: str | Path) -> str | None:
     return weight_payload.d2t_digest(read_drafter_tensors(folder).get("d2t"))
 
 
-def update_body(named: list[tuple[str, Any]], tp_size: int = 1) -> dict[str, Any]:
-    """``UpdateWeightsFromTensorReqInput`` as SGLang's HTTP route reads it: one payload per TP rank."""
-    entry = weight_payload.serialize(named)
+def update_body(named: list[tuple[str, Any]], tp_size: int = 1, in_band: bool = False) -> dict[str, Any]:
+    """``UpdateWeightsFromTensorReqInput`` as SGLang's HTTP route reads it: one payload per TP rank (``in_band``,
+    the tensors' bytes in the body, for the builtin server, which follows no shared-memory name)."""
+    entry = weight_payload.serialize(named, in_band=in_band)
     return {"serialized_named_tensors": [entry] * int(tp_size), "load_format": None, "flush_cache": True,
             "selector": "draft"}
 
@@ -68,7 +70,7 @@ def _post(url: str, route: str, body: dict[str, Any], timeout: float) -> dict[st
     try:
         reply = json_call(f"{url}{route}", body, timeout, dict)
     except HTTPStatusError as exc:
-        raise SwapRefused(f"{route}: {exc}") from None
+        raise SwapRefused(f"{route}: {exc}") from None  # the exception's text starts with the URL
     if not reply.get("success"):
         raise SwapRefused(f"{url}{route}: refused: {str(reply.get('message'))[:300]}")
     return reply
@@ -80,36 +82,46 @@ def server_checksums(url: str, timeout: float = 600.0) -> dict[str, Any]:
     ranks = reply.get("ranks") or []
     sums = ranks[0].get("checksums") if ranks and isinstance(ranks[0], dict) else None
     if not isinstance(sums, dict) or not reply.get("per_engine_checksum"):
-        raise SwapRefused(f"{url}/weights_checker: no checksums in the answer")
+        raise SwapRefused(f"{url}/weights_checker: ranks[0].checksums and per_engine_checksum: missing from the answer")
     dtypes = ranks[0].get("draftlab_dtypes")  # the builtin server's: the dtype each tensor is held in
     return {"checksums": sums, "per_engine_checksum": reply["per_engine_checksum"],
             "dtypes": dtypes if isinstance(dtypes, dict) else {}}
 
 
-def _as_held(named: list[tuple[str, Any]], dtypes: dict[str, str]) -> list[tuple[str, Any]]:
-    """``named`` with each floating tensor cast to the dtype the server reports holding it in."""
-    out = []
-    for name, t in named:
-        want = dtypes.get("draft." + name)
-        cast = getattr(torch, want, None) if isinstance(want, str) else None
-        ok = isinstance(cast, torch.dtype) and cast.is_floating_point and t.dtype.is_floating_point
-        out.append((name, t.to(cast) if ok and t.dtype != cast else t))
-    return out
+BUILTIN_DTYPE = torch.float32  # what the builtin engine serves in when the plan names no dtype
 
 
-def compare_with_file(held: dict[str, Any], named: list[tuple[str, Any]], what: str) -> dict[str, Any]:
-    """Every tensor sent must be held bit for bit (the builtin server), as cast to the dtype the server holds it
-    in (a bf16 export served in float32 is cast on load, exactly): refused with the first difference."""
-    expect = weight_payload.checksums_of(_as_held(named, held.get("dtypes") or {}), prefix="draft.")
+def compare_with_file(held: dict[str, Any], named: list[tuple[str, Any]], what: str, *, url: str = "",
+                      dtype=None) -> dict[str, Any]:
+    """Every tensor sent must be held bit for bit in the dtype the plan asked for (``dtype``; the builtin
+    engine's float32 when none): the file's floats cast to that dtype are the reference, never to the dtype
+    the server says it holds (a server holding float16 for a float32 plan would then pass). Refused naming the
+    server's URL, the field and the first difference."""
+    want = dtype or BUILTIN_DTYPE
+    want_name = str(want).removeprefix("torch.")
+    cast = [(n, t.to(want) if t.dtype.is_floating_point else t) for n, t in named]
+    expect = weight_payload.checksums_of(cast, prefix="draft.")
+    where = f"{url}/weights_checker: {what}"
+    claimed = held.get("dtypes") or {}
+    for name, t in cast:
+        says = claimed.get("draft." + name)
+        if t.dtype.is_floating_point and says is not None and says != want_name:
+            raise SwapRefused(f"{where}: ranks[0].draftlab_dtypes[draft.{name}] is {plain(str(says), 40)!r}, the plan "
+                              f"asked for {want_name}: a lossy hold is refused")
     sums = held["checksums"]
     missing = sorted(n for n in expect if n not in sums)
     wrong = sorted(n for n in expect if n in sums and sums[n] != expect[n])
     if missing or wrong:
         first = (missing or wrong)[0]
-        raise SwapRefused(f"{what}: the server's drafter differs from the file: {first} "
-                          f"{'is not held' if missing else f'checksum {sums[first]} != file {expect[first]}'} "
-                          f"({len(missing)} missing, {len(wrong)} different of {len(expect)} tensors)")
-    return {"matched_tensors": len(expect), "file_checksum": weight_payload.overall_checksum(expect)}
+        raise SwapRefused(f"{where}: ranks[0].checksums[{first}]: the server's drafter differs from the file: "
+                          f"{'not held' if missing else f'checksum {plain(str(sums[first]), 40)} != file {expect[first]}'} "
+                          f"in {want_name} ({len(missing)} missing, {len(wrong)} different of {len(expect)} tensors)")
+    return {"matched_tensors": len(expect), "held_checksum": weight_payload.overall_checksum(expect)}
+
+
+def file_checksum(named: list[tuple[str, Any]]) -> str:
+    """SGLang's overall checksum of the tensors a swap sends, as it sends them."""
+    return weight_payload.overall_checksum(weight_payload.checksums_of(named, prefix="draft."))
 
 
 def swap(url: str, folder: str | Path, backend: str, *, tp_size: int = 1, dtype=None,
@@ -119,12 +131,15 @@ def swap(url: str, folder: str | Path, backend: str, *, tp_size: int = 1, dtype=
     named = drafter_tensors(folder, backend, dtype)
     _post(url, "/begin_weight_update", {"selector": "draft"}, timeout)
     try:
-        _post(url, "/update_weights_from_tensor", update_body(named, tp_size), timeout)
+        _post(url, "/update_weights_from_tensor", update_body(named, tp_size, in_band=backend == "builtin"), timeout)
     finally:
         _post(url, "/end_weight_update", {}, timeout)
     held = server_checksums(url)
     record = {"drafter": str(folder), "seconds": time.perf_counter() - t0, "tensors_sent": len(named),
               "per_engine_checksum": held["per_engine_checksum"]}
     if backend == "builtin":
-        record.update(compare_with_file(held, named, f"swap to {folder}"))
+        record.update(compare_with_file(held, named, f"swap to {folder}", url=url, dtype=dtype))
+    # the tensors sent, as sent: SGLang's checksums are of fused GPU tensors, so this is what tells a swap that
+    # moved nothing there (serve_launch keeps one server checksum per file checksum)
+    record["sent_checksum"] = file_checksum(named)
     return record

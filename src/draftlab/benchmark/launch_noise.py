@@ -1,4 +1,4 @@
-"""Launch-to-launch noise, measured inside every run (issue 38).
+"""Launch-to-launch noise, measured inside every run.
 
 The baseline is benched in the plain launch, each arm in its arms launch, the probe in its probe launch,
 and one launch of the same target runs a few percent faster or slower than another (three demo-gpu runs
@@ -24,6 +24,16 @@ evidence that launches agree more closely. So the scale is never taken below the
 ``max(rms(log s), rms(se))``, as the Hartung-Knapp random-effects interval keeps its variance estimate from
 falling below the one the within-study errors alone give (the ``max(1, q)`` modification). Coverage only
 grows; what it buys is a margin that a single pair cannot shrink below what that pair could resolve.
+
+Replicated launches (``bench.launch_replicates``) make this a random-effects estimate with more degrees of
+freedom. Every server configuration benched in more than one launch (the baseline in the plain launch and its
+replicates; the probe in its own launch and in each arms launch that checks; an arms launch without a check and its
+replicates, by its first arm) is a group: its launches' log speed-ups over its first are draws of the per-launch
+effect, N(0, sigma^2) each, and the within-group sums of squares pooled over the groups estimate sigma^2 with
+sum(n_g - 1) degrees of freedom (:func:`pooled`; one pair gives (log s)^2 / 2 on 1 degree, so the margin below
+is the old bound exactly). A comparison of a result averaged over m launches with one averaged over n others
+carries launch variance sigma^2 (1/m + 1/n), so its margin is ``exp(t(0.975, df) * sigma * sqrt(1/m + 1/n)) - 1``
+(:func:`margin`), and sigma is never taken below the contrasts' own prompt-level standard error (the floor above).
 """
 
 from __future__ import annotations
@@ -103,27 +113,76 @@ def _bound(k: int, drift: float, se: float) -> tuple[float, float]:
     return math.expm1(t * max(drift, se)), t
 
 
-def from_summaries(summaries: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The run's launch noise from its arms launches' summaries (``launch.json``): ``observed`` (the largest
-    drift a check measured, one check per speculative setting, ``check`` that one), ``margin`` (the 95%
-    prediction bound from all ``pairs`` checks: :func:`bound`), or ``measured: False`` with the reason."""
+def pooled(groups: Sequence[Sequence[Mapping[str, Any]]]) -> dict[str, float | int]:
+    """The per-launch standard deviation of the launch effect (log scale) from groups of contrasts: each group
+    is one server configuration's launches after its first, each contrast its paired speed-up over the first
+    (``speedup``, ``ci95``). ``sigma`` (floored), ``raw`` (from the drifts alone), ``floor`` (the contrasts'
+    own root mean square standard error / sqrt 2: a contrast of two launches holds two launches' prompt noise),
+    ``df`` (sum of n_g - 1: the contrasts)."""
+    ss, df, ses = 0.0, 0, []
+    for group in groups:
+        d = [0.0] + [math.log(c["speedup"]) for c in group]
+        mean = sum(d) / len(d)
+        ss += sum((x - mean) ** 2 for x in d)
+        df += len(group)
+        ses += [standard_error(c) for c in group]
+    raw = math.sqrt(ss / df) if df else 0.0
+    floor = _rms(ses) / math.sqrt(2)
+    return {"sigma": max(raw, floor), "raw": raw, "floor": floor, "df": df}
+
+
+def margin(launch: Mapping[str, Any], m: int = 1, n: int = 1) -> float:
+    """The margin a comparison of a result averaged over ``m`` launches with one averaged over ``n`` others
+    carries: ``exp(t(0.975, df) * sigma * sqrt(1/m + 1/n)) - 1``, scaled from the run's headline ``margin`` (an
+    arm against plain decoding, each over ``replicates`` launches: the same for m = n = replicates)."""
+    if launch.get("margin") is None:
+        return math.expm1(launch["t"] * launch["sigma"] * math.sqrt(1.0 / m + 1.0 / n))
+    r = launch.get("replicates") or 1
+    return math.expm1(math.log1p(float(launch["margin"])) * math.sqrt((1.0 / m + 1.0 / n) / (2.0 / r)))
+
+
+def from_summaries(summaries: Sequence[Mapping[str, Any]],
+                   replicated: Sequence[Sequence[Mapping[str, Any]]] = (), replicates: int = 1) -> dict[str, Any]:
+    """The run's launch noise from its arms launches' summaries (``launch.json``; each check, the probe in its own
+    launch vs in an arms launch, is one contrast of the probe's group, one group per speculative setting) and the
+    ``replicated`` groups of contrasts (the baseline's, an unchecked arms launch's: :mod:`draftlab.benchmark.
+    replicated`). ``observed`` (the largest drift, ``check`` that contrast), ``sigma`` and ``df``
+    (:func:`pooled`), ``margin`` (:func:`margin` of an arm against plain decoding, each over ``replicates``
+    launches), ``pairs`` (the contrasts: the degrees of freedom), or ``measured: False`` with the reason."""
     checks = [s["launch_check"] for s in summaries if (s.get("launch_check") or {}).get("noise") is not None]
-    if not checks:
+    groups: dict[str, list] = {}
+    for c in checks:
+        groups.setdefault(c["own_launch"], []).append(c)
+    extra = [[c for c in g if c.get("noise") is not None] for g in replicated]
+    every = list(groups.values()) + [g for g in extra if g]
+    contrasts = [c for g in every for c in g]
+    if not contrasts:
         return {"measured": False, "observed": None, "margin": None, "pairs": 0, "t": None, "check": None,
                 "checks": [], "reason": unmeasured_reason(summaries)}
-    top = max(checks, key=lambda c: c["noise"])
-    speedups, ses = [c["speedup"] for c in checks], [standard_error(c) for c in checks]
-    drift, se = _scales(speedups, ses)
-    margin, t = _bound(len(checks), drift, se)
-    return {"measured": True, "observed": top["noise"], "margin": margin, "pairs": len(checks), "t": t,
-            "check": top, "checks": checks, "reason": None, "check_se": se,
-            "scale": "drift" if drift >= se else "standard error"}
+    top = max(contrasts, key=lambda c: c["noise"])
+    est = pooled(every)
+    t = t_quantile_975(est["df"])
+    out = {"measured": True, "observed": top["noise"], "pairs": est["df"], "df": est["df"], "t": t,
+           "sigma": est["sigma"], "sigma_drift": est["raw"], "check": top, "checks": checks,
+           "contrasts": contrasts, "groups": len(every), "replicates": replicates, "reason": None,
+           # the old keys, on the old scale (a pair's log s has twice the per-launch variance)
+           "check_se": est["floor"] * math.sqrt(2), "scale": "drift" if est["raw"] >= est["floor"] else "standard error",
+           "margin": None}
+    out["margin"] = margin(out, replicates, replicates)
+    return out
 
 
 def basis(launch: Mapping[str, Any]) -> str:
     """How the margin came from the drift, in words: ``t(0.975, 1) = 12.71 times the drift of 1 pair of
-    launches``."""
+    launches``; with replicated launches, the pooled per-launch sigma and its degrees of freedom."""
     k = launch["pairs"]
+    r = launch.get("replicates") or 1
+    if r > 1:
+        what = ("the contrasts' own prompt-level standard error" if launch.get("scale") == "standard error"
+                else "the pooled per-launch sigma")
+        return (f"95% bound: t(0.975, {k}) = {launch['t']:.2f} times {what}, {launch['sigma']:.2%} on a log scale from "
+                f"{k} contrasts of launches of one server configuration, times sqrt(1/{r} + 1/{r}) for an arm against "
+                f"plain decoding each averaged over {r} launches")
     if launch.get("scale") == "standard error":
         checks = "the check's own standard error" if k == 1 else f"the {k} checks' own root mean square standard error"
         return (f"95% prediction bound: t(0.975, {k}) = {launch['t']:.2f} times {checks}, {launch['check_se']:.2%} "
@@ -137,13 +196,34 @@ def where(launch: Mapping[str, Any]) -> str:
     c = launch["check"]
     ci = c.get("ci95")
     iv = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+    if c.get("kind") == "replicate":
+        return (f"`{c['variant']}` in `{c['own_launch']}` vs its replicate `{c['arms_launch']}`: "
+                f"{c['speedup']:.2f}x{iv} over {c['prompts']} prompts")
     return (f"`{c['variant']}` in its own launch `{c['own_launch']}` vs swapped into `{c['arms_launch']}`: "
             f"{c['speedup']:.2f}x{iv} over {c['prompts']} prompts")
 
 
+def order_line(launch: Mapping[str, Any] | None) -> list[str]:
+    """Whether a drafter's position in its launch moved its speed: each fresh check's paired speed-up of the
+    launch's first drafter benched again after the swaps over its first bench (none: no launch swapped)."""
+    checks = (launch or {}).get("order_checks") or []
+    if not checks:
+        return []
+    said = "; ".join(f"`{c['variant']}` in `{c['launch']}` {c['speedup']:.3f}x"
+                     + (f" [{c['ci95'][0]:.3f}, {c['ci95'][1]:.3f}]" if c.get("ci95") else "")
+                     + ("" if c.get("same_speed") in (True, None) else " (not the same speed)") for c in checks)
+    return [f"**Order inside a launch:** the launch's first drafter benched again at its end, after the swaps, over "
+            f"its first bench, paired per prompt: {said}."]
+
+
 def report_lines(launch: Mapping[str, Any] | None) -> list[str]:
     """The decision section's launch-check paragraph: what it measured and the margin it sets, or why
-    the launch noise is unmeasured (then the margin is the hosts' repeat noise alone)."""
+    the launch noise is unmeasured (then the margin is the hosts' repeat noise alone); then
+    :func:`order_line`."""
+    return _check_lines(launch) + order_line(launch)
+
+
+def _check_lines(launch: Mapping[str, Any] | None) -> list[str]:
     if not launch or not launch.get("measured"):
         why = (launch or {}).get("reason") or "no arms launch summary was handed to the report"
         return [f"**Launch check:** launch-to-launch noise unmeasured ({why}); each comparison's margin is the "

@@ -46,14 +46,21 @@ def _time_source(rows: list[dict[str, Any]]) -> str:
 
 
 def seconds_per_token(result: Mapping[str, Any], field: str | None = None) -> dict[str, float]:
-    """Median over repeats, per prompt id, of ``field`` seconds / completion tokens (rows with tokens)."""
+    """Median over repeats, per prompt id, of ``field`` seconds / completion tokens (rows with tokens). A result
+    that carries ``replicates`` (the same server benched in replicated launches: :mod:`draftlab.benchmark.
+    replicated`) gives, per prompt, the geometric mean of each launch's median: every launch weighs the same."""
     rows = [r for r in _measured(result) if (r.get("completion_tokens") or 0) > 0]
     field = field or _time_source(rows)
     per: dict[str, list[float]] = defaultdict(list)
     for r in rows:
         if r.get(field) is not None:
             per[str(r["prompt_id"])].append(float(r[field]) / r["completion_tokens"])
-    return {pid: statistics.median(v) for pid, v in per.items() if v}
+    own = {pid: statistics.median(v) for pid, v in per.items() if v}
+    reps = [seconds_per_token(r, field) for r in result.get("replicates") or ()]
+    if not reps:
+        return own
+    every = [own] + reps
+    return {p: math.exp(sum(math.log(x[p]) for x in every) / len(every)) for p in own if all(p in x for x in every)}
 
 
 def categories(result: Mapping[str, Any]) -> dict[str, str]:

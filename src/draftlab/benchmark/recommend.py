@@ -15,6 +15,7 @@ import re
 import shlex
 from typing import Any, Mapping
 
+from draftlab.benchmark import power
 from draftlab.benchmark.bench_plan import plan_argv
 from draftlab.benchmark.breakeven import accept_length_needed
 from draftlab.benchmark.verdict import num, what_would_tell
@@ -83,13 +84,13 @@ def launch_noise_keys(decision: Mapping[str, Any]) -> dict[str, Any]:
     launch = decision.get("launch") or {}
     if not launch.get("measured"):
         return {"launch_noise": None, "launch_margin": None, "launch_pairs": 0, "launch_margin_scale": None,
-                "launch_check_se": None, "launch_check": None}
+                "launch_check_se": None, "launch_check": None, **power.keys(decision)}
     c = launch["check"]
     keys = ("variant", "own_launch", "arms_launch", "launches", "client", "time_field", "speedup", "ci95", "prompts",
             "noise")
     return {"launch_noise": launch["observed"], "launch_margin": launch["margin"], "launch_pairs": launch["pairs"],
             "launch_margin_scale": launch.get("scale"), "launch_check_se": launch.get("check_se"),
-            "launch_check": {k: c.get(k) for k in keys}}
+            "launch_check": {k: c.get(k) for k in keys}, **power.keys(decision)}
 
 
 def _launch(plan: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -1,12 +1,12 @@
 """Run one launch (``draftlab serve-launch``, the workflow's ``launch_<id>`` jobs): one start of the target,
-every variant of the launch benched in turn with its draft weights swapped in (issue 35).
+every variant of the launch benched in turn with its draft weights swapped in.
 
 The plan (``experiment.launches.launch_plan``) lists each variant's bench plan; the server is the first
 one's. Before each bench the server's drafter checksum is compared with the file swapped in
 (:mod:`draftlab.benchmark.drafter_swap`). A launch that swapped benches its first drafter once more
 after the swaps (``fresh_check``) and refuses every result when that accept length differs from the fresh
 launch's by more than the two measurements' own repeat spread. An arms launch that can serve the probe then
-swaps it in last (``launch_check``, issue 38) and pairs it with the probe's result in its own launch: the
+swaps it in last (``launch_check``) and pairs it with the probe's result in its own launch: the
 launch-to-launch noise (:mod:`draftlab.benchmark.launch_noise`). An arms launch's every answer must equal
 plain decoding's (temperature 0). Results are written only once every check has passed; each carries
 its launch id. The plain launch then answers the fine-tune prompts through the same server
@@ -15,6 +15,8 @@ its launch id. The plain launch then answers the fine-tune prompts through the s
 
 from __future__ import annotations
 
+import os
+import platform
 import subprocess
 import sys
 import time
@@ -22,12 +24,15 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from draftlab.benchmark import drafter_swap, launch_cache, launch_noise
+from draftlab.benchmark import paired as pairing
 from draftlab.benchmark.bench import write_results
 from draftlab.benchmark.serve_bench import run_clients
+from draftlab import http_client
 from draftlab.errors import DraftlabError
 from draftlab.fsutil import read_json, write_json
 from draftlab.serving.launch import running_server
 from draftlab.serving.server_spec import ServerSpec, check_command
+from draftlab.textsafe import plain
 
 FRESH_EPS = 1e-9  # float summation only: greedy decoding repeats its answers exactly
 
@@ -84,7 +89,8 @@ def run_launch(plan: Mapping[str, Any], argv: Sequence[str] | None = None, progr
     launch: dict[str, Any] = {"launch": plan["launch"], "stage": plan["stage"], "spec_id": plan["spec_id"],
                               "argv": list(plan["argv"]), "launches": 1, "swap_rule": plan["swap"],
                               "started_at": time.time(), "benches": [], "swaps": [], "fresh_check": None,
-                              "launch_check": None}
+                              "launch_check": None, "replicate": plan.get("replicate") or 1, "of": plan.get("of"),
+                              "results": list(plan.get("results") or []), "host": platform.node()}
     Path(plan["server_log"]).parent.mkdir(parents=True, exist_ok=True)
     _say(f"launching {' '.join(plan['argv'])}")
     keys, reused = _reusable(plan)
@@ -113,7 +119,7 @@ def run_launch(plan: Mapping[str, Any], argv: Sequence[str] | None = None, progr
         if bench["variant"] in reused:
             launch_cache.restore(plan["cache"], bench, keys[bench["variant"]])
         elif plan.get("cache"):
-            launch_cache.keep(plan["cache"], bench, keys[bench["variant"]])
+            keep_if_unchanged(plan, bench, keys[bench["variant"]])
     launch["reused"] = sorted(reused)
     launch["finished_at"] = time.time()
     write_json(plan["summary"], launch)
@@ -132,6 +138,19 @@ def _reusable(plan: Mapping[str, Any]) -> tuple[dict[str, str], set[str]]:
         _say(f"{v}: unchanged since its last measurement in this launch (same drafter files, plan and command): "
              "its results are reused, not measured again")
     return keys, reused
+
+
+def keep_if_unchanged(plan: Mapping[str, Any], bench: Mapping[str, Any], key: str) -> bool:
+    """Keep a variant's results for reuse only if its drafter files (and plan, command, compared files) are
+    still those of ``key``, taken before the launch: a file edited while the launch ran may have been
+    measured, or not, and a rerun must measure it again."""
+    now = launch_cache.variant_key(bench, plan["argv"], list(plan.get("plain_outputs") or []))
+    if now != key:
+        _say(f"{bench['variant']}: its drafter files changed while this launch ran: its results are written but "
+             "not kept for reuse (the next run measures it again)")
+        return False
+    launch_cache.keep(plan["cache"], bench, key)
+    return True
 
 
 def _bench_all(plan: Mapping[str, Any], url: str, launch: dict[str, Any], progress: bool, reused=()) -> list:
@@ -168,9 +187,12 @@ def _launch_reference(plan: Mapping[str, Any], url: str, first: Mapping[str, Any
     held = drafter_swap.server_checksums(url)
     ref = {"drafter": folder, "per_engine_checksum": held["per_engine_checksum"],
            "d2t_digest": drafter_swap.d2t_digest_of(folder)}
+    named = drafter_swap.drafter_tensors(folder, plan["backend"], _dtype(plan))
     if plan["backend"] == "builtin":
-        named = drafter_swap.drafter_tensors(folder, "builtin", _dtype(plan))
-        ref.update(drafter_swap.compare_with_file(held, named, f"launch {plan['launch']} ({folder})"))
+        ref.update(drafter_swap.compare_with_file(held, named, f"launch {plan['launch']} ({folder})", url=url,
+                                                  dtype=_dtype(plan)))
+    # which server checksum each file's tensors produced in this launch (the launch's own drafter first)
+    ref["held_by_file"] = {drafter_swap.file_checksum(named): plain(str(held["per_engine_checksum"]), 80)}
     return ref
 
 
@@ -194,7 +216,26 @@ def _swap(plan: Mapping[str, Any], url: str, folder: str, reference: Mapping[str
     _say(f"swapping in {folder}")
     rec = drafter_swap.swap(url, folder, plan["backend"], tp_size=tp, dtype=_dtype(plan))
     rec["d2t_digest"] = drafter_swap.d2t_digest_of(folder)
+    _check_moved(url, folder, rec, reference.get("held_by_file"))
     return rec
+
+
+def _check_moved(url: str, folder: str, rec: dict[str, Any], held_by_file: dict[str, str] | None) -> None:
+    """One server checksum per file in a launch: a swap whose files differ from an earlier one's but whose
+    checksum equals that one's did not happen (SGLang's checksums cannot be recomputed from the file: this is
+    what proves an SGLang swap), and the same files must give the same checksum again."""
+    if held_by_file is None:
+        return
+    mine = rec["sent_checksum"]
+    got = plain(str(rec["per_engine_checksum"]), 80)  # the server's text, shown escaped
+    if mine in held_by_file and held_by_file[mine] != got:
+        raise DraftlabError(f"{url}/weights_checker: per_engine_checksum {got} for {folder}, whose files gave "
+                            f"{held_by_file[mine]} earlier in this launch: the server does not hold the file's weights")
+    others = [f for f, c in held_by_file.items() if c == got and f != mine]
+    if others:
+        raise DraftlabError(f"{url}/weights_checker: per_engine_checksum {got} did not move after swapping in "
+                            f"{folder}, whose files differ from the drafter that gave it: the swap did not happen")
+    held_by_file[mine] = got
 
 
 def _fresh_check(plan: Mapping[str, Any], url: str, launch: dict[str, Any], measured: list, progress: bool):
@@ -203,17 +244,45 @@ def _fresh_check(plan: Mapping[str, Any], url: str, launch: dict[str, Any], meas
     first = plan["benches"][0]
     rec = _swap(plan, url, first["server"]["drafter"], launch["launch_drafter"])
     if rec["per_engine_checksum"] != launch["launch_drafter"]["per_engine_checksum"]:
-        raise DraftlabError(f"launch {plan['launch']}: {first['variant']} swapped back in holds checksum "
-                            f"{rec['per_engine_checksum']}, the launch loaded {launch['launch_drafter']['per_engine_checksum']}")
+        got = plain(str(rec["per_engine_checksum"]), 80)
+        raise DraftlabError(f"{url}/weights_checker: per_engine_checksum {got} after swapping {first['variant']} "
+                            f"back in, where launch {plan['launch']} loaded it as "
+                            f"{launch['launch_drafter']['per_engine_checksum']}")
     client = next(c for c in first["clients"] if c["name"] == check["client"])
     spec = ServerSpec.from_dict(first["server"], source="fresh check")
     scratch = {"argv": list(plan["argv"]), "clients": [], "launch": plan["launch"]}
     again = run_clients(url, first, spec, scratch, progress, clients=[client], ttft=False)[0][0]  # reads accept lengths
     fresh = next(r for r, c, v in measured if v == first["variant"] and c["name"] == check["client"])
     out = compare_fresh(fresh.rows, again.rows, first["variant"])
+    out["speed"] = compare_speed(fresh.to_dict(), again.to_dict())
+    sp = out["speed"]
     _say(f"fresh-launch check {first['variant']}: {out['fresh']:.4f} fresh, {out['after_swaps']:.4f} after swaps "
-         f"(noise {out['noise']:.4f}): {'ok' if out['ok'] else 'REFUSED'}")
+         f"(noise {out['noise']:.4f}): {'ok' if out['ok'] else 'REFUSED'}; speed after the swaps over first in the "
+         f"launch: {_x(sp)}" + ("" if sp.get("same_speed") in (True, None) else " (NOT the same speed: the position "
+                                "in the launch moves it)"))
     return out
+
+
+def compare_speed(fresh: Mapping[str, Any], again: Mapping[str, Any]) -> dict[str, Any]:
+    """The same drafter benched first in the launch (``fresh``) and again at its end, after the swaps (``again``),
+    paired per prompt: ``speedup`` (>1: faster at the end), ``ci95``, ``prompts``, and ``same_speed`` (the
+    interval holds 1.0 widened by the two benches' own repeat spread; None where unpaired). Greedy answers make
+    the accept lengths equal by construction, so only this says whether a bench's position in the launch (first or
+    after swaps, fresh CUDA graphs or recaptured ones) moves its speed: it is recorded, never refuses."""
+    p = pairing.paired_speedup(fresh, again, by_category=False)
+    out = {k: p.get(k) for k in ("speedup", "ci95", "prompts", "time_field", "reason")}
+    spread = max(pairing.host_stability(fresh)["prompt_spread"] or 0.0, pairing.host_stability(again)["prompt_spread"] or 0.0)
+    ci = p.get("ci95")
+    out["host_spread"] = spread
+    out["same_speed"] = None if not ci else bool(ci[0] <= 1.0 + spread and ci[1] >= 1.0 / (1.0 + spread))
+    return out
+
+
+def _x(p: Mapping[str, Any]) -> str:
+    if p.get("speedup") is None:
+        return f"unpaired ({p.get('reason')})"
+    ci = p.get("ci95")
+    return f"{p['speedup']:.3f}x" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "") + f" over {p['prompts']} prompts"
 
 
 def _launch_check(plan: Mapping[str, Any], url: str, launch: dict[str, Any], progress: bool) -> dict[str, Any]:
@@ -280,7 +349,8 @@ def _generate(plan: Mapping[str, Any], url: str) -> dict[str, Any]:
     t0 = time.time()
     sys.stdout.flush()
     sys.stderr.flush()
-    rc = subprocess.run(argv).returncode
+    key = http_client.key_for(url)  # the launch's own key, to the child through its environment, not argv
+    rc = subprocess.run(argv, env={**os.environ, **({"DRAFTLAB_API_KEY": key} if key else {})}).returncode
     if rc != 0:
         raise DraftlabError(f"generate-data failed (exit {rc}) against {url}; the answers so far are kept for a rerun")
     _name_the_server(argv[argv.index("--stats") + 1], plan, url)

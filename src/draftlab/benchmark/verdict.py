@@ -16,8 +16,9 @@ carries the hosts' own noise (:func:`host_noise`: how much the two servers' repe
 result decides only where its interval clears 1.0 by that margin; inside it the run cannot tell, every run.
 Results from different launches (each arm against the baseline, the probe against anything) carry the
 launch-to-launch noise too where the run measured it (:mod:`draftlab.benchmark.launch_noise`): their margin is
-max(both hosts' noise, launch margin), the launch margin being the 95% prediction bound on another pair of
-launches' drift; arms swapped into one launch keep the hosts' margin. Results that cannot be paired
+max(both hosts' noise, launch margin), the launch margin being the 95% bound t(0.975, df) * sigma *
+sqrt(1/m + 1/n) for results averaged over m and n launches (replicated launches: each side's per-prompt times
+averaged over its launches, :mod:`draftlab.benchmark.replicated`); arms swapped into one launch keep the hosts' margin. Results that cannot be paired
 (other prompts or budget than the baseline's) are listed and left out. Transfer vs scratch and
 fine-tuned vs probe are compared at one setting. A trained arm that learnt nothing (validation
 accuracy 0) is never the decision.
@@ -107,7 +108,7 @@ def arm_table(rows: Sequence[dict[str, Any]], client: str, bench: Bench,
             p = {"paired": False, "reason": "no per-request results for the baseline or this arm", "speedup": None,
                  "prompts": 0}
         else:
-            p = with_margin(pairing.paired_speedup(base_res, res), *margin_for(base_res, res, launch))
+            p = judged(pairing.paired_speedup(base_res, res), base_res, res, launch)
         out.append({"row": r, "paired": p})
     return out
 
@@ -125,6 +126,11 @@ def launch_of(result: Mapping[str, Any] | None) -> str | None:
     return ((result or {}).get("server") or {}).get("launch")
 
 
+def launches_behind(result: Mapping[str, Any] | None) -> int:
+    """How many launches a result averages over (``replicated_launches``: :mod:`draftlab.benchmark.replicated`)."""
+    return len((result or {}).get("replicated_launches") or ()) or 1
+
+
 def same_launch(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None) -> bool:
     """Both results measured in one launch (drafters swapped into the same start of the target)."""
     return launch_of(a) is not None and launch_of(a) == launch_of(b)
@@ -138,8 +144,35 @@ def margin_for(a: Mapping[str, Any] | None, b: Mapping[str, Any] | None,
     host = max(host_noise(a), host_noise(b))
     if same_launch(a, b) or not launch or not launch.get("measured"):
         return host, "host", None
-    noise = float(launch["margin"])
+    noise = launch_noise.margin(launch, launches_behind(a), launches_behind(b))
     return (noise, "launch", launch) if noise > host else (host, "host", launch)
+
+
+def judged(p: Mapping[str, Any], a: Mapping[str, Any] | None, b: Mapping[str, Any] | None,
+           launch: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``p`` (``b`` over ``a``) with the margin of :func:`margin_for` and where a hosts' margin came from
+    (``margin_of``: the variant and launch whose repeats disagree most, and by how much)."""
+    out = with_margin(p, *margin_for(a, b, launch))
+    noisier = max((r for r in (a, b) if r is not None), key=host_noise, default=None)
+    if noisier is not None:
+        server = noisier.get("server") or {}
+        out["margin_of"] = {"variant": server.get("variant"), "launch": server.get("launch"),
+                            "host_noise": host_noise(noisier)}
+    return out
+
+
+def margin_basis(p: Mapping[str, Any]) -> str:
+    """The margin a comparison was judged against and where it came from, in words."""
+    m = p.get("margin") or 0.0
+    if p.get("margin_source") == "launch":
+        return (f"a launch margin of {m:.1%} ({launch_noise.basis(p['launch'])}; largest drift: "
+                f"{launch_noise.where(p['launch'])})")
+    of = p.get("margin_of") or {}
+    if not m:
+        return "no margin beyond the interval (one timed pass: no repeat spread; the launch noise not in play)"
+    who = f"`{of.get('variant')}` in `{of.get('launch')}`" if of.get("variant") else "the noisier of the two results"
+    return (f"the hosts' own repeat noise, {m:.1%}: the median over prompts of how far the repeats of {who} disagree "
+            "(range / median seconds per token)")
 
 
 def with_margin(p: Mapping[str, Any], margin: float, source: str = "host",
@@ -178,7 +211,7 @@ def benched_again(launch: Mapping[str, Any] | None, row: Mapping[str, Any], wher
     """``row``'s result as the launch check benched it again in launch ``where`` (the probe swapped into an arms
     launch, per request: ``bench`` of a check the report loaded), or None where no check did."""
     for c in (launch or {}).get("checks") or []:
-        if (c.get("bench") and c.get("arms_launch") == where and c.get("variant") == row["variant"]
+        if (c.get("bench") and (c.get("arms_launch_merged") or c.get("arms_launch")) == where and c.get("variant") == row["variant"]
                 and c.get("spec_id") == row["spec_id"] and c.get("client") == row.get("client")):
             return c["bench"]
     return None
@@ -201,7 +234,7 @@ def head_to_head(bench: Bench, a: Mapping[str, Any], b: Mapping[str, Any],
             ra, in_launch = again_a, launch_of(rb)
         elif again_b is not None:
             rb, in_launch = again_b, launch_of(ra)
-    p = with_margin(pairing.paired_speedup(rb, ra, by_category=False), *margin_for(rb, ra, launch))
+    p = judged(pairing.paired_speedup(rb, ra, by_category=False), rb, ra, launch)
     return dict(p, in_launch=in_launch) if in_launch else p
 
 
@@ -219,7 +252,8 @@ def _within(p: Mapping[str, Any]) -> str:
     if p.get("margin_source") == "launch":
         return (f"an interval that reaches into the launch-to-launch margin around 1.0 ({1 / (1 + m):.2f} to "
                 f"{1 + m:.2f}: {launch_noise.basis(p['launch'])}, {launch_noise.where(p['launch'])})")
-    return f"an interval that reaches into the hosts' own noise around 1.0 ({1 / (1 + m):.2f} to {1 + m:.2f})"
+    return (f"an interval that reaches into the hosts' own noise around 1.0 ({1 / (1 + m):.2f} to {1 + m:.2f}: "
+            f"{margin_basis(p)})")
 
 
 def what_would_tell(p: Mapping[str, Any]) -> str:
@@ -244,13 +278,19 @@ def _launch_would_tell(p: Mapping[str, Any], m: float, inside: bool) -> str:
     if inside and launch.get("scale") == "standard error":
         return (f"replicated launches or a quieter host: {p['speedup']:.2f}x sits inside {came}; more prompts narrow "
                 "that only as far as the drift itself (the check's own standard error sets it now), more pairs of "
-                "launches narrow it further (each speculative setting adds one; or bench on a host whose launches agree)")
+                f"launches narrow it further ({_replicas(launch)}; or bench on a host whose launches agree)")
     if inside:
         return (f"replicated launches or a quieter host: {p['speedup']:.2f}x sits inside {came}, which more prompts "
-                "do not shrink (each speculative setting adds one pair of launches to the bound; or bench on a host whose "
-                "launches agree)")
+                f"do not shrink ({_replicas(launch)}; or bench on a host whose launches agree)")
     return (f"{_needed(p)} (`bench.clients[].limit` or a larger prompt file), each result clearing 1.0 by {came}; "
             "or replicated launches")
+
+
+def _replicas(launch: Mapping[str, Any]) -> str:
+    """The setting that adds pairs of launches, from where the run stands."""
+    r = int(launch.get("replicates") or 1)
+    return (f"`bench.launch_replicates: {r + 1}` (now {r}) repeats the plain and arms launches: more pairs of launches "
+            "in the bound and the launch effect averaged out")
 
 
 def like_for_like(rows: Sequence[dict[str, Any]], client: str, bench: Bench,
@@ -263,22 +303,44 @@ def like_for_like(rows: Sequence[dict[str, Any]], client: str, bench: Bench,
     lines = []
     for other, what in (("scratch", "Transfer vs training from scratch on the same data"),
                         ("probe", "Fine-tuning vs the transferred drafter as is")):
-        peer = next((r for r in ok_rows(rows, client) if r["variant"] == other and r["spec_id"] == ft["spec_id"]), None)
-        if peer is None:
-            continue
-        p = head_to_head(bench, ft, peer, launch)
-        if not p.get("paired"):
-            lines.append(f"{what}, at {ft['spec_id']}: {speedup_text(p)}.")
-            continue
-        if p["clears"]:
-            verb = "faster than"
-        elif p["below"]:
-            verb = "slower than"
-        else:
-            verb = "not separable from"
-        lines.append(f"{what}, both at {md(ft['spec_id'])}: {code(ft['variant'])} is {verb} {code(other)} ({speedup_text(p)}, "
-                     f"paired{in_launch_text(p)}; accept length {fmt(ft['accept_length'])} vs {fmt(peer['accept_length'])}).")
+        line = _versus_line(rows, client, bench, ft, other, what, launch)
+        if line:
+            lines.append(line)
     return lines
+
+
+def against_reference(rows: Sequence[dict[str, Any]], client: str, bench: Bench, best: Sequence[dict[str, Any]],
+                      launch: Mapping[str, Any] | None = None) -> list[str]:
+    """Every fine-tuned arm (at its best setting) against the reference drafter at that setting: the drafter the
+    target's users can already download, so whether fine-tuning was worth it. Paired per prompt; across two
+    launches (SGLang serves the reference's d2t map in a launch of its own) the launch margin applies."""
+    tuned = [a["row"] for a in best if a["row"]["variant"].startswith(("finetune-", "specforge-"))]
+    return [line for ft in tuned
+            if (line := _versus_line(rows, client, bench, ft, "reference",
+                                     "Fine-tuning vs the public drafter the target already has", launch))]
+
+
+def _versus_line(rows: Sequence[dict[str, Any]], client: str, bench: Bench, ft: Mapping[str, Any], other: str,
+                 what: str, launch: Mapping[str, Any] | None) -> str | None:
+    """One like-for-like sentence: ``ft`` against variant ``other`` at ``ft``'s setting, or None without it."""
+    peer = next((r for r in ok_rows(rows, client) if r["variant"] == other and r["spec_id"] == ft["spec_id"]), None)
+    if peer is None:
+        return None
+    p = head_to_head(bench, ft, peer, launch)
+    if not p.get("paired"):
+        return f"{what}, at {ft['spec_id']}: {speedup_text(p)}."
+    if p["clears"]:
+        verb = "faster than"
+    elif p["below"]:
+        verb = "slower than"
+    else:
+        verb = "not separable from"
+    across = (f", across two launches (margin {p['margin']:.1%} from the launch check)"
+              if p.get("margin_source") == "launch" else "")
+    judged_by = f"; judged against {margin_basis(p)}" if verb == "not separable from" else ""
+    return (f"{what}, both at {md(ft['spec_id'])}: {code(ft['variant'])} is {verb} {code(other)} ({speedup_text(p)}, "
+            f"paired{in_launch_text(p)}{across}; accept length {fmt(ft['accept_length'])} vs {fmt(peer['accept_length'])}"
+            f"{judged_by}).")
 
 
 def decide(rows: Sequence[dict[str, Any]], client: str, bench: Bench | None = None,
@@ -307,7 +369,7 @@ def decide(rows: Sequence[dict[str, Any]], client: str, bench: Bench | None = No
     if not best:
         return {**empty, "verdict": "cannot-tell",
                 "lines": lines + ["**Decision:** the run cannot tell: no drafter result pairs with the baseline's."]}
-    lines += like_for_like(rows, client, bench, best, launch)
+    lines += like_for_like(rows, client, bench, best, launch) + against_reference(rows, client, bench, best, launch)
     res = {**empty, "arms": best, "paired": best[0]["paired"], "runner_up": best[1]["row"] if len(best) > 1 else None}
     return _against_plain(res, lines, best, base, client, bench)
 

@@ -1,4 +1,4 @@
-"""CLI for the experiment layer: ``records-merge`` (alias ``records``), ``report``, ``check-config``.
+"""CLI for the experiment layer: ``records-merge`` (alias ``records``), ``report``, ``check-config``, ``plan``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from draftlab.settings.config import experiment_layers
 
 
 def register(sub) -> None:
-    """records-merge (alias records), report, check-config."""
+    """records-merge (alias records), report, check-config, plan."""
     p = sub.add_parser("records-merge", aliases=["records"], help="append an experiment's records to results/records.{csv,parquet} (by row_id)")
     p.add_argument("--merge", required=True, metavar="CSV", help="the experiment's records CSV")
     p.add_argument("--global-dir", default="results", help="folder of the global records files")
@@ -58,6 +58,18 @@ def register(sub) -> None:
     p.add_argument("configfile", nargs="+")
     add_json_flag(p)
     p.set_defaults(func=_check_config)
+    _register_plan(sub)
+
+
+def _register_plan(sub) -> None:
+    p = sub.add_parser("plan", help="the whole plan of an experiment before anything runs, past the probe gate: "
+                            "launches (and what the reference drafter costs), capture and training commands, the "
+                            "capture's disk bound against the free space, a rough timeline (the probe gate's notes "
+                            "in snakemake -n -p)")
+    p.add_argument("configfile", nargs="*", help="experiment config files, merged as check-config merges them "
+                                                  "(none: config/config.yaml)")
+    add_json_flag(p)
+    p.set_defaults(func=_plan)
 
 
 DEFAULT_CONFIG = "config/config.yaml"  # the Snakefile's `configfile:`, the base of an overlay
@@ -84,11 +96,27 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_config(args: argparse.Namespace) -> int:
+def _settings(configfiles: list[str]):
     from draftlab.experiment.jobs import load_settings
 
     # Exactly the Snakefile's loading: config/config.yaml (when here), the files in order, one validation.
-    raw, source = experiment_layers(DEFAULT_CONFIG, args.configfile)
-    settings = load_settings(raw, source)
+    raw, source = experiment_layers(DEFAULT_CONFIG, configfiles)
+    return load_settings(raw, source)
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    settings = _settings(args.configfile)
     emit(args, settings.as_dict(), lambda c: f"{' + '.join(args.configfile)}: valid (experiment {c['experiment']})")
     return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from draftlab.experiment import plan
+    from draftlab.experiment.layout import Layout
+
+    settings = _settings(args.configfile)
+    layout = Layout(settings.experiment)
+    data = plan.plan(settings, layout)
+    emit(args, data, lambda d: "\n".join(plan.plan_lines(settings, layout, d)))
+    return 0
+

@@ -33,6 +33,13 @@ def register(sub) -> None:
     p.add_argument("--host", default=schema_default("serve.host"), help="bind address (default %(default)s)")
     p.add_argument("--port", type=number(int, **PORT), default=schema_default("serve.port"),
                    help="port; 0 picks a free one and prints it (default %(default)s)")
+    p.add_argument("--api-key", default=None,
+                   help="the key every route but /health, /ready and /metrics needs (Authorization: Bearer KEY), "
+                        "as SGLang's --api-key; default $DRAFTLAB_API_KEY (prefer it: a command line is visible "
+                        "to every user of the host). Without a key, a non-loopback --host refuses the weight routes")
+    p.add_argument("--admin-api-key", default=None,
+                   help="the key the weight routes, /weights_checker and /flush_cache then need instead, as "
+                        "SGLang's --admin-api-key; default $DRAFTLAB_ADMIN_API_KEY")
     p.add_argument("--device", default=schema_default("serve.device"), help="cpu, cuda or cuda:N (default %(default)s)")
     p.add_argument("--dtype", default=None, help="float32, bfloat16, float16 or float64 (default: float32)")
     p.add_argument("--trust-remote-code", action="store_true", help="allow custom model code in the target folder")
@@ -53,6 +60,7 @@ def register(sub) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from draftlab.serving.api_keys import Keys
     from draftlab.serving.server import load_state, serve
 
     if not 0 <= args.port <= 65535:
@@ -82,7 +90,7 @@ def _serve(args: argparse.Namespace) -> int:
                        trust_remote_code=args.trust_remote_code, health_timeout_s=args.health_timeout,
                        read_timeout_s=args.read_timeout, max_batch_size=args.max_batch_size,
                        max_prompts=args.max_prompts_per_request, cuda_graph_max_bs=args.cuda_graph_max_bs)
-    code = serve(state, args.host, args.port)
+    code = serve(state, args.host, args.port, Keys.for_bind(args.host, args.api_key, args.admin_api_key))
     # Skip the interpreter's teardown (torch/transformers finalization takes seconds on a busy host):
     # a stopped server must be gone within seconds, and it has no files to flush.
     sys.stdout.flush()

@@ -69,6 +69,9 @@ def register(sub) -> None:
     p.add_argument("--backend", default="sglang", choices=("builtin", "sglang", "vllm"),
                    help="server it will be served with (vLLM reads aux layer ids from another config key)")
     p.add_argument("--cache-dir", help="huggingface_hub cache folder for hf: sources (default: HF_HUB_CACHE / HF_HOME)")
+    p.add_argument("--serve-only", action="store_true",
+                   help="a drafter only served, never trained by draftlab (the reference): the limits of draftlab's "
+                        "own trainer and engine are not checked where another server serves it")
     add_record_flags(p)
     p.set_defaults(func=_doctor)
 
@@ -172,7 +175,7 @@ def _doctor(args: argparse.Namespace) -> int:
     from draftlab.static import doctor
 
     report = doctor.run_doctor(args.drafter, args.target, algorithm=args.algorithm, backend=args.backend,
-                               cache_dir=args.cache_dir)
+                               cache_dir=args.cache_dir, serve_only=args.serve_only)
     write_record(args, report, doctor.to_markdown(report))
     emit(args, report, doctor.to_text)
     return 1 if report["errors"] else 0

@@ -15,7 +15,7 @@ from draftlab.commands._common import FRACTION, SEED, add_json_flag, emit, numbe
 from draftlab.errors import DraftlabError
 from draftlab.settings.model import schema_default
 from draftlab.datagen.answerers import TURN_MODES
-from draftlab.fsutil import parse_json_text, read_json
+from draftlab.fsutil import parse_json_text, read_json, write_json
 from draftlab.settings.config import load_config, read_yaml
 from draftlab.training.config import ATTENTION_CHOICES, INIT_MODES, VOCAB_MODES, TrainConfig
 from draftlab.training.config import default as train_default
@@ -37,6 +37,23 @@ def _add_tokenize(sub) -> None:
     p.add_argument("--trust-remote-code", action="store_true")
     add_json_flag(p)
     p.set_defaults(func=_tokenize)
+
+    p = sub.add_parser("token-check", help="render every stored conversation as training renders it and compare each "
+                                           "assistant turn with the ids the target emitted (rate of exact turns, the "
+                                           "first mismatch decoded); below --min-match: one error line, exit 2")
+    p.add_argument("--target", required=True, help="target model folder (its tokenizer and chat template)")
+    p.add_argument("--data", required=True, help="the generated conversations (assistant turns with token_ids)")
+    p.add_argument("--out", help="record JSON to write (written before a floor refuses the run)")
+    p.add_argument("--rendering", choices=["tokenize", "text"], default="tokenize",
+                   help="tokenize: draftlab tokenize's (the builtin trainer); text: the conversation's text tokenized "
+                        "again, as SpecForge's capture does")
+    p.add_argument("--sample", type=number(int, minimum=1), default=None, help="check a seeded sample of N "
+                                                                             "conversations (default: every one)")
+    p.add_argument("--min-match", type=number(float, minimum=0), default=1.0,
+                   help="the floor of exact turns (data.min_token_match)")
+    p.add_argument("--trust-remote-code", action="store_true")
+    add_json_flag(p)
+    p.set_defaults(func=_token_check)
 
 
 def _add_dump(sub) -> None:
@@ -304,6 +321,23 @@ def _tokenize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _token_check(args: argparse.Namespace) -> int:
+    from draftlab.models.target import load_tokenizer
+    from draftlab.training import token_check
+
+    tok = load_tokenizer(args.target, trust_remote_code=args.trust_remote_code)
+    r = token_check.check_file(tok, args.data, args.sample, rendering=args.rendering)
+    r["min_match"] = args.min_match
+    if args.out:
+        write_json(args.out, r)
+    token_check.check_floor(r, args.min_match)
+    emit(args, r, lambda r: (f"token check ({r['rendering']}): {r['exact']}/{r['turns']} assistant turns render to the "
+                             f"ids the target emitted" + (f" ({r['match_rate']:.1%})" if r["turns"] else "")
+                             + (f"; first mismatch: {token_check.mismatch_text(r['first_mismatch'])}"
+                                if r["first_mismatch"] else "")))
+    return 0
+
+
 def _dump(args: argparse.Namespace) -> int:
     from draftlab.training.hidden_states import dump_hidden_states
 
@@ -491,6 +525,9 @@ def _add_capture(sub) -> None:
         p.add_argument("--chat-template", default=schema_default("train.chat_template"))
         p.add_argument("--max-length", type=number(int, minimum=1), default=schema_default("train.max_length"))
         p.add_argument("--checkout", default=None, help="SpecForge checkout at the v0.2.0 release")
+        p.add_argument("--budget-gb", type=number(float, above=0), default=None,
+                       help="the features' disk budget in GB: the capture keeps the data's first samples up to "
+                            "budget / (--max-length x bytes a token) (train.specforge.capture_budget_gb)")
         if name == "capture-record":
             p.add_argument("--out", required=True, help="the record JSON to write")
             p.add_argument("--mapping-out", required=True, help="the corpus-derived vocab mapping to write")
@@ -506,7 +543,8 @@ def _capture_plan(args: argparse.Namespace):
 
     return CapturePlan(engine=args.engine, target=args.target, drafter=args.drafter, tokens=args.tokens,
                        data=args.data, state=args.state, chat_template=args.chat_template,
-                       max_length=args.max_length, checkout=args.checkout)
+                       max_length=args.max_length, checkout=args.checkout,
+                       budget_bytes=int(args.budget_gb * 10**9) if args.budget_gb else None)
 
 
 def _capture_preflight(args: argparse.Namespace) -> int:
@@ -519,6 +557,9 @@ def _capture_preflight(args: argparse.Namespace) -> int:
              if sf else "draftlab capture (dump-hidden-states), filed in SpecForge's offline format"]
     lines += r["notes"]
     lines.append(f"aux layer ids {r['aux_layer_ids']} (outputs of layers {r['aux_output_layers']})")
+    if est.get("budget_samples") is not None:
+        lines.append(f"disk budget {human(est['budget_bytes'])}: the first {est['budget_samples']} samples of the data "
+                     "are captured (budget / (max length x bytes a token))")
     lines.append(f"disk estimate: {est['samples']} samples, {est['tokens']} tokens x {est['bytes_per_token']} B = "
                  f"{human(est['bytes'])}; already captured {r['have']['samples']} files, {human(r['have']['bytes'])}; "
                  f"needs {human(r['need_bytes'])} more, {human(r['free_bytes'])} free at {r['features']}")

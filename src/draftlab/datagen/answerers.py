@@ -46,13 +46,17 @@ class Answer:
     truncated_prompt: bool = False  # the transformers path cut the prompt to fit the context
     context: list[dict[str, Any]] | None = None  # what the final answer follows, when turns were regenerated
     turns: int = 1                  # answers the target wrote for this prompt (its tokens are summed above)
+    token_ids: list[int] | None = None  # the ids the target emitted for this turn, where the server returned them
 
     @property
     def message(self) -> dict[str, Any]:
-        """This answer as an assistant turn."""
+        """This answer as an assistant turn; ``token_ids``: what the target emitted (the token check compares the
+        rendering of the stored text with them)."""
         turn: dict[str, Any] = {"role": "assistant", "content": self.text}
         if self.reasoning:
             turn["reasoning_content"] = self.reasoning
+        if self.token_ids is not None:
+            turn["token_ids"] = list(self.token_ids)
         return turn
 
     def messages(self) -> list[dict[str, Any]]:
@@ -65,7 +69,8 @@ def _joined(prompt: Prompt, answers: list[Answer], context: list[dict[str, Any]]
     """One Answer for a conversation answered turn by turn: the last turn's text, every turn's tokens."""
     last = answers[-1]
     return Answer(prompt, last.text, sum(a.prompt_tokens for a in answers), sum(a.completion_tokens for a in answers),
-                  last.finish_reason, last.reasoning, any(a.truncated_prompt for a in answers), context, len(answers))
+                  last.finish_reason, last.reasoning, any(a.truncated_prompt for a in answers), context, len(answers),
+                  last.token_ids)
 
 
 def check_turns(turns: str) -> str:
@@ -198,8 +203,9 @@ class TransformersAnswerer:
         out = []
         for (prompt, _), (ids, budget, cut), seq in zip(items, jobs, seqs):
             new, stopped = _until_eos(seq, self.eos)
+            emitted = seq[:len(new) + 1] if stopped else new  # the end-of-turn id the target emitted too
             out.append(Answer(prompt, self.tokenizer.decode(new, skip_special_tokens=True), len(ids), len(new),
-                              "stop" if stopped else "length", truncated_prompt=cut))
+                              "stop" if stopped else "length", truncated_prompt=cut, token_ids=emitted))
         return out
 
 
@@ -358,12 +364,24 @@ def chat_request(model: str, prompt: Prompt, sampling: Sampling,
     0; sampled prompts carry ``seed + prompt id``."""
     body: dict[str, Any] = {"model": model, "messages": request_messages(messages or prompt.messages),
                             "max_completion_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
-                            "stream": False}
+                            "stream": False,
+                            # the ids the target emitted (SGLang 0.5.23: choices[].response_token_ids), kept with
+                            # the answer so the token check can compare the training rendering with them
+                            "return_token_ids": True}
     if sampling.sampled:
         body.update(top_p=sampling.top_p, seed=sampling.seed + prompt.id)
     if sampling.template_kwargs:
         body["chat_template_kwargs"] = dict(sampling.template_kwargs)
     return body
+
+
+def _emitted_ids(value: Any, where: str) -> list[int] | None:
+    """``response_token_ids`` as a list of token ids, None where the server returned none."""
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(type(t) is int and t >= 0 for t in value):
+        raise BadResponse(f"{where}: choices[0].response_token_ids: expected a list of token ids")
+    return value
 
 
 def _answer(prompt: Prompt, reply: Any, where: str, max_new_tokens: int | None = None) -> Answer:
@@ -376,7 +394,7 @@ def _answer(prompt: Prompt, reply: Any, where: str, max_new_tokens: int | None =
     counts = {k: usage.get(k, "int", default=0) for k in ("prompt_tokens", "completion_tokens")}
     answer = Answer(prompt, message.get("content", "str", default=""), counts["prompt_tokens"],
                     counts["completion_tokens"], choice.get("finish_reason", "str"),
-                    message.get("reasoning_content", "str"))
+                    message.get("reasoning_content", "str"), token_ids=_emitted_ids((choice.value or {}).get("response_token_ids"), where))
     for key, value in counts.items():
         if value < 0:
             raise BadResponse(f"{where}: usage.{key} is {value}; a token count cannot be negative")

@@ -105,7 +105,7 @@ class BatchDecoder:
     """The rows being decoded together and their caches; ``add`` a prefilled request, ``step`` all."""
 
     holds_stops = True  # honours min_new (the static decoder's CUDA graphs cannot)
-    single_fast_path = True  # False: a row alone is masked like a batch (issue 17's path; benchmarks compare)
+    single_fast_path = True  # False: a row alone is masked like a batch (the first batching path; benchmarks compare)
 
     def __init__(self, engine: Engine):
         self.engine = engine

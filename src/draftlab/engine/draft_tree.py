@@ -1,4 +1,4 @@
-"""SGLang's EAGLE draft tree (``topk`` > 1) as one cycle over the static decoder's slots (issue 26).
+"""SGLang's EAGLE draft tree (``topk`` > 1) as one cycle over the static decoder's slots.
 
 A chain verifies the drafter's single best guess at each step; a tree keeps ``topk`` beams and verifies
 the ``num_draft_tokens - 1`` likeliest drafts of all their children, so a miss of the best guess can

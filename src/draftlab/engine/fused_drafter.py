@@ -1,4 +1,4 @@
-"""The EAGLE-3 drafter's step over static slots in fewer kernels (issue 26).
+"""The EAGLE-3 drafter's step over static slots in fewer kernels.
 
 A speculative cycle runs the drafter k times (k-1 drafts and the extend over the verified tokens);
 once the target's layers are fused (``fused_llama``), the drafter's eager step, about 60 small kernels,

@@ -1,4 +1,4 @@
-"""Static KV cache and CUDA graphs for the builtin server's decoding (issue 26).
+"""Static KV cache and CUDA graphs for the builtin server's decoding.
 
 ``BatchDecoder`` grows transformers' ``DynamicCache`` and masks slots per row: every decode step
 is a few hundred small kernel launches from Python, so on a GPU a small model is bound by the
@@ -50,6 +50,7 @@ from draftlab.engine.batch_decode import BatchDecoder, Row, prefill_row
 from draftlab.engine.draft_tree import DraftTreeCycle
 from draftlab.engine.core import Engine, GenerationResult, GenerationStopped, accept_cycle, hold_stops
 from draftlab.engine.fused_drafter import FusedDrafter
+from draftlab.engine import fused_llama
 from draftlab.engine.fused_llama import FusedLlama, attention_bias, fused_refusal
 
 LLAMA_SHAPED = ("llama", "mistral", "qwen2", "qwen3")
@@ -201,7 +202,9 @@ class StaticDecoder(DraftTreeCycle):
         # ((k-1) x topk), the extend over the accepted path (k+1)
         self.reach = max(self.n_verify, (self.k - 1) * self.topk, self.k + 1) if engine.speculative else 1
         self.max_rows = int(max_rows)
-        self.slots = engine.context_length + self.reach + 1
+        # a multiple of the attention's slot chunk, so that the widest graph splits its value product too
+        chunk = fused_llama.PV_CHUNK or 1
+        self.slots = -(-(engine.context_length + self.reach + 1) // chunk) * chunk
 
     def _bind_layers(self, engine: Engine, fused: bool) -> None:
         """Which forward each step calls: the fused target and drafter over the slots where the layers

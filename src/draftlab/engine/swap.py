@@ -1,4 +1,4 @@
-"""Replace the engine's drafter weights in place, and everything the engine derived from them (issue 35).
+"""Replace the engine's drafter weights in place, and everything the engine derived from them.
 
 What an :class:`~draftlab.engine.core.Engine` builds from its drafter's tensors at construction, and what a
 swap must therefore redo: the hot ids (``_hot = d2t + arange``: SGLang's ``hot_token_id``), and the static

@@ -76,12 +76,17 @@ def server(settings: Settings, layout: Layout, variant: str, spec: str) -> Serve
     return server_spec(settings, layout.target_model, drafter, setting)
 
 
-def plan(settings: Settings, layout: Layout, variant: str, spec: str) -> dict[str, Any]:
+def plan(settings: Settings, layout: Layout, variant: str, spec: str,
+         launch: launches.Launch | None = None) -> dict[str, Any]:
     """The serve-bench plan of one server job. A trained arm's job exists only when the probe gate opened
-    (the checkpoint decides), so no plan carries the gate."""
+    (the checkpoint decides), so no plan carries the gate. ``launch``: a replicated launch writes its results
+    and summary under its own folder (its first launch, or None, where records read them)."""
+    rep = launch is not None and launch.replicate > 1
+    where = launches.result_path(layout, launch) if rep else layout.bench_result
     out = build_plan(settings.config, variant=variant, spec_id=spec, server=server(settings, layout, variant, spec),
-                     result_path=lambda client, ext: layout.bench_result(variant, spec, client, ext),
-                     summary=layout.serve_summary(variant, spec), server_log=layout.server_log(variant, spec))
+                     result_path=lambda client, ext: where(variant, spec, client, ext),
+                     summary=layout.replicate_serve(launch.id, variant) if rep else layout.serve_summary(variant, spec),
+                     server_log=layout.server_log(variant, spec))
     for c, client in zip(out["clients"], settings.bench.clients):
         c["in_domain"] = in_domain_prompts(settings, client)
     return out
@@ -166,10 +171,21 @@ def generate_url_command(settings: Settings, layout: Layout) -> list[str]:
 def launch_plan(settings: Settings, layout: Layout, launch_id: str) -> dict[str, Any]:
     """The plan of one launch job: the bench plan of each of its variants in order, and its checks."""
     launch = next(x for x in launches.launches(settings) if x.id == launch_id)
-    benches = [plan(settings, layout, v, launch.spec) for v in launch.variants]
+    benches = [plan(settings, layout, v, launch.spec, launch) for v in launch.variants]
     generate = generate_url_command(settings, layout) if launch.generate else None
     probe = plan(settings, layout, PROBE, launch.spec) if launches.checks_launch_noise(settings, launch) else None
     return launches.launch_plan(settings, layout, launch, benches, generate, probe)
+
+
+def token_check_command(settings: Settings, layout: Layout) -> list[str]:
+    """Rule token_check: the generated data against the ids the target emitted, rendered as the training renders
+    it (SpecForge's capture tokenizes the text again; draftlab's tokenize splices the emitted ids in)."""
+    rendering = "text" if settings.train.captures and settings.train.specforge.capture == "specforge" else "tokenize"
+    argv = ["draftlab", "token-check", "--target", layout.target_model, "--data", layout.generated_data,
+            "--out", layout.token_check, "--rendering", rendering, "--min-match", f"{settings.data.min_token_match:g}"]
+    if settings.data.token_check_sample:
+        argv += ["--sample", str(settings.data.token_check_sample)]
+    return argv + (["--trust-remote-code"] if settings.target.trust_remote_code else [])
 
 
 def leak_check_files(settings: Settings, layout: Layout) -> dict[str, list[str]]:
@@ -344,7 +360,8 @@ def capture_plan(settings: Settings, layout: Layout) -> specforge.CapturePlan:
     return specforge.CapturePlan(
         engine=t.specforge.capture, target=layout.target_model, drafter=layout.patched, tokens=layout.tokens,
         data=train_data(settings, layout), state=layout.capture_state, chat_template=t.chat_template,
-        max_length=t.max_length, checkout=t.specforge.checkout)
+        max_length=t.max_length, checkout=t.specforge.checkout,
+        budget_bytes=int(t.specforge.capture_budget_gb * 10**9) if t.specforge.capture_budget_gb else None)
 
 
 def check_capture_ready(settings: Settings) -> dict[str, Any] | None:
@@ -368,6 +385,7 @@ def _plan_args(plan: specforge.CapturePlan) -> list[str]:
     args = ["--engine", plan.engine, "--target", plan.target, "--drafter", plan.drafter, "--tokens", plan.tokens,
             "--data", plan.data, "--state", plan.state, "--chat-template", plan.chat_template,
             "--max-length", str(plan.max_length)]
+    args += ["--budget-gb", f"{plan.budget_bytes / 10**9:g}"] if plan.budget_bytes and plan.engine == "specforge" else []
     return args + (["--checkout", plan.checkout] if plan.checkout and plan.engine == "specforge" else [])
 
 

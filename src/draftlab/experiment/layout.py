@@ -131,6 +131,11 @@ class Layout:
         return self._p("data", "leak-check.json")
 
     @property
+    def token_check(self) -> str:
+        """Rule token_check's record: how many assistant turns render to the ids the target emitted."""
+        return self._p("data", "token-check.json")
+
+    @property
     def generate_server(self) -> str:
         """The server spec generate_data launches (rule generate_server)."""
         return self._p("data", "generate-server.json")
@@ -266,6 +271,15 @@ class Layout:
         """The probe benched again in an arms launch for the launch check, per request: what pairs the probe
         with that launch's arms inside one start of the target (hosts' margin, not the launch bound)."""
         return f"{self.launch_dir(launch)}/probe-again-{client}.json"
+
+    def replicate_result(self, launch: str, variant: str, client: str, ext: str = "json") -> str:
+        """A variant's result in a replicated launch (``bench.launch_replicates``): beside its original's, never
+        in its place, so records read the first launch and the report pairs the replicates."""
+        return f"{self.launch_dir(launch)}/{variant}-{client}.{ext}"
+
+    def replicate_serve(self, launch: str, variant: str) -> str:
+        """A variant's server summary in a replicated launch."""
+        return f"{self.launch_dir(launch)}/serve-{variant}.json"
 
     def launch_cache(self, launch: str) -> str:
         """Each swapped-in variant's results and the key they were measured under (outside the rule's

@@ -24,6 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from draftlab.csvcells import frame_cells, frame_uncells
 from draftlab.settings.config import config_hash
 from draftlab.errors import DraftlabError
 from draftlab.experiment.layout import Layout
@@ -391,7 +392,7 @@ def write_records(frame, csv_path: str | os.PathLike, parquet_path: str | os.Pat
     """CSV and Parquet, each written to a temporary file and renamed; the Parquet is the CSV read
     back in the declared column types (:mod:`draftlab.experiment.records_schema`), so the two agree."""
     with atomic_path(csv_path) as tmp:
-        frame.to_csv(tmp, index=False)
+        frame_cells(frame).to_csv(tmp, index=False)  # formula-looking text quoted (draftlab.csvcells)
     if parquet_path is not None:
         derive_parquet(Path(csv_path), Path(parquet_path))
 
@@ -401,7 +402,8 @@ MAX_RECORDS_BYTES = 1 << 30
 
 
 def read_table(path: str | os.PathLike, what: str):
-    """A records CSV as text columns; empty, unreadable or without ``row_id``: one user error."""
+    """A records CSV as text columns, each cell as it was before :func:`draftlab.csvcells.cell` quoted it;
+    empty, unreadable or without ``row_id``: one user error."""
     import pandas as pd  # deferred: pandas (~1 s): the records rules alone need it
 
     text = read_text_file(path, what, MAX_RECORDS_BYTES)
@@ -414,7 +416,7 @@ def read_table(path: str | os.PathLike, what: str):
     if "row_id" not in frame.columns:
         raise DraftlabError(f"{path}: key 'row_id': {what} has no row_id column (columns: "
                             f"{', '.join(map(str, frame.columns[:8]))}); expected draftlab's records table")
-    return frame
+    return frame_uncells(frame)
 
 
 def derive_parquet(csv_path: Path, pq_path: Path) -> None:
@@ -482,7 +484,7 @@ def merge_into_global(exp_csv: str | os.PathLike, global_dir: str | os.PathLike 
         merged = fresh if old is None else pd.concat([old, fresh], ignore_index=True).fillna("")
         if old is None or len(fresh):
             with atomic_path(csv_path) as tmp:
-                merged.to_csv(tmp, index=False)
+                frame_cells(merged).to_csv(tmp, index=False)
         if not parquet_is_current(csv_path, pq_path):
             derive_parquet(csv_path, pq_path)  # numbers back as numbers for Parquet readers
     info = {"source": str(exp_csv), "appended": int(len(fresh)), "already_present": int(len(new) - len(fresh)),

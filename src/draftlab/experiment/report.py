@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from draftlab.benchmark import chain as chains
-from draftlab.benchmark import launch_noise
+from draftlab.benchmark import launch_noise, power, replicated
 from draftlab.benchmark import paired as pairing
 from draftlab.benchmark import recommend
 from draftlab.benchmark.bench import is_verify_cycle
@@ -88,7 +88,7 @@ def decision_text(rows: list[dict[str, Any]], gate: dict[str, Any] | None, bench
                "stands at its best setting by that number, never by accept length.")
     lines = d["lines"]
     # the decision first, the launch check it carries, then what it rests on
-    return [lines[-1]] + launch_noise.report_lines(d.get("launch")) + out + lines[:-1]
+    return [lines[-1]] + launch_noise.report_lines(d.get("launch")) + power.report_lines(d) + out + lines[:-1]
 
 
 _table = md_table  # every body cell escaped (draftlab.textsafe): cells carry names and messages read from files
@@ -216,12 +216,13 @@ def chain_section(preds: dict[tuple[str, str], dict[str, Any]], rows: list[dict[
     for (v, spec), pred in preds.items():
         for p in pred["predictions"]:
             m = measured.get((v, float(p["k"])))
-            body.append([v, f"{p['k']}{' (recommended)' if p['k'] == pred['recommended_k'] else ''}",
+            body.append([v, f"{p['k']}{' (recommended)' if p['k'] == pred.get('recommended_k') else ''}",
                          f"{p['accept_length']:.2f}", f"{p['tps']:.1f}", _fmt(p["speedup"]),
                          _fmt(m["accept_length"]) if m else "–", _fmt(m["tps_median"], "{:.1f}") if m else "–"])
     fits = "; ".join(f"`{v}` from {spec}: t_verify {p['t_verify_ms']:.2f} ms, t_draft {p['t_draft_ms']:.2f} ms"
                      + (f" (fitted through the cycles measured at k = {', '.join(map(str, p['fit_points']))})"
                         if len(p.get("fit_points") or ()) > 1 else " (t_verify: plain decoding's step)")
+                     + (f" — {p['unusable']}" if p.get("unusable") else "")
                      for (v, spec), p in preds.items())
     return (["Predicted from one launch per drafter (its chain setting with the most steps): accept length from "
              "the acceptance by position, E_k = 1 + sum_{i<=k} P(at least i drafts accepted); cycle t(k) = t_verify + "
@@ -412,8 +413,12 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
     server_plans = load_plans(files["plans"])
     gate = _read_json(Path(files["gate"]))
     client = rows[0]["client"] if rows else None
-    launch = load_launch_noise(launches)
-    decision, rec_path, deploy = _write_recommendation(out_dir, rows, results, client, server_plans, launch)
+    decided, launch = load_launch_noise(launches, results, client)
+    decision, rec_path, deploy = _write_recommendation(out_dir, rows, results, client, server_plans, launch, decided)
+    if launches:  # this run's launch noise, for the next plan's power line (power.prior, this host only)
+        summaries = [s for s in (_read_json(Path(p)) for p in launches) if isinstance(s, dict)]
+        power.record(exp_dir, launch, power.interval_se(decision.get("paired")), power.summaries_key(summaries),
+                     power.launch_host(summaries))
     paths, standing_rows, curves = _write_plots(out_dir, rows, results, client, files["train"], standing)
     experiment = rows[0]["experiment"] if rows else exp_dir.name
     decision_lines = decision_text(rows, gate, results, decision) if rows else decision_text(rows, gate)
@@ -427,25 +432,27 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
             **{k: str(v) for k, v in paths.items()}, **views}
 
 
-def load_launch_noise(paths: Sequence[str | os.PathLike] | None) -> dict[str, Any]:
-    """The run's launch noise from the arms launches' summaries handed (draftlab.benchmark.launch_noise)."""
+def load_launch_noise(paths: Sequence[str | os.PathLike] | None, results: Bench | None = None,
+                      client: str | None = None) -> tuple[dict[tuple[str, str], Any] | None, dict[str, Any]]:
+    """The decision's results on ``client`` (replicated launches merged: draftlab.benchmark.replicated; None
+    without results) and the run's launch noise, from the arms launches' and replicates' summaries handed."""
+    bench = for_client(results, client) if results is not None and client else {}
     if paths is None:
-        return {"measured": False, "noise": None, "check": None, "checks": [],
-                "reason": "no launch summary was handed to the report (`--launches`)"}
-    launch = launch_noise.from_summaries([s for s in map(lambda p: _read_json(Path(p)), paths) if isinstance(s, dict)])
-    for check in launch.get("checks") or []:  # the probe benched again, per request: paired inside its launch
-        again = _read_json(Path(check["result"])) if check.get("result") else None
-        if isinstance(again, dict) and again.get("rows"):
-            check["bench"] = again
-    return launch
+        return (bench or None), {"measured": False, "noise": None, "check": None, "checks": [],
+                                 "reason": "no launch summary was handed to the report (`--launches`)"}
+    summaries = [s for s in map(lambda p: _read_json(Path(p)), paths) if isinstance(s, dict)]
+    decided, launch = replicated.assemble(bench, summaries, client, lambda p: _read_json(Path(p)))
+    return (decided or None), launch
 
 
 def _write_recommendation(out_dir: Path, rows: list[dict[str, Any]], results: Bench, client: str | None,
                           server_plans: dict[tuple[str, str], dict[str, Any]],
-                          launch: dict[str, Any] | None = None) -> tuple[dict[str, Any], Path, list[str]]:
-    """Decide (draftlab.benchmark.verdict) and write ``recommendation.json``, what to launch on that decision;
-    returns the decision, the file and the recommendation in words."""
-    decision = (decide(rows, client, for_client(results, client), launch) if rows
+                          launch: dict[str, Any] | None = None,
+                          decided: dict[tuple[str, str], Any] | None = None) -> tuple[dict[str, Any], Path, list[str]]:
+    """Decide (draftlab.benchmark.verdict) and write ``recommendation.json``, what to launch on that decision
+    (``decided``: the results it pairs, replicated launches merged; default the client's results); returns the
+    decision, the file and the recommendation in words."""
+    decision = (decide(rows, client, decided if decided is not None else for_client(results, client), launch) if rows
                 else {"lines": [], "verdict": "none", "launch": launch})
     win = decision.get("winner")
     rec = recommend.recommendation(decision, baseline_row(rows, client) if rows else None,

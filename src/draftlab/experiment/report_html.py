@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from draftlab.csvcells import uncell
 from draftlab.fsutil import write_text
 
 STYLE = (
@@ -201,7 +202,7 @@ def records_html(records_csv: str | os.PathLike, columns: Sequence[str]) -> str:
         rows = list(csv.DictReader(fh))
     cols = [c for c in columns if rows and c in rows[0]]
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(rounded(r[c]))}</td>" for c in cols) + "</tr>" for r in rows)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(rounded(uncell(r[c])))}</td>" for c in cols) + "</tr>" for r in rows)
     return (f"<h1>Records: {len(rows)} rows of {html.escape(str(records_csv))}</h1><p>Every column, with "
             "provenance, is in the CSV and Parquet beside it; this page shows those a comparison needs.</p>"
             f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")

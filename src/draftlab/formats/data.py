@@ -116,6 +116,11 @@ def parse_turns(turns: list, where: str) -> list[dict[str, str]]:
             raise DraftlabError(f"{where}: each turn needs 'role' and 'content' strings "
                                 f"(or ShareGPT 'from' and 'value'), got {turn!r:.80}")
         messages.append({"role": ROLE_ALIASES.get(role, role), "content": content})
+        emitted = turn.get("token_ids")
+        if emitted is not None:  # the ids the target emitted for this turn (data generation keeps them)
+            if not isinstance(emitted, list) or not all(type(t) is int and t >= 0 for t in emitted):
+                raise DraftlabError(f"{where}: a turn's 'token_ids' must be a list of token ids, got {emitted!r:.80}")
+            messages[-1]["token_ids"] = emitted
     return messages
 
 

@@ -29,6 +29,10 @@ from draftlab.formats.target_config import check_config_types
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 EAGLE1_ARCHITECTURES = ("LlamaForCausalLMEagle", "EagleLlamaForCausalLM")
+# EAGLE-3 drafters with DeepSeek-V2 multi-latent attention that SGLang 0.5.23 serves for Kimi-K2.x targets
+# (srt/models/kimi_k25_eagle3.py, e.g. lightseekorg/kimi-k2.5-eagle3-mla): tensors under layers.0.* with MLA
+# projections, not the Llama layout (midlayer.*) draftlab trains
+MLA_EAGLE3_ARCHITECTURES = ("Eagle3DeepseekV2ForCausalLM",)
 OPTIONAL_TENSORS = ("embed_tokens.weight",)
 
 

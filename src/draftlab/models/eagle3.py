@@ -329,7 +329,11 @@ class Eagle3Drafter(nn.Module):
         folder = Path(folder)
         cfg_path = folder / "config.json"
         cfg = load_json_config(cfg_path)
-        fmt.DrafterConfig.from_dict(cfg, cfg_path)  # a missing or mistyped key: an error naming the file
+        spec = fmt.DrafterConfig.from_dict(cfg, cfg_path)  # a missing or mistyped key: an error naming the file
+        if spec.draft_vocab_size > spec.vocab_size:
+            raise DraftlabError(f"{cfg_path}: draft_vocab_size {spec.draft_vocab_size} is larger than vocab_size "
+                                f"{spec.vocab_size} (the target vocabulary its draft ids map into); expected at most "
+                                f"{spec.vocab_size}: the drafter belongs to another target or its config is wrong")
         tensors = read_drafter_tensors(folder)
         model = cls(cfg)
         expected = fmt.expected_tensor_shapes(cfg)

@@ -160,6 +160,7 @@ def handle_generate(state: ServerState, body: dict[str, Any], t_arrival: float,
     for i, res in enumerate(state.run_many(prompts, max_new, ignore_eos, stop_ids, client_gone=client_gone,
                                            min_new_tokens=min_new)):
         meta = meta_info(res, rid if not batched else f"{rid}-{i}", num_draft_tokens=state.engine.num_draft_tokens,
+                         weight_version=state.weight_version,
                          e2e_latency=time.perf_counter() - t_arrival)
         outs.append({"text": state.decode(res.output_ids), "output_ids": res.output_ids, "meta_info": meta})
     return outs if batched else outs[0]
@@ -305,13 +306,16 @@ def handle_chat_completions(state: ServerState, body: dict[str, Any],
                                        min_new)
         return Stream(streaming.chat_events(state, snaps, rid, model, extras))
     res = state.run(ids, max_new, ignore_eos, stop_ids, client_gone=client_gone, min_new_tokens=min_new)
+    choice = {"index": 0, "message": {"role": "assistant", "content": state.decode(res.output_ids)},
+              "logprobs": None, "finish_reason": res.finish_reason, "matched_stop": _matched(res)}
+    if _bool(body.get("return_token_ids", False), "return_token_ids"):  # SGLang 0.5.23's keys (non-streamed)
+        choice.update(prompt_token_ids=list(ids), response_token_ids=list(res.output_ids))
     return _sglext(state, body, [res], {
         "id": rid,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": state.decode(res.output_ids)},
-                     "logprobs": None, "finish_reason": res.finish_reason, "matched_stop": _matched(res)}],
+        "choices": [choice],
         "usage": {"prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
                   "total_tokens": res.prompt_tokens + res.completion_tokens},
     })

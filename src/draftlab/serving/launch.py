@@ -29,6 +29,8 @@ import psutil
 
 from draftlab.errors import DraftlabError
 from draftlab import http_client
+from draftlab.http_client import server_key
+from draftlab.serving import api_keys
 from draftlab.serving.parent_watch import death_signal_preexec, watch_group
 from draftlab.serving.server_spec import BACKENDS, ServerSpec, server_fingerprint  # noqa: F401 - launch's input, re-exported
 LISTEN_RE = re.compile(r"draftlab-serve listening on http://(\S+):(\d+)\s*$", re.M)
@@ -242,8 +244,12 @@ def running_server(spec: ServerSpec, log_path: str | os.PathLike, *,
         port = free_port(spec.host)
     argv = spec.argv(port=port)
     env = {**os.environ, **spec.env}
+    key = None
     if spec.backend == "builtin":
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # a key of its own for each launch, through the environment (never argv or a log): every route
+        # the pipeline calls is then the pipeline's alone, and a non-loopback bind keeps its weight routes
+        key = env[api_keys.ENV_API_KEY] = env.get(api_keys.ENV_API_KEY) or api_keys.new_key()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with _sigterm_raises(), open(log_path, "wb") as log:
         log.write(("# " + " ".join(_shell_quote(a) for a in argv) + "\n").encode())
@@ -256,7 +262,8 @@ def running_server(spec: ServerSpec, log_path: str | os.PathLike, *,
         try:
             watch = watch_group(proc.pid, spec.grace_s)
             url = _wait_healthy(spec, proc, port, log_path, say)
-            yield RunningServer(url=url, pid=proc.pid, spec=spec, log_path=log_path, proc=proc)
+            with server_key(url, key):
+                yield RunningServer(url=url, pid=proc.pid, spec=spec, log_path=log_path, proc=proc)
         finally:
             stop_group(proc, spec.grace_s)
             if watch is not None:

@@ -13,7 +13,7 @@ def model_info(state: ServerState) -> dict[str, Any]:
     config = state.engine.target.config
     return {"model_path": state.model_path, "served_model_name": state.model_path,
             "tokenizer_path": state.model_path if state.tokenizer is not None else None, "is_generation": True,
-            "preferred_sampling_params": None, "weight_version": "default", "load_format": "auto",
+            "preferred_sampling_params": None, "weight_version": state.weight_version, "load_format": "auto",
             "reasoning_parser": None, "tool_call_parser": None, "disaggregation_mode": "null",
             "has_image_understanding": False, "has_audio_understanding": False,
             "model_type": getattr(config, "model_type", None), "architectures": getattr(config, "architectures", None)}

@@ -48,7 +48,7 @@ COMPLETION_KEYS = frozenset({"model", "prompt", "max_tokens", "min_tokens", "tem
                              "stop_token_ids", "ignore_eos", "stream", "stream_options", "return_spec_tokens_details"})
 CHAT_KEYS = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "min_tokens", "temperature", "top_k",
                        "n", "stop", "stop_token_ids", "ignore_eos", "stream", "stream_options", "chat_template_kwargs",
-                       "return_spec_tokens_details"})
+                       "return_token_ids", "return_spec_tokens_details"})
 
 
 def check_options(body: dict[str, Any], handled: frozenset[str], route: str) -> None:

@@ -46,11 +46,10 @@ from draftlab.models.target import load_tokenizer
 from draftlab.serving import metrics, model_routes
 from draftlab.serving.endpoints import handle_chat_completions, handle_completions, handle_generate
 from draftlab.engine.core import Engine
-from draftlab.serving import weight_swap
+from draftlab.serving import api_keys, weight_swap
 from draftlab.serving.server_state import BadRequest, ClientGone, HTTPFailure, ServerState
 from draftlab.serving.streaming import Stream, send_sse
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 LISTEN_LINE = "draftlab-serve listening on http://{host}:{port}"
 STOP_GRACE_S = 3.0
 
@@ -160,16 +159,16 @@ class Handler(BaseHTTPRequestHandler):
         self._send(status, {"error": {"message": message, "type": phrase, "code": status},
                             "object": "error", "message": message, "type": phrase, "param": None, "code": status})
 
-    def _body(self) -> dict[str, Any]:
+    def _body(self, limit: int | None = None) -> dict[str, Any]:
         if self.headers.get("Transfer-Encoding"):
             raise BadRequest("chunked request bodies are not supported; send Content-Length", 411, close=True)
         raw_length = (self.headers.get("Content-Length") or "0").strip()
         if not (raw_length.isascii() and raw_length.isdigit()):  # "²".isdigit() is True, int("²") fails
             raise BadRequest(f"Content-Length: expected a non-negative integer, got {raw_length!r}", close=True)
-        length = int(raw_length)
-        if length > self.state.max_body_bytes:
-            raise BadRequest(f"request body of {length} bytes is larger than the limit of "
-                             f"{self.state.max_body_bytes} bytes", 413, close=True)
+        length, limit = int(raw_length), limit or self.state.max_body_bytes
+        if length > limit:
+            raise BadRequest(f"request body of {length} bytes is larger than the limit of {limit} bytes", 413,
+                             close=True)
         try:
             raw = self.rfile.read(length) if length else b""
         except TimeoutError:
@@ -205,6 +204,11 @@ class Handler(BaseHTTPRequestHandler):
     def _dispatch(self, method: str) -> None:
         t0 = time.perf_counter()
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        denied = api_keys.decide(self.server.keys, method, path, self.headers.get("Authorization"))
+        if denied is not None:  # SGLang's key rules (serving.api_keys); the unread body ends the connection
+            self.close_connection = True
+            self._send(*denied)
+            return
         try:
             if path == "/health":
                 self._send(200, b"")
@@ -234,7 +238,8 @@ class Handler(BaseHTTPRequestHandler):
             elif path == "/v1/chat/completions" and method == "POST":
                 self._answer(handle_chat_completions(self.state, self._body(), self.client_gone))
             elif path in weight_swap.ROUTES:  # SGLang's draft-weight update (serving.weight_swap)
-                self._send(*weight_swap.handle(self.state, path, self._body() if method == "POST" else {}))
+                limit = weight_swap.body_limit(self.state) if path == "/update_weights_from_tensor" else None
+                self._send(*weight_swap.handle(self.state, path, self._body(limit) if method == "POST" else {}))
             elif path in ("/generate", "/v1/completions", "/v1/chat/completions"):
                 self._error(405, f"{path}: use POST")
             else:
@@ -270,17 +275,20 @@ class DraftlabHTTPServer(ThreadingHTTPServer):
             return
         super().handle_error(request, client_address)
 
-    def __init__(self, address: tuple[str, int], state: ServerState):
+    def __init__(self, address: tuple[str, int], state: ServerState, keys: api_keys.Keys | None = None):
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         self.state = state
+        self.keys = keys or api_keys.Keys.for_bind(address[0])
         super().__init__(address, Handler)
 
 
-def make_server(state: ServerState, host: str = "127.0.0.1", port: int = 0) -> DraftlabHTTPServer:
-    """Bind (port 0 = a free port, see ``server.server_address``) without starting to serve."""
+def make_server(state: ServerState, host: str = "127.0.0.1", port: int = 0,
+                keys: api_keys.Keys | None = None) -> DraftlabHTTPServer:
+    """Bind (port 0 = a free port, see ``server.server_address``) without starting to serve; ``keys``
+    default to ``DRAFTLAB_API_KEY``/``DRAFTLAB_ADMIN_API_KEY`` (``serving.api_keys``)."""
     try:
-        return DraftlabHTTPServer((host, port), state)
+        return DraftlabHTTPServer((host, port), state, keys)
     except OSError as exc:
         raise DraftlabError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
@@ -304,17 +312,17 @@ def load_state(target: str | Path, drafter: str | Path | None = None, *, num_ste
                        tokenizer=tokenizer, device=device, dtype=dtype, **limits)
 
 
-def serve(state: ServerState, host: str = "127.0.0.1", port: int = 0) -> int:
+def serve(state: ServerState, host: str = "127.0.0.1", port: int = 0, keys: api_keys.Keys | None = None) -> int:
     """Serve until SIGTERM/SIGINT; prints the machine-readable listening line first.
 
     A signal stops every generation at its next decode step and every wait for the engine (their
     clients get 503); if requests are still being handled ``STOP_GRACE_S`` after the listener has
     closed, the process exits anyway.
     """
-    if host not in LOOPBACK:
-        print(f"WARNING: draftlab serve is binding {host}, reachable from other machines; it has no "
-              f"authentication. Use --host 127.0.0.1 unless you mean it.", file=sys.stderr, flush=True)
-    httpd = make_server(state, host, port)
+    httpd = make_server(state, host, port, keys)
+    note = httpd.keys.startup_note(host)
+    if note:
+        print(note, file=sys.stderr, flush=True)
     bound_port = httpd.server_address[1]
 
     def stop(signum, frame):

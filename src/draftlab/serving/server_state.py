@@ -17,6 +17,7 @@ from draftlab.engine.core import Engine, GenerationResult
 from draftlab.engine.scheduler import DEFAULT_MAX_BATCH_SIZE, Scheduler, Ticket
 from draftlab.engine.static_decode import enable_static
 from draftlab.serving.metrics import ServerMetrics
+from draftlab.serving.sglang_meta import WEIGHT_VERSION
 
 MAX_PROMPTS = 256  # prompts in one /generate or /v1/completions request (--max-prompts-per-request)
 MIN_BODY = 1024 * 1024  # body limit: this, or BODY_BYTES_PER_TOKEN per context token if larger
@@ -72,11 +73,12 @@ class ServerState:
         ctx = engine.context_length or 0
         self.max_body_bytes = int(max_body_bytes or max(MIN_BODY, BODY_BYTES_PER_TOKEN * ctx))
         self.max_prompts = int(max_prompts)
+        self.weight_version = WEIGHT_VERSION  # SGLang's --weight-version; a drafter swap may name a new one
         self.stopping = threading.Event()  # set on SIGTERM: every wait and generation ends
         self._active = 0  # requests being handled, so a shutdown can let their answers go out
         self._idle = threading.Condition()
         self.lock = threading.Lock()  # held by the scheduler around every engine step
-        # on CUDA: static KV cache + CUDA graphs up to cuda_graph_max_bs (issue 26); reported by server_info
+        # on CUDA: static KV cache + CUDA graphs up to cuda_graph_max_bs; reported by server_info
         self.decoding = {**enable_static(engine, max_batch_size, cuda_graph_max_bs), "cuda_graph_max_bs":
                          max_batch_size if cuda_graph_max_bs is None else cuda_graph_max_bs}
         self.scheduler = Scheduler(engine, max_batch_size, lock=self.lock)
@@ -258,7 +260,7 @@ class ServerState:
             "max_running_requests": self.scheduler.max_batch_size,
             "max_req_input_len": (eng.context_length - 1) if eng.context_length else None,
             "skip_tokenizer_init": self.tokenizer is None,
-            "weight_version": "default",
+            "weight_version": self.weight_version,
             "startup_time": self.started,
             "frontend": "python",
             "max_batch_size": self.scheduler.max_batch_size,

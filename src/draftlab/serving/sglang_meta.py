@@ -35,7 +35,8 @@ def finish_reason(res: GenerationResult) -> dict[str, Any]:
 
 
 def meta_info(res: GenerationResult, rid: str, *, num_draft_tokens: int, finished: bool = True,
-              completion_tokens: int | None = None, e2e_latency: float | None = None) -> dict[str, Any]:
+              completion_tokens: int | None = None, e2e_latency: float | None = None,
+              weight_version: str = WEIGHT_VERSION) -> dict[str, Any]:
     """The ``meta_info`` of one answer (``finished``) or of one stream event before the end.
 
     ``completion_tokens``: the tokens this event covers (a stream's snapshot; default all of them).
@@ -44,7 +45,7 @@ def meta_info(res: GenerationResult, rid: str, *, num_draft_tokens: int, finishe
         "id": rid,
         "finish_reason": finish_reason(res) if finished else None,
         "prompt_tokens": res.prompt_tokens,
-        "weight_version": WEIGHT_VERSION,
+        "weight_version": weight_version,
         "num_retractions": 0,
         "reasoning_tokens": 0,
         "completion_tokens": res.completion_tokens if completion_tokens is None else completion_tokens,

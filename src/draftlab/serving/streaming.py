@@ -94,7 +94,8 @@ def text_upto(state: ServerState, res: GenerationResult, n: int, finished: bool)
 def generate_events(state: ServerState, snapshots: Iterator[Snapshot], rid: str, t_arrival: float) -> Iterator[bytes]:
     """``/generate`` with ``stream: true``: SGLang's cumulative events."""
     for res, n, finished in snapshots:
-        meta = meta_info(res, rid, num_draft_tokens=state.engine.num_draft_tokens, finished=finished,
+        meta = meta_info(res, rid, num_draft_tokens=state.engine.num_draft_tokens,
+                         weight_version=state.weight_version, finished=finished,
                          completion_tokens=n, e2e_latency=time.perf_counter() - t_arrival if finished else None)
         yield _event({"text": text_upto(state, res, n, finished), "output_ids": res.output_ids[:n], "meta_info": meta})
     yield DONE

@@ -6,8 +6,9 @@
   and ``Engine._serialize_tensors_per_rank`` send. ``ForkingPickler`` passes a CPU tensor's storage as a
   file descriptor the receiver fetches from the sender's process: sender and server share one host and
   the sender stays alive until the update has answered (as SGLang requires).
-- **Reading it** never runs arbitrary pickle: :class:`SafeUnpickler` allows only the containers and torch
-  rebuild functions a named-tensor list needs (a subset of SGLang's own ``SafeUnpickler`` allowlist).
+- **The builtin server** reads only in-band payloads (``serialize(..., in_band=True)``: a plain pickle whose
+  storages carry their bytes, which SGLang's ``SafeUnpickler`` reads too), through the bounded reader of
+  :mod:`draftlab.serving.tensor_payload`: no descriptor, socket or shared-memory name is ever followed.
 - **Checksums** (``/weights_checker``): a tensor's is the first 8 bytes of the SHA-256 of its raw bytes as
   16 hex digits (SGLang's CPU ``tensor_hash``); a rank's is the SHA-256 over the sorted names and their
   checksums (``overall_checksum``, ``sglang/srt/utils/weight_checker.py``).
@@ -19,42 +20,23 @@ import base64
 import binascii
 import hashlib
 import io
-import pickle
 from multiprocessing.reduction import ForkingPickler
 from typing import Iterable, Mapping
 
 import torch
 import torch.multiprocessing  # registers torch's ForkingPickler reductions; the rebuild functions live there
 
-from draftlab.errors import DraftlabError
-
-# The globals a ForkingPickler'd list of (name, CPU tensor) pairs refers to; each is in SGLang's allowlist.
-ALLOWED_GLOBALS = frozenset({
-    ("builtins", "list"), ("builtins", "tuple"), ("builtins", "str"), ("builtins", "int"),
-    ("torch", "Tensor"), ("torch", "Size"), ("torch", "device"),
-    ("torch.storage", "UntypedStorage"), ("torch.storage", "TypedStorage"),
-    ("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_parameter"),
-    ("torch.multiprocessing.reductions", "rebuild_tensor"),
-    ("torch.multiprocessing.reductions", "rebuild_typed_storage"),
-    ("torch.multiprocessing.reductions", "rebuild_storage_fd"),
-    ("torch.multiprocessing.reductions", "rebuild_storage_filename"),
-    ("torch.multiprocessing.reductions", "rebuild_storage_empty"),
-    ("multiprocessing.resource_sharer", "DupFd"),
-}) | {("torch", name) for name in ("float32", "float16", "bfloat16", "float64", "int64", "int32", "bool",
-                                    "uint8", "int8", "int16")}
+from draftlab.serving import tensor_payload
 
 
-class SafeUnpickler(pickle.Unpickler):
-    """``pickle.Unpickler`` that refuses every global outside :data:`ALLOWED_GLOBALS` (no code runs)."""
+def serialize(named_tensors: list[tuple[str, torch.Tensor]], in_band: bool = False) -> str:
+    """One rank's ``serialized_named_tensors`` entry.
 
-    def find_class(self, module: str, name: str):
-        if (module, name) in ALLOWED_GLOBALS:
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"refused global {module}.{name} in a weight payload")
-
-
-def serialize(named_tensors: list[tuple[str, torch.Tensor]]) -> str:
-    """One rank's ``serialized_named_tensors`` entry: base64 of ForkingPickler's dump (SGLang's own bytes)."""
+    ``in_band`` (what the builtin server reads): a plain pickle whose storages carry their bytes
+    (:func:`tensor_payload.write_named_tensors`; SGLang's ``SafeUnpickler`` reads it too). Otherwise SGLang's
+    own bytes, ForkingPickler's dump, for a sender on the server's host."""
+    if in_band:
+        return base64.b64encode(tensor_payload.write_named_tensors(named_tensors)).decode("ascii")
     # file_system: a CPU storage travels as a shared-memory name any process of this host can open; the
     # default (file descriptors through this process's resource sharer) authenticates with a key that
     # only this process's own children hold, so an unrelated server could not read it
@@ -64,23 +46,16 @@ def serialize(named_tensors: list[tuple[str, torch.Tensor]]) -> str:
     return base64.b64encode(buf.getvalue()).decode("utf-8")
 
 
-def deserialize(entry: str) -> list[tuple[str, torch.Tensor]]:
-    """A ``serialized_named_tensors`` entry back into ``[(name, tensor)]``, refusing anything else."""
+def deserialize(entry: object, shapes, tensors: int) -> list[tuple[str, torch.Tensor]]:
+    """An in-band ``serialized_named_tensors`` entry back into ``[(name, tensor)]`` of the served drafter's
+    ``shapes`` (at most ``tensors``), refusing anything else (:mod:`draftlab.serving.tensor_payload`)."""
     if not isinstance(entry, str):
-        raise DraftlabError("serialized_named_tensors: expected base64 strings")
+        raise tensor_payload.refuse(f"expected a base64 string per rank, got {type(entry).__name__}")
     try:
         raw = base64.b64decode(entry, validate=True)
     except (binascii.Error, ValueError):
-        raise DraftlabError("serialized_named_tensors: an entry is not valid base64") from None
-    try:
-        obj = SafeUnpickler(io.BytesIO(raw)).load()
-    except (pickle.UnpicklingError, EOFError, OSError, ValueError, TypeError, AttributeError) as exc:
-        raise DraftlabError(f"serialized_named_tensors: not a named-tensor payload ({str(exc)[:200]})") from None
-    if not isinstance(obj, list) or not all(
-            isinstance(p, tuple) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], torch.Tensor)
-            for p in obj):
-        raise DraftlabError("serialized_named_tensors: expected a list of (name, tensor) pairs")
-    return obj
+        raise tensor_payload.refuse("an entry is not valid base64") from None
+    return tensor_payload.read_named_tensors(raw, shapes, tensors)
 
 
 def tensor_hash(t: torch.Tensor) -> str:

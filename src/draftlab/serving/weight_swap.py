@@ -1,4 +1,4 @@
-"""The builtin server's draft-weight update, on SGLang 0.5.23's routes and request fields (issue 35).
+"""The builtin server's draft-weight update, on SGLang 0.5.23's routes and request fields.
 
 Routes (``sglang/srt/entrypoints/http_server.py``) and bodies (``sglang/srt/managers/io_struct.py``):
 
@@ -23,6 +23,7 @@ waits and runs on the new drafter).
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from typing import Any
 
@@ -41,10 +42,34 @@ class Conflict(BadRequest):
     status = 409
 
 
+# SGLang 0.5.23's field types (``managers/io_struct.py``); ``rid``/``http_worker_ipc`` are BaseReq's
+_OPT_STR = (str, type(None))
+TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "selector": ((str,), "one of target, draft, all"), "load_format": (_OPT_STR, "a string or null"),
+    "flush_cache": ((bool,), "true or false"), "abort_all_requests": ((bool,), "true or false"),
+    "weight_version": (_OPT_STR, "a string or null"), "torch_empty_cache": ((bool,), "true or false"),
+    "serialized_named_tensors": ((list,), "a list of base64 strings, one per TP rank"),
+    "action": ((str,), "a string"), "allow_quant_error": ((bool,), "true or false"),
+    "skip_tensor_list": ((list, type(None)), "a list of strings or null"), "rid": ((str, list, type(None)),
+                                                                                 "a string, a list or null"),
+    "http_worker_ipc": (_OPT_STR, "a string or null"),
+}
+
+
 def _fields(body: dict[str, Any], allowed: set[str], where: str) -> None:
+    """Unknown fields and fields of another type than SGLang's are refused, naming the field."""
     unknown = sorted(set(body) - allowed - {"rid", "http_worker_ipc"})
     if unknown:
         raise BadRequest(f"{where}: unknown field {unknown[0]!r} (SGLang 0.5.23's request has {sorted(allowed)})")
+    for name, value in body.items():
+        types, expected = TYPES[name]
+        # bool is an int in Python and JSON's true is not a string: both would pass isinstance checks loosely
+        ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+        if ok and isinstance(value, list) and name in ("serialized_named_tensors", "skip_tensor_list"):
+            ok = all(isinstance(v, str) for v in value)
+        if not ok:
+            raise BadRequest(f"{where}: {name}: expected {expected}, got {type(value).__name__} "
+                             f"{str(json.dumps(value))[:60]}")
 
 
 def _selector(body: dict[str, Any], where: str) -> str:
@@ -85,7 +110,7 @@ def handle(state: ServerState, path: str, body: dict[str, Any]) -> tuple[int, di
 def _session(state: ServerState) -> dict[str, Any]:
     with state._stats:  # created once per server, under a lock every handler thread shares
         if not hasattr(state, "weight_swap"):
-            state.weight_swap = {"lock": threading.Lock(), "open": False, "version": None, "swaps": 0}
+            state.weight_swap = {"lock": threading.Lock(), "open": False, "swaps": 0}
     return state.weight_swap
 
 
@@ -95,6 +120,8 @@ def _need_drafter(state: ServerState, where: str) -> None:
 
 
 def _update(state: ServerState, session: dict[str, Any], body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """Every check that needs no decoding comes first (fields, session, an idle server): a refused update
+    leaves nothing consumed, so the sender's retry reads the same payload again."""
     where = "/update_weights_from_tensor"
     _fields(body, {"serialized_named_tensors", "load_format", "flush_cache", "abort_all_requests", "weight_version",
                    "selector", "torch_empty_cache"}, where)
@@ -113,15 +140,37 @@ def _update(state: ServerState, session: dict[str, Any], body: dict[str, Any]) -
     if not session["open"]:
         return 400, {"success": False, "message": "update_weights_from_tensor must run between "
                                                   "begin_weight_update() and end_weight_update()"}
+    _refuse_if_busy(state)
+    held = swap.drafter_state(state.engine)
     try:
-        named = weight_payload.deserialize(entries[0])
+        named = weight_payload.deserialize(entries[0], [tuple(t.shape) for t in held.values()], len(held))
         with session["lock"]:
             replace_drafter_tensors(state, named)
-            session["version"] = body.get("weight_version")
+            version = body.get("weight_version")
+            if version is not None:  # SGLang keeps the version it had when none is sent
+                state.weight_version = version
             session["swaps"] += 1
     except DraftlabError as exc:
         raise BadRequest(f"{where}: {exc}") from None
-    return 200, {"success": True, "message": "Success"}
+    message = "Success" + (f" Weight version updated to {version}." if version is not None else "")
+    return 200, {"success": True, "message": message}
+
+
+def body_limit(state: ServerState) -> int:
+    """The largest update body the served drafter can need: every tensor at 8 bytes an element, base64'd,
+    plus the pickle's framing; other weight routes keep the server's own limit."""
+    held = swap.drafter_state(state.engine) if state.engine.drafter is not None else {}
+    raw = sum(t.numel() * 8 + 1024 for t in held.values())
+    return max(state.max_body_bytes, raw * 4 // 3 + 65536)
+
+
+def _refuse_if_busy(state: ServerState) -> None:
+    sched = state.scheduler
+    with sched._cv:
+        busy = len(sched._decoder) + sum(len(q) for q in sched._queue.values())
+    if busy:
+        raise Conflict(f"{busy} request(s) in flight or queued: a swap waits for an idle server (it never "
+                       "mixes two drafters in one answer); retry when they have finished")
 
 
 def replace_drafter_tensors(state: ServerState, named: list[tuple[str, torch.Tensor]]) -> None:
@@ -130,10 +179,7 @@ def replace_drafter_tensors(state: ServerState, named: list[tuple[str, torch.Ten
     incoming = swap.check_drafter_tensors(state.engine, named)
     sched = state.scheduler
     with state.lock, sched._cv:  # no decode step runs, no request is admitted while the weights change
-        busy = len(sched._decoder) + sum(len(q) for q in sched._queue.values())
-        if busy:
-            raise Conflict(f"{busy} request(s) in flight or queued: a swap waits for an idle server (it never "
-                           "mixes two drafters in one answer); retry when they have finished")
+        _refuse_if_busy(state)
         info = swap.load_drafter_tensors(state.engine, incoming, sched.max_batch_size,
                                          state.decoding.get("cuda_graph_max_bs"))
         if info is not None:

@@ -349,7 +349,9 @@ def validate(cfg: dict[str, Any], source: str = "config", schema: dict | None = 
 SIZE_PRESETS: dict[str, dict[str, Any]] = {
     "smoke": {  # ~2-3 min end to end on 2 cores (used by the tests)
         "bench": {"clients": [{"name": "short", "limit": 4, "max_new_tokens": 16, "repeats": 2, "warmup": 1,
-                               "ignore_eos": True}]},
+                               "ignore_eos": True}],
+                  # the replicated launches' DAG end to end: plain, arms | arms, plain
+                  "launch_replicates": 2},
         "speculative": [{"num_steps": 2, "topk": 1, "num_draft_tokens": 3}],
         "data": {"max_new_tokens": 32, "limit": 10},
         "train": {"steps": 12, "batch_size": 2, "max_length": 128, "ttt_length": 3},

@@ -234,6 +234,11 @@ class Bench:
         "client-side variants; all run against one launch of each server", of=Client, minItems=1)
     gate_client: str | None = setting(None,
         "client variant whose probe accept length feeds the gate; null = the first")
+    launch_replicates: int = setting(1,
+        "how many times the plain launch and every arms launch run (1 = once): from 2 on, the replicates alternate "
+        "(plain, arms | arms, plain | ...), each arm is compared with plain decoding averaged over the replicated "
+        "launches, and every pair of launches of one server configuration estimates the launch-to-launch noise "
+        "(docs/benchmark.md, Replicated launches)", minimum=1, maximum=8)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -272,6 +277,12 @@ class Data:
         "time, as on a CPU", minimum=1)
     draft_vocab_size: int | None = setting(None,
         "size of the rebuilt vocab mapping; null = the drafter's draft_vocab_size", minimum=1)
+    min_token_match: float = setting(1.0,
+        "generated data: the share of assistant turns whose training rendering must hold exactly the ids the "
+        "target emitted (rule token_check, before tokenize); below it the run stops with the first mismatch; "
+        "0 = report only", minimum=0, maximum=1)
+    token_check_sample: int | None = setting(None,
+        "rule token_check checks a seeded sample of N conversations; null = every one", minimum=1)
 
     @property
     def generated(self) -> bool:
@@ -303,6 +314,11 @@ class SpecForgeParts:
     capture_args: tuple[str, ...] = setting([],
         "capture specforge: appended verbatim to prepare_hidden_states.py's arguments (e.g. "
         "--sglang-mem-fraction-static 0.8)")
+    capture_budget_gb: float | None = setting(None,
+        "capture specforge: the disk the features may take, in GB (10^9 B): the capture keeps the data's first "
+        "samples up to budget / (train.max_length x feature bytes a token), so even samples of the longest length "
+        "fit; null = every sample (the preflight still refuses a capture the free space cannot hold)",
+        exclusiveMinimum=0)
     arms: tuple[Literal["keep", "regenerate", "scratch"], ...] = setting([],
         "with train.backend builtin: arms trained by SpecForge beside the builtin ones, named specforge-<mode> "
         "(one-host mode), served, benched and recorded like every arm", uniqueItems=True)
@@ -373,6 +389,26 @@ class Train:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class Plan:
+    """what the plan (`draftlab plan`, the probe gate's notes) assumes until the run's own files say otherwise"""
+
+    hidden_size: int | None = setting(None,
+        "the target's hidden size for the capture's disk bound until its config.json is here (rule "
+        "resolve_target); null = no figure until then", minimum=1)
+    dtype_bytes: int = setting(2, "bytes of one feature value assumed with hidden_size (bf16: 2)", minimum=1)
+    aux_layers: int = setting(3, "aux hidden states a token captures, assumed until the drafter's config is here",
+        minimum=1)
+    generate_tokens_per_s: float | None = setting(None,
+        "assumed answer tokens a second of the data generation until an earlier run's generate-stats.json "
+        "records one; null = not estimated", exclusiveMinimum=0)
+    capture_tokens_per_s: float | None = setting(None,
+        "assumed tokens a second of the capture until an earlier run's capture record has one; null = not "
+        "estimated", exclusiveMinimum=0)
+    train_steps_per_s: float | None = setting(None,
+        "assumed optimiser steps a second of one arm's training; null = not estimated", exclusiveMinimum=0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Breakeven:
     target_tps: tuple[float, ...] = setting([],
         "throughput goals the report measures every drafter against", exclusiveMinimum=0)
@@ -403,6 +439,7 @@ class Settings:
     data: Data = setting(Data)
     train: Train = setting(Train)
     breakeven: Breakeven = setting(Breakeven)
+    plan: Plan = setting(Plan, "what the plan assumes until the run's own files say otherwise")
     config: Mapping[str, Any] = dataclasses.field(repr=False, compare=False)
     source: str = dataclasses.field(default="config", compare=False)
 

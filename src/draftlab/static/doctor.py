@@ -60,6 +60,7 @@ class Subject:
     skipped: list[dict[str, str]] = field(default_factory=list)
     backend: str = "sglang"
     target_full: dict[str, Any] | None = None  # the target's config.json as written (wrapper included)
+    serve_only: bool = False  # a drafter only served (the reference): no check of what draftlab's trainer needs
 
     @property
     def target_arch(self) -> dict[str, Any]:
@@ -81,10 +82,13 @@ class Subject:
 
     @property
     def kind(self) -> str:
-        """``eagle3``, ``eagle`` (EAGLE-1/2) or ``unknown``; tensors decide before the config does."""
+        """``eagle3``, ``eagle3-mla`` (SGLang's MLA drafter for Kimi-K2.x, by its architecture), ``eagle``
+        (EAGLE-1/2) or ``unknown``; tensors decide before the config does."""
+        archs = [str(a) for a in self.cfg.get("architectures") or []]
+        if any(a in fmt.MLA_EAGLE3_ARCHITECTURES for a in archs):
+            return "eagle3-mla"
         if checkpoint_format(self.cfg, self.tensors) == "eagle3":
             return "eagle3"
-        archs = [str(a) for a in self.cfg.get("architectures") or []]
         if any(a in fmt.EAGLE1_ARCHITECTURES for a in archs):
             return "eagle"
         fc = self.tensors.get("fc.weight")
@@ -94,8 +98,9 @@ class Subject:
 
     @property
     def eagle3_layout(self) -> bool:
-        """Whether the EAGLE-3 tensor layout checks apply (safetensors present, not an EAGLE-1 drafter)."""
-        return bool(self.tensors) and self.kind != "eagle"
+        """Whether the Llama-style EAGLE-3 tensor layout checks apply (safetensors present, neither an EAGLE-1
+        drafter nor the MLA one, whose layout SGLang's kimi_k25_eagle3 loader owns)."""
+        return bool(self.tensors) and self.kind not in ("eagle", "eagle3-mla")
 
 
 def _err(code: str, message: str) -> Finding:
@@ -289,7 +294,7 @@ def check_aux_unusual(s: Subject) -> list[Finding]:
 
 def check_algorithm(s: Subject) -> list[Finding]:
     algo, kind = s.algorithm.upper(), s.kind
-    if kind == "eagle3" and algo != "EAGLE3":
+    if kind in ("eagle3", "eagle3-mla") and algo != "EAGLE3":
         return [_err("algorithm-mismatch", (
             f"an EAGLE-3 drafter served with --speculative-algorithm {algo} gets accept length 1.0 "
             "(nothing accepted); use --speculative-algorithm EAGLE3"
@@ -321,10 +326,17 @@ def check_missing_tensor(s: Subject) -> list[Finding]:
     ))]
 
 
+# refused options that are limits of draftlab's own engine and trainer, not of SGLang: a drafter SGLang only
+# serves (the reference) may have them
+TRAINED_ONLY_OPTIONS = ("num_hidden_layers",)
+
+
 def check_unsupported_option(s: Subject) -> list[Finding]:
-    if s.kind == "eagle":
-        return []  # an EAGLE-1/2 drafter: algorithm-mismatch says what matters
-    return [_err("unsupported-option", f"config key '{key}': {msg}") for key, msg in fmt.refused_options(s.cfg)]
+    if s.kind in ("eagle", "eagle3-mla"):
+        return []  # EAGLE-1/2: algorithm-mismatch says what matters; MLA: SGLang's own loader, not LlamaMLP's rules
+    served_only = s.serve_only and s.backend != "builtin"
+    return [_err("unsupported-option", f"config key '{key}': {msg}") for key, msg in fmt.refused_options(s.cfg)
+            if not (served_only and key in TRAINED_ONLY_OPTIONS)]
 
 
 def check_ignored_tensors(s: Subject) -> list[Finding]:
@@ -508,8 +520,11 @@ def _require(cfg: dict[str, Any], keys: tuple[str, ...], where: str) -> None:
 
 
 def run_doctor(drafter: str | os.PathLike, target: str | os.PathLike, algorithm: str = "EAGLE3",
-               backend: str = "sglang", cache_dir: str | os.PathLike | None = None) -> dict[str, Any]:
-    """Run every check for serving with ``backend``; the result is the ``doctor --json`` document."""
+               backend: str = "sglang", cache_dir: str | os.PathLike | None = None,
+               serve_only: bool = False) -> dict[str, Any]:
+    """Run every check for serving with ``backend``; the result is the ``doctor --json`` document.
+    ``serve_only``: a drafter that is only served (a reference), never trained by draftlab: the limits of
+    draftlab's trainer and engine do not apply where another server serves it."""
     info = read_checkpoint(drafter, cache_dir)
     if info.config is None:
         raise DraftlabError(f"{drafter}: no config.json beside the weights; doctor needs the drafter config")
@@ -519,7 +534,7 @@ def run_doctor(drafter: str | os.PathLike, target: str | os.PathLike, algorithm:
     nested = nested_text_key(raw_target)
     _require(tcfg, _REQUIRED_TARGET_KEYS, f"{target} config.json" + (f" ({nested})" if nested else ""))
     s = Subject(drafter=info, cfg=info.config, target=tcfg, target_source=str(target), algorithm=algorithm,
-                backend=backend, target_full=raw_target)
+                backend=backend, target_full=raw_target, serve_only=serve_only)
     findings = [f for check in CHECKS.values() for f in check(s)]
     errors = sum(f.severity == ERROR for f in findings)
     return {
@@ -528,6 +543,7 @@ def run_doctor(drafter: str | os.PathLike, target: str | os.PathLike, algorithm:
         "target_text_config": nested,
         "algorithm": algorithm.upper(),
         "drafter_kind": s.kind,
+        "serve_only": serve_only,
         "ok": errors == 0,
         "errors": errors,
         "warnings": len(findings) - errors,

@@ -168,7 +168,11 @@ def build_drafter(cfg: TrainConfig, target_cfg: dict, samples: Samples, output_e
 
 def scratch_drafter(cfg: TrainConfig, target_cfg: dict, samples: Samples, vsize: int,
                     ) -> tuple[Eagle3Drafter, dict[str, Any]]:
-    """A drafter sized after the target, seeded weights, a mapping from the file or the data."""
+    """A drafter sized after the target, seeded weights, a mapping from the file or the data. The default size
+    is cut to the target's vocabulary; a size asked for that the vocabulary cannot hold is refused."""
+    if cfg.draft_vocab_size and cfg.draft_vocab_size > vsize:
+        raise DraftlabError(f"--draft-vocab-size: {cfg.draft_vocab_size} is larger than the "
+                            f"target vocabulary ({vsize} tokens); expected at most {vsize}")
     mapping, source = new_mapping(cfg, samples, vsize, cfg.draft_vocab_size or DEFAULT_DRAFT_VOCAB)
     aux_ids = cfg.aux_layer_ids or aux_layer_ids_for(None, target_cfg)
     drafter = Eagle3Drafter(scratch_config(target_cfg, mapping.draft_vocab_size, aux_ids, cfg.drafter_overrides))

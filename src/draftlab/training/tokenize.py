@@ -3,7 +3,9 @@
 Conversations are rendered with the tokenizer's chat template when it has one, else with the simple
 format of :func:`draftlab.formats.data.render_simple`. The loss mask is 1 on assistant tokens (from
 the start of the assistant content to the end of that turn's rendering, so the template's
-end-of-turn marker is learned too; the role header is not), and 1 on every token of plain text.
+end-of-turn marker is learned too; the role header is not), and 1 on every token of plain text. An assistant
+turn that carries the ids the target emitted (``token_ids``, kept by data generation) is trained on those ids,
+not on its text tokenized again (:func:`_spliced`; ``draftlab token-check`` measures how often they agree).
 File formats in and out: :mod:`draftlab.formats.data`.
 """
 
@@ -64,6 +66,9 @@ def tokenize_record(tokenizer, record: dict[str, Any], max_length: int | None = 
     else:
         text, spans = conversation_spans(tokenizer, record["messages"])
         special = not bool(getattr(tokenizer, "chat_template", None))
+        if not special and any(m.get("token_ids") for m in record["messages"]):
+            ids, mask = _spliced(tokenizer, text, spans, [m for m in record["messages"] if m["role"] == "assistant"])
+            return {"input_ids": ids[:max_length] if max_length else ids, "loss_mask": mask[:max_length] if max_length else mask}
     window = max_length * CHARS_PER_TOKEN if max_length else len(text)
     while True:
         part = text[:window]
@@ -74,6 +79,53 @@ def tokenize_record(tokenizer, record: dict[str, Any], max_length: int | None = 
     if max_length:
         ids, mask = ids[:max_length], mask[:max_length]
     return {"input_ids": ids, "loss_mask": mask}
+
+
+def _spliced(tokenizer, text: str, spans: list[tuple[int, int]], answers: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
+    """Token-exact ids of a rendered conversation: the text between assistant turns tokenized piece by piece (the
+    prompt as the server tokenized it, up to the assistant header), each assistant turn the ids the target emitted
+    where they decode to the start of its rendering (the rest of the turn's rendering, e.g. a newline after the
+    end-of-turn token, tokenized after them), else its rendering tokenized. Re-tokenizing emitted text can split it
+    otherwise than the target did; the drafter must learn what the target emits."""
+    ids: list[int] = []
+    mask: list[int] = []
+
+    def add(piece: str, bit: int) -> None:
+        if piece:
+            part = list(tokenizer(piece, add_special_tokens=False)["input_ids"])
+            ids.extend(part)
+            mask.extend([bit] * len(part))
+
+    pos = 0
+    for (start, end), m in zip(spans, answers):
+        add(text[pos:start], 0)
+        emitted = m.get("token_ids")
+        covered = _covered(tokenizer, emitted, text[start:end]) if emitted else None
+        if covered is not None:
+            ids.extend(emitted)
+            mask.extend([1] * len(emitted))
+            add(text[start + covered:end], 1)
+        else:
+            add(text[start:end], 1)
+        pos = end
+    add(text[pos:], 0)
+    return ids, mask
+
+
+def _covered(tokenizer, emitted: list[int], turn: str) -> int | None:
+    """How many characters of the turn's rendering the emitted ids stand for, or None where they do not begin it.
+    A server decodes the answer without special tokens (SGLang's and the builtin's default), so a special token
+    the target emitted inside its answer is not in the stored text: the ids still stand for the text they decode
+    to without it, and for the end-of-turn token the template writes after it."""
+    said = tokenizer.decode(emitted, skip_special_tokens=False)
+    if turn.startswith(said):
+        return len(said)
+    plain = tokenizer.decode(emitted, skip_special_tokens=True)
+    if not turn.startswith(plain):
+        return None
+    last = tokenizer.decode(emitted[-1:], skip_special_tokens=False)
+    closes = last != tokenizer.decode(emitted[-1:], skip_special_tokens=True) and turn.startswith(last, len(plain))
+    return len(plain) + (len(last) if closes else 0)
 
 
 def _encode(tokenizer, text: str, spans: list[tuple[int, int]] | None, special: bool) -> tuple[list[int], list[int]]:

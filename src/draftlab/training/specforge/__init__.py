@@ -31,7 +31,7 @@ from __future__ import annotations
 from draftlab.training.specforge.capture import PATCH_SCRIPT, SGLANG_CAPTURE_VERSION, capture_host_setup
 from draftlab.training.specforge.config import (RUN_CONFIG, SPECFORGE_VERSION, build_argv, specforge_aux_ids,
                                                 target_weight_keys)
-from draftlab.training.specforge.local_capture import ID_BYTES, CapturePlan, bytes_per_token, capture_ids
+from draftlab.training.specforge.local_capture import ID_BYTES, CapturePlan, budget_samples, bytes_per_token, capture_ids
 from draftlab.training.specforge.local_capture import SCRIPT as CAPTURE_SCRIPT
 from draftlab.training.specforge.local_capture import (capture_preflight, capture_record, check_capture_for,
                                                        checkout_info, count_tokens, free_bytes, human)
@@ -43,7 +43,7 @@ from draftlab.training.specforge.workflow import specforge_commands, specforge_l
 
 _IMPORTER = ("import_checkpoint",)  # torch at import: loaded on first use
 
-__all__ = ["CAPTURE_SCRIPT", "CapturePlan", "ID_BYTES", "RUN_CONFIG", "bytes_per_token", "capture_ids",
+__all__ = ["CAPTURE_SCRIPT", "CapturePlan", "ID_BYTES", "RUN_CONFIG", "budget_samples", "bytes_per_token", "capture_ids",
            "capture_preflight", "capture_record", "check_capture_for", "checkout_info", "count_tokens", "free_bytes",
            "human", "PATCH_SCRIPT", "SGLANG_CAPTURE_VERSION", "SPECFORGE_VERSION", "SpecForgeJob", "build_argv",
            "capture_host_setup", "job_from_experiment", "job_from_mapping", "preflight", "prepare", "read_job_file",

@@ -27,7 +27,6 @@ What the script does, read at SpecForge's v0.2.0 release (``version.txt`` 0.2.0,
 from __future__ import annotations
 
 import dataclasses
-import gzip
 import hashlib
 import json
 import os
@@ -43,6 +42,8 @@ from draftlab.formats import eagle3_format as fmt
 from draftlab.formats.target_config import load_json_config, text_config
 from draftlab.fsutil import read_json, write_json, write_text
 from draftlab.training.specforge.config import SPECFORGE_VERSION
+from draftlab.training.specforge.feature_checks import (check_features, check_identity_file, check_record, describe,
+                                                        refuse_escaping, target_weights_sha256)
 
 SPECFORGE_RELEASE = SPECFORGE_VERSION  # the release whose script, flags and feature format draftlab speaks
 SCRIPT = "scripts/prepare_hidden_states.py"
@@ -52,7 +53,7 @@ IDENTITY_FILE = "identity.json"  # beside the features folder: what it holds and
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 ID_BYTES = 16  # input_ids and loss_mask, int64 each, per token
 # Identity keys: a change of these makes the features another target's (refused, never trained on) ...
-FOREIGN_KEYS = ("target_config_sha256", "aux_layer_ids", "engine")
+FOREIGN_KEYS = ("target_config_sha256", "target_weights_sha256", "aux_layer_ids", "engine")
 # ... and of these the same target's features of other data (moved aside, kept; the capture starts fresh).
 STALE_KEYS = ("data_sha256", "max_length", "chat_template")
 
@@ -70,6 +71,7 @@ class CapturePlan:
     chat_template: str = "llama3"
     max_length: int = 2048
     checkout: str | None = None
+    budget_bytes: int | None = None  # the features' disk budget: caps the samples (specforge engine)
 
     @property
     def features(self) -> Path:
@@ -129,9 +131,10 @@ def bytes_per_token(target_cfg: dict[str, Any], n_aux: int = 3, dtype: str | Non
             "bytes_per_token": (n_aux + 1) * hidden * width + ID_BYTES}
 
 
-def count_tokens(tokens: str | os.PathLike, max_length: int) -> tuple[int, int]:
-    """``(samples, tokens)`` of draftlab's tokens.jsonl: rows with a loss token, each cut at ``max_length``."""
-    samples = total = 0
+def count_tokens(tokens: str | os.PathLike, max_length: int, limit: int | None = None) -> tuple[int, int]:
+    """``(samples, tokens)`` of draftlab's tokens.jsonl: rows with a loss token, each cut at ``max_length``;
+    ``limit``: only the first rows (the samples a disk budget keeps)."""
+    samples = total = rows = 0
     path = Path(tokens)
     if not path.is_file():
         raise DraftlabError(f"{path}: not found (the tokenized fine-tune data, rule tokenize)")
@@ -139,6 +142,9 @@ def count_tokens(tokens: str | os.PathLike, max_length: int) -> tuple[int, int]:
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue
+            rows += 1
+            if limit is not None and rows > limit:
+                break
             try:
                 row = json.loads(line)
                 ids, mask = row["input_ids"], row["loss_mask"]
@@ -150,11 +156,20 @@ def count_tokens(tokens: str | os.PathLike, max_length: int) -> tuple[int, int]:
     return samples, total
 
 
+def budget_samples(budget_bytes: int | None, max_length: int, per_token: int) -> int | None:
+    """Samples a disk budget keeps: budget / (max_length x bytes a token), so samples of the longest length fit
+    too; None without a budget."""
+    return None if budget_bytes is None else int(budget_bytes // (max_length * per_token))
+
+
 def estimate(plan: CapturePlan, target_cfg: dict[str, Any], n_aux: int = 3) -> dict[str, Any]:
-    """The capture's size before it starts: tokens of the data x feature bytes a token."""
+    """The capture's size before it starts: tokens of the data (the first ``budget_samples`` rows under a
+    budget) x feature bytes a token."""
     per = bytes_per_token(target_cfg, n_aux, None if plan.engine == "specforge" else "bfloat16")
-    samples, tokens = count_tokens(plan.tokens, plan.max_length)
-    return {**per, "samples": samples, "tokens": tokens, "bytes": tokens * per["bytes_per_token"]}
+    cap = budget_samples(plan.budget_bytes, plan.max_length, per["bytes_per_token"]) if plan.engine == "specforge" else None
+    samples, tokens = count_tokens(plan.tokens, plan.max_length, cap)
+    return {**per, "samples": samples, "tokens": tokens, "bytes": tokens * per["bytes_per_token"],
+            "budget_bytes": plan.budget_bytes if cap is not None else None, "budget_samples": cap}
 
 
 def free_bytes(path: str | os.PathLike) -> int:
@@ -211,13 +226,14 @@ def torn_files(folder: Path) -> list[Path]:
     return [p for p in feature_files(folder) if is_torn(p)]
 
 
-def move_torn(plan: CapturePlan) -> tuple[list[str], str | None]:
-    """Move torn feature files (a kill during ``torch.save``) out of the features folder, kept, so the rerun
-    captures those samples again instead of skipping them; returns the files and where they went."""
-    torn = torn_files(plan.features)
+def move_torn(plan: CapturePlan, torn: list[Path] | None = None, kind: str = "torn") -> tuple[list[str], str | None]:
+    """Move torn feature files (a kill during ``torch.save``), or ``torn`` (files of ``kind``), out of the
+    features folder, kept, so the rerun captures those samples again instead of skipping them; returns the
+    files and where they went."""
+    torn = torn_files(plan.features) if torn is None else torn
     if not torn:
         return [], None
-    dest = Path(plan.state) / f"torn-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
+    dest = Path(plan.state) / f"{kind}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
     for p in torn:
         rel = p.relative_to(plan.features)
         (dest / rel.parent).mkdir(parents=True, exist_ok=True)
@@ -256,20 +272,6 @@ def listing(folder: Path) -> dict[str, Any]:
     return {"samples": len(files), "bytes": total, "listing_sha256": h.hexdigest()}
 
 
-def count_feature_tokens(files: list[Path]) -> int:
-    """Tokens in the feature files (each file's ``input_ids``), read through mmap: the big tensors stay on disk."""
-    import torch  # deferred: loads torch
-
-    total = 0
-    for p in files:
-        if p.name.endswith(".gz"):
-            with gzip.open(p, "rb") as fh:
-                total += int(torch.load(fh, map_location="cpu", weights_only=True)["input_ids"].numel())
-            continue
-        total += int(torch.load(p, map_location="cpu", weights_only=True, mmap=True)["input_ids"].numel())
-    return total
-
-
 def sha256_file(path: str | os.PathLike) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -280,8 +282,10 @@ def sha256_file(path: str | os.PathLike) -> str:
 
 def identity(plan: CapturePlan, target_cfg_path: Path, aux_ids: list[int], outputs: list[int],
              data_sha: str) -> dict[str, Any]:
-    """What the features are of: the target (its config), the aux layers, the data and how it was cut."""
+    """What the features are of: the target (its config and its weights), the aux layers, the data and how it
+    was cut."""
     return {"engine": plan.engine, "target": plan.target, "target_config_sha256": sha256_file(target_cfg_path),
+            "target_weights_sha256": target_weights_sha256(plan.target),
             "aux_layer_ids": aux_ids, "aux_output_layers": outputs, "data_sha256": data_sha,
             "max_length": plan.max_length, "chat_template": plan.chat_template if plan.engine == "specforge" else None}
 
@@ -301,8 +305,9 @@ def check_identity(features: Path, saved: dict[str, Any] | None, now: dict[str, 
     return [k for k in STALE_KEYS if saved.get(k) != now.get(k)] if feature_files(features) else []
 
 
-def conversations(data: str) -> tuple[str, str]:
-    """The data as SpecForge's ``{"conversations": [...]}`` rows (``safe_conversations_generator``), and their digest."""
+def conversations(data: str, limit: int | None = None) -> tuple[str, str]:
+    """The data as SpecForge's ``{"conversations": [...]}`` rows (``safe_conversations_generator``), and their digest;
+    ``limit``: only the first rows (the samples a disk budget keeps)."""
     rows, h = [], hashlib.sha256()
     path = Path(data)
     if not path.is_file():
@@ -311,6 +316,8 @@ def conversations(data: str) -> tuple[str, str]:
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue
+            if limit is not None and len(rows) >= limit:
+                break
             try:
                 rec = json.loads(line)
             except ValueError:
@@ -318,7 +325,9 @@ def conversations(data: str) -> tuple[str, str]:
             if not isinstance(rec, dict) or not isinstance(rec.get("messages"), list):
                 raise DraftlabError(f"{path}: line {n}: expected {{\"messages\": [...]}} (SpecForge captures "
                                     "conversations, rendered by its chat template)")
-            out = json.dumps({"conversations": rec["messages"]}, ensure_ascii=False) + "\n"
+            turns = [{k: v for k, v in m.items() if k != "token_ids"} if isinstance(m, dict) else m
+                     for m in rec["messages"]]  # the emitted ids stay draftlab's (the token check's)
+            out = json.dumps({"conversations": turns}, ensure_ascii=False) + "\n"
             rows.append(out)
             h.update(out.encode())
     return "".join(rows), h.hexdigest()
@@ -347,13 +356,31 @@ def load_drafter_config(drafter: str) -> tuple[Path, dict[str, Any]]:
 # --- the stage: before the capture, after it, and what a train job checks -------------------------------
 
 
+def _hidden(target_cfg: dict[str, Any]) -> int:
+    return int(text_config(target_cfg)["hidden_size"])
+
+
+def _saved_identity(path: Path, features: Path) -> dict[str, Any] | None:
+    """The identity an earlier capture wrote, read with care: a damaged one is refused while feature files
+    depend on it (their origin is unknown then), and replaced when the folder holds none."""
+    if not path.is_file():
+        return None
+    try:
+        return check_identity_file(path, read_json(path, "capture identity"))
+    except DraftlabError:
+        if feature_files(features):
+            raise
+        return None
+
+
 def _identity_now(plan: CapturePlan) -> tuple[dict[str, Any], dict[str, Any], str | None]:
     target_path, target_cfg = load_target_config(plan.target)
     _, drafter_cfg = load_drafter_config(plan.drafter)
     ids, outputs = capture_ids(drafter_cfg, target_cfg)
     rows = None
     if plan.engine == "specforge":
-        rows, data_sha = conversations(plan.data)
+        per = bytes_per_token(target_cfg, len(ids))["bytes_per_token"]
+        rows, data_sha = conversations(plan.data, budget_samples(plan.budget_bytes, plan.max_length, per))
     else:
         data_sha = sha256_file(plan.tokens)
     return identity(plan, target_path, ids, outputs, data_sha), {"target": target_cfg, "drafter": drafter_cfg}, rows
@@ -368,9 +395,10 @@ def capture_preflight(plan: CapturePlan, *, free: int | None = None) -> dict[str
     if writers:
         raise DraftlabError(f"{plan.features}: a capture is still writing here (pids {writers}: the workers of a "
                             "killed run; torchrun starts them in sessions of their own); stop them, then rerun")
+    refuse_escaping(plan.features, "nothing captured")
     state = Path(plan.state)
+    saved = _saved_identity(state / IDENTITY_FILE, plan.features)
     ident_file = state / IDENTITY_FILE
-    saved = read_json(ident_file) if ident_file.is_file() else None
     now, cfgs, rows = _identity_now(plan)
     stale = check_identity(plan.features, saved, now)
     est = estimate(plan, cfgs["target"], len(now["aux_layer_ids"]))
@@ -386,6 +414,10 @@ def capture_preflight(plan: CapturePlan, *, free: int | None = None) -> dict[str
     torn, torn_to = move_torn(plan)
     if torn:
         notes.append(f"{len(torn)} torn feature file(s) of a killed capture moved to {torn_to}; captured again")
+    _, bad = check_features(feature_files(plan.features), _hidden(cfgs["target"]), len(now["aux_layer_ids"]))
+    if bad:
+        _, bad_to = move_torn(plan, [p for p, _ in bad], "rejected")
+        notes.append(f"{describe(bad)} moved to {bad_to}, kept; captured again")
     state.mkdir(parents=True, exist_ok=True)
     data_path = None
     if plan.engine == "specforge":
@@ -417,8 +449,12 @@ def _mapping_of_capture(plan: CapturePlan, draftlab_mapping: str | None, out: Pa
         src = plan.features / SPECFORGE_MAPPING
         if not src.is_file():
             raise DraftlabError(f"{src}: not found (SpecForge's prepare_hidden_states.py writes it before capturing)")
-        raw = torch.load(src, map_location="cpu", weights_only=True)
-        if not isinstance(raw, dict) or "d2t" not in raw or "t2d" not in raw:
+        try:
+            raw = torch.load(src, map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - any content: the reader's failure is the finding
+            raise DraftlabError(f"{src}: unreadable ({type(exc).__name__}: {' '.join(str(exc).split())[:120]}); "
+                                "expected SpecForge's vocab mapping: rerun the capture rule") from None
+        if not isinstance(raw, dict) or not all(isinstance(raw.get(k), torch.Tensor) for k in ("d2t", "t2d")):
             raise DraftlabError(f"{src}: expected {{'d2t', 't2d'}} (SpecForge's vocab mapping)")
         mapping = VocabMapping(d2t=raw["d2t"].to(torch.int64), t2d=raw["t2d"].to(torch.bool))
         source = str(src)
@@ -438,7 +474,11 @@ def capture_record(plan: CapturePlan, out: str | os.PathLike, mapping_out: str |
     ident_file = Path(plan.state) / IDENTITY_FILE
     if not ident_file.is_file():
         raise DraftlabError(f"{ident_file}: not found (capture-preflight writes it before the capture)")
-    ident = read_json(ident_file)
+    ident = check_identity_file(ident_file, read_json(ident_file, "capture identity"))
+    if not isinstance(ident.get("estimate"), dict) or not isinstance(ident.get("aux_layer_ids"), list):
+        raise DraftlabError(f"{ident_file}: keys 'estimate', 'aux_layer_ids' missing (capture-preflight writes them "
+                            "before the capture); rerun the capture rule")
+    refuse_escaping(plan.features, "not recorded")
     torn = torn_files(plan.features)
     if torn:
         raise DraftlabError(f"{plan.features}: {len(torn)} torn feature file(s) (first {torn[0].name}): the capture "
@@ -446,15 +486,18 @@ def capture_record(plan: CapturePlan, out: str | os.PathLike, mapping_out: str |
     files = feature_files(plan.features)
     if not files:
         raise DraftlabError(f"{plan.features}: no feature files after the capture (see the capture log)")
+    tokens, bad = check_features(files, _hidden(load_target_config(plan.target)[1]), len(ident["aux_layer_ids"]))
+    if bad:
+        raise DraftlabError(f"{plan.features}: {describe(bad)}; not recorded, never trained on: rerun the rule "
+                            "(capture-preflight moves them aside, kept)")
     have = listing(plan.features)
-    tokens = count_feature_tokens(files)
     mapping = _mapping_of_capture(plan, draftlab_mapping, Path(mapping_out))
     last = (ident.get("attempts") or [{}])[-1]
     seconds = round(time.time() - float(last.get("started", time.time())), 1)
     new_tokens = (have["bytes"] - int(last.get("bytes_before", 0))) / ident["estimate"]["bytes_per_token"]
     result = {
         "features": str(plan.features), **have, "tokens": tokens, "engine": plan.engine,
-        "identity": {k: ident.get(k) for k in ("target", "target_config_sha256", "aux_layer_ids",
+        "identity": {k: ident.get(k) for k in ("target", "target_config_sha256", "target_weights_sha256", "aux_layer_ids",
                                                "aux_output_layers", "data_sha256", "max_length", "chat_template")},
         "specforge": ident.get("specforge"), "estimate": ident.get("estimate"), "mapping": mapping,
         "tokens_in_data": ident["estimate"]["tokens"], "samples_in_data": ident["estimate"]["samples"],
@@ -474,17 +517,22 @@ def check_capture_for(record_file: str | os.PathLike, target: str, drafter_confi
     rec_path = Path(record_file)
     if not rec_path.is_file():
         raise DraftlabError(f"{rec_path}: not found (the capture's record, rule capture)")
-    rec = read_json(rec_path)
-    ident = rec.get("identity") or {}
+    rec = check_record(rec_path, read_json(rec_path, "capture record"))
+    ident = rec["identity"]
     target_path, target_cfg = load_target_config(target)
     _, drafter_cfg = load_drafter_config(drafter_config)
     ids, _ = capture_ids(drafter_cfg, target_cfg)
     if ident.get("target_config_sha256") != sha256_file(target_path):
         raise DraftlabError(f"{rec['features']}: features of another target (recorded {ident.get('target')!r}, its "
                             f"config differs from {target_path}); refused, not trained on")
+    if ident.get("target_weights_sha256") != target_weights_sha256(target):
+        raise DraftlabError(f"{rec['features']}: features of another target's weights (recorded "
+                            f"{ident.get('target')!r} with weights sha256 {str(ident.get('target_weights_sha256'))[:16]}, "
+                            f"{target} holds other weights under the same config); refused, not trained on")
     if list(ident.get("aux_layer_ids") or []) != ids:
         raise DraftlabError(f"{rec['features']}: features of aux layer ids {ident.get('aux_layer_ids')}, this "
                             f"drafter is served with {ids}; refused, not trained on")
+    refuse_escaping(rec["features"], "not trained on")
     now = listing(Path(rec["features"]))
     if now["listing_sha256"] != rec.get("listing_sha256"):
         raise DraftlabError(f"{rec['features']}: {now['samples']} files now, {rec.get('samples')} when captured (the "

@@ -20,21 +20,49 @@ target has none.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 from safetensors import safe_open
 
 from draftlab.errors import DraftlabError
-from draftlab.fsutil import atomic_dir, to_json, write_json
+from draftlab.fsutil import atomic_path, check_replaceable, replace_dir, sha256_file, to_json, write_json, write_text
 from draftlab.formats.checkpoint import INDEX_SUFFIX
 
 TARGET_VIEW = "target"  # under the run's output_dir
 
 
+STAGE = "specforge-features"
+SOURCE_FILE = ".draftlab-source.json"  # in the partial folder: which dump its finished files are of
+
+
+def _partial(out: Path, source: dict[str, Any]) -> tuple[Path, int]:
+    """The hidden sibling the files are written into, one by one, and how many finished files it holds: those
+    of an earlier attempt on the same dump (a full disk stopped it) are kept and not written again."""
+    work = out.with_name(f".{out.name}.partial")
+    if work.is_dir():
+        mine = work / SOURCE_FILE
+        try:
+            same = json.loads(mine.read_text(encoding="utf-8")) == source
+        except (OSError, ValueError):
+            raise DraftlabError(f"{work}: a folder without draftlab's {SOURCE_FILE}; not draftlab's partial "
+                                "features: move it away and rerun") from None
+        if not same:
+            shutil.rmtree(work)  # draftlab's own partial of another dump
+    work.mkdir(parents=True, exist_ok=True)
+    write_json(work / SOURCE_FILE, source)
+    return work, sum(1 for p in work.glob("data_*.ckpt"))
+
+
 def write_features(dump: str | os.PathLike, out: str | os.PathLike, progress: bool = True) -> dict[str, Any]:
-    """One SpecForge ``.ckpt`` per sample of a draftlab dump (``store: last_hidden``); returns counts."""
+    """One SpecForge ``.ckpt`` per sample of a draftlab dump (``store: last_hidden``); returns counts.
+
+    Each file is written whole (a temporary, then renamed) into a hidden sibling of ``out``, which replaces
+    ``out`` once every file is there. A disk that fills up is one line; the finished files stay for the rerun,
+    which writes only the rest."""
     import torch  # deferred: torch (seconds), only when features are written
     from tqdm import tqdm  # deferred: tqdm (~100 ms)
 
@@ -44,20 +72,33 @@ def write_features(dump: str | os.PathLike, out: str | os.PathLike, progress: bo
     if shards.store != "last_hidden":
         raise DraftlabError(f"{dump}: store is {shards.store!r}; SpecForge's offline features need the final hidden "
                             "state (draftlab dump-hidden-states --store last_hidden)")
+    out = Path(out)
+    check_replaceable(out, STAGE, (dump,))
+    work, kept = _partial(out, {"source": str(Path(dump).resolve()),
+                                "index_sha256": sha256_file(Path(dump) / "index.json")})
     n_tokens = 0
-    with atomic_dir(out, stage="specforge-features", inputs=(dump,)) as tmp:
-        for i in tqdm(range(len(shards)), desc="SpecForge features", unit="sample", disable=not progress or None):
-            s = shards[i]
-            ids = s["input_ids"].to(torch.int64)
-            torch.save({"input_ids": ids, "loss_mask": s["loss_mask"].to(torch.int64),
-                        "hidden_state": s["last"].unsqueeze(0).contiguous(),
-                        "aux_hidden_state": s["aux"].unsqueeze(0).contiguous()},
-                       tmp / f"data_{i:07d}.ckpt")
-            n_tokens += int(ids.numel())
-        (tmp / "draftlab_features.json").write_text(to_json(
-            {"source": str(dump), "samples": len(shards), "tokens": n_tokens,
-             "aux_layer_ids": shards.aux_layer_ids, "format": "specforge-0.2.0-offline-eagle3"}), encoding="utf-8")
-    return {"out": str(out), "samples": len(shards), "tokens": n_tokens, "aux_layer_ids": shards.aux_layer_ids}
+    for i in tqdm(range(len(shards)), desc="SpecForge features", unit="sample", disable=not progress or None):
+        s = shards[i]
+        ids = s["input_ids"].to(torch.int64)
+        n_tokens += int(ids.numel())
+        dest = work / f"data_{i:07d}.ckpt"
+        if dest.is_file():
+            continue  # finished by an earlier attempt on this dump
+        try:
+            with atomic_path(dest) as tmp:
+                torch.save({"input_ids": ids, "loss_mask": s["loss_mask"].to(torch.int64),
+                            "hidden_state": s["last"].unsqueeze(0).contiguous(),
+                            "aux_hidden_state": s["aux"].unsqueeze(0).contiguous()}, tmp)
+        except DraftlabError as exc:
+            done = sum(1 for p in work.glob("data_*.ckpt"))
+            raise DraftlabError(f"{exc} (sample {i} of {len(shards)}); the {done} finished feature files are kept in "
+                                f"{work} and the rerun writes only the rest") from None
+    write_text(work / "draftlab_features.json", to_json(
+        {"source": str(dump), "samples": len(shards), "tokens": n_tokens,
+         "aux_layer_ids": shards.aux_layer_ids, "format": "specforge-0.2.0-offline-eagle3"}))
+    replace_dir(work, out, STAGE, (dump,))
+    return {"out": str(out), "samples": len(shards), "tokens": n_tokens, "aux_layer_ids": shards.aux_layer_ids,
+            "kept_from_earlier_attempt": kept}
 
 
 def write_target_view(target: str | os.PathLike, output_dir: str | os.PathLike) -> Path:
