@@ -459,8 +459,8 @@ def test_builtin_chat_endpoint_refuses_what_it_cannot_do(server):
     assert ok == 200 and body["object"] == "chat.completion" and body["usage"]["completion_tokens"] >= 1
     assert body["choices"][0]["message"]["role"] == "assistant" and body["choices"][0]["finish_reason"] in ("stop", "length")
     # issue 40: a stream is served now (tests/test_streaming.py); what it cannot honour is refused instead
-    for payload, phrase in [({"messages": msgs, "stream": True, "stream_options": {"continuous_usage_stats": True}},
-                             "stream_options.continuous_usage_stats"),
+    for payload, phrase in [({"messages": msgs, "stream": True, "stream_options": {"usage_every": 2}},
+                             "stream_options.usage_every"),
                             ({"messages": msgs, "logprobs": True}, "logprobs"),
                             ({"messages": msgs, "temperature": 0.7}, "greedily"),
                             ({"messages": []}, "messages"),

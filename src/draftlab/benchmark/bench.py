@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from draftlab.benchmark.bench_checks import Plausibility, check_same_server
-from draftlab.benchmark.bench_client import _Client, _metrics_delta, _vllm_metrics
+from draftlab.benchmark.bench_client import _Client, _metrics_delta, _sglang_delta, _sglang_metrics, _vllm_metrics
 from draftlab.benchmark.bench_prompts import (Prompt, default_prompts_path, file_sha256,  # noqa: F401 - the bench API
                                               load_prompt_files, load_prompts, resolve_prompts_path,
                                               stratified_sample)
@@ -221,7 +221,8 @@ def _measure(client: _Client, prompt_list: list[Prompt], source: str | None, con
     """Send the requests of every phase: the warm-up, the timed passes, then the TTFT requests.
 
     The speculation guard runs between phases so that a silent fallback fails early. Returns the sorted
-    rows, each pass's wall time and, for vLLM, the delta of its speculative counters over the passes.
+    rows, each pass's wall time and the growth of the server's counters over the passes: vLLM's
+    speculative ones, or SGLang's request counters where it exports ``/metrics``.
     """
     url, api, n = config["url"], config["api"], len(prompt_list)
     guard_sglang = config["require_speculation"] and api == "sglang"
@@ -231,10 +232,12 @@ def _measure(client: _Client, prompt_list: list[Prompt], source: str | None, con
     run = _Run(client, total, progress, on_row, source)
     try:
         run.warmup(prompt_list, config["warmup"], guard=guard_sglang)
-        before = _vllm_metrics(url, client.timeout) if api == "vllm" else None
+        before = _vllm_metrics(url, client.timeout) if api == "vllm" else _sglang_metrics(url, client.timeout)
         walls = run.passes(prompt_list, config["repeats"], config["concurrency"], guard=guard_sglang)
         delta = None
-        if api == "vllm":
+        if api == "sglang":  # the timed passes' growth of SGLang's counters, where it exports them
+            delta = _sglang_delta(before, _sglang_metrics(url, client.timeout) if before is not None else None)
+        elif api == "vllm":
             delta = _metrics_delta(before or {}, _vllm_metrics(url, client.timeout))
             client.checks.check_vllm_delta(delta, f"{url}/metrics")
             if config["require_speculation"]:
@@ -252,9 +255,11 @@ def _result(client: _Client, rows: list[dict[str, Any]], walls: list[float], del
     """Summarize the rows, after checking that the server still names what it ran before the run and what
     the launch asked for; a run whose server changed under it is refused, not recorded."""
     url, api = config["url"], config["api"]
-    summary = summarize(rows, walls, api=api, vllm_delta=delta)
+    summary = summarize(rows, walls, api=api, vllm_delta=delta if api == "vllm" else None)
     if api == "vllm":
         summary["vllm_metrics_delta"] = delta
+    elif delta is not None:
+        summary["sglang_metrics_delta"] = delta  # SGLang's /metrics over the timed passes
     server = server_info(url, min(client.timeout, 30.0)) if api == "sglang" else {}
     where = f"{url}{server.get('endpoint') or settings.get('endpoint') or '/server_info'}"
     check_same_server(settings, server, where, expect_server)

@@ -33,6 +33,13 @@ VLLM_COUNTERS = {
     "accepted_tokens": "vllm:spec_decode_num_accepted_tokens",
 }
 VLLM_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+# SGLang's request counters (``--enable-metrics``; the builtin server always): verify calls and the
+# tokens they made, summed over label sets (streamed and not)
+SGLANG_COUNTERS = {
+    "verify_calls": "sglang:spec_verify_calls",
+    "generation_tokens": "sglang:generation_tokens",
+    "requests": "sglang:num_requests",
+}
 
 
 # --- one request per API ---------------------------------------------------------------------------
@@ -341,14 +348,14 @@ _PROM_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _POSITION = re.compile(r'position="(\d+)"')
 
 
-def parse_vllm_spec_metrics(text: str) -> dict[str, Any]:
-    """Sum the speculative counters of a Prometheus exposition over all label sets (engines).
+def parse_vllm_spec_metrics(text: str, counters: dict[str, str] = VLLM_COUNTERS) -> dict[str, Any]:
+    """Sum the speculative ``counters`` (vLLM's by default) of a Prometheus exposition over all label sets.
 
     Counters appear with the ``_total`` suffix the exposition format adds; the bare name is accepted
-    too. Missing counters are absent from the result (speculation off, or not vLLM).
+    too. Missing counters are absent from the result (speculation off, or another server).
     """
     wanted = {}
-    for key, name in VLLM_COUNTERS.items():
+    for key, name in counters.items():
         wanted[name] = key
         wanted[name + "_total"] = key
     out: dict[str, Any] = {}
@@ -378,6 +385,29 @@ def parse_vllm_spec_metrics(text: str) -> dict[str, Any]:
 def _vllm_metrics(url: str, timeout: float) -> dict[str, Any]:
     with http_client.request(f"{url}/metrics", None, timeout) as resp:
         return parse_vllm_spec_metrics(resp.read().decode("utf-8", "replace"))
+
+
+def _sglang_metrics(url: str, timeout: float) -> dict[str, Any] | None:
+    """SGLang's request counters from ``/metrics``; None where it is off (SGLang without ``--enable-metrics``)."""
+    try:
+        with http_client.request(f"{url}/metrics", None, timeout) as resp:
+            text = resp.read().decode("utf-8", "replace")
+    except (http_client.RequestTimeout, http_client.BadResponse):
+        raise
+    except DraftlabError:
+        return None
+    return parse_vllm_spec_metrics(text, SGLANG_COUNTERS)
+
+
+def _sglang_delta(before: dict | None, after: dict | None) -> dict[str, Any] | None:
+    """The counters' growth over the run and SGLang's server-wide accept length over it: the tokens of
+    verify steps (each request's prefill token excluded) per verify, as ``avg_spec_accept_length``."""
+    if before is None or after is None or not all(k in before and k in after for k in SGLANG_COUNTERS):
+        return None
+    delta: dict[str, Any] = {k: int(round(after[k] - before[k])) for k in SGLANG_COUNTERS}
+    verifies = delta["verify_calls"]
+    delta["accept_length"] = (delta["generation_tokens"] - delta["requests"]) / verifies if verifies > 0 else None
+    return delta
 
 
 def _metrics_delta(before: dict, after: dict) -> dict[str, Any] | None:

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from draftlab.engine.core import Engine, GenerationResult, accept_cycle, crop_cache
+from draftlab.engine.core import Engine, GenerationResult, accept_cycle, crop_cache, hold_stops
 
 
 @dataclass(eq=False)
@@ -45,6 +45,7 @@ class Row:
     t_start: float = 0.0
     tag: Any = None  # the caller's handle (the scheduler's ticket)
     done: bool = False
+    min_new: int = 0  # no stop id before this many tokens (SGLang's min_new_tokens)
 
 
 def _pad_left(t: Tensor, n: int) -> Tensor:
@@ -72,7 +73,7 @@ def _merge_mask(a: Tensor | None, n: int, device) -> Tensor:
     return torch.cat([pad(a), pad(b)], dim=0)
 
 
-def prefill_row(eng: Engine, prompt: list[int], max_new: int, stops: set[int], tag: Any = None):
+def prefill_row(eng: Engine, prompt: list[int], max_new: int, stops: set[int], tag: Any = None, min_new: int = 0):
     """Prefill one request alone (the engine's code): ``(row, target cache, pending [1, 1], drafter state)``.
 
     ``row.done`` when its first token already finished it; otherwise, with a drafter, the drafter's
@@ -80,11 +81,12 @@ def prefill_row(eng: Engine, prompt: list[int], max_new: int, stops: set[int], t
     """
     k = eng.num_steps if eng.speculative else 0
     t0 = eng._tick()
-    cache, out, pending = eng.prefill_target(prompt, hidden=eng.speculative)
+    hold = stops | eng.eos_token_ids if min_new > 0 else ()  # SGLang holds EOS back even under ignore_eos
+    cache, out, pending = eng.prefill_target(prompt, hidden=eng.speculative, hold=hold)
     tok = int(pending.item())
     res = GenerationResult(output_ids=[tok], prompt_tokens=len(prompt), finish_reason="length", num_steps=k,
                            accept_histogram=[0] * (k + 1) if k else [], accept_by_position=[0] * k if k else [])
-    row = Row(prompt, max_new, stops, res, length=len(prompt), t_start=t0, tag=tag)
+    row = Row(prompt, max_new, stops, res, length=len(prompt), t_start=t0, tag=tag, min_new=min_new)
     drafted = None
     if tok in stops or max_new <= 1:
         res.finish_reason = "stop" if tok in stops else "length"
@@ -102,6 +104,7 @@ def prefill_row(eng: Engine, prompt: list[int], max_new: int, stops: set[int], t
 class BatchDecoder:
     """The rows being decoded together and their caches; ``add`` a prefilled request, ``step`` all."""
 
+    holds_stops = True  # honours min_new (the static decoder's CUDA graphs cannot)
     single_fast_path = True  # False: a row alone is masked like a batch (the first batching path; benchmarks compare)
 
     def __init__(self, engine: Engine):
@@ -120,9 +123,9 @@ class BatchDecoder:
 
     # -- joining ----------------------------------------------------------------------------------
     @torch.inference_mode()
-    def add(self, prompt: list[int], max_new: int, stops: set[int], tag: Any = None) -> Row:
+    def add(self, prompt: list[int], max_new: int, stops: set[int], tag: Any = None, min_new: int = 0) -> Row:
         """Prefill one request alone; it joins the batch unless its first token already finished it."""
-        row, cache, pending, drafted = prefill_row(self.engine, prompt, max_new, stops, tag)
+        row, cache, pending, drafted = prefill_row(self.engine, prompt, max_new, stops, tag, min_new)
         if row.done:
             return row
         self._join(cache, pending)
@@ -247,7 +250,7 @@ class BatchDecoder:
             out = eng._target(self.pending, self.cache, hidden=False)
         else:
             out = self._target(self.pending, self._lengths()[:, None], hidden=False)
-        nxt = out.logits[:, -1].argmax(-1, keepdim=True)  # [B, 1]
+        nxt = self._held(out.logits[:, -1:])[:, -1].argmax(-1, keepdim=True)  # [B, 1]
         if self.mask is not None:
             self.mask = torch.cat([self.mask, torch.ones_like(nxt, dtype=torch.bool)], dim=1)
         self.pending = nxt
@@ -264,6 +267,13 @@ class BatchDecoder:
                 done.append(r)
         return done
 
+    def _held(self, logits: Tensor) -> Tensor:
+        """``logits`` [B, T, V] with the stop ids held back where a row is still below its ``min_new``."""
+        if any(r.min_new > len(r.res.output_ids) for r in self.rows):
+            hold_stops(logits, [(len(r.res.output_ids), r.min_new, r.stops | self.engine.eos_token_ids)
+                                for r in self.rows])
+        return logits
+
     def _spec_step(self) -> list[Row]:
         """One speculative cycle for every row: draft, verify in one target forward, accept each row's
         prefix, then let the drafter read the accepted positions for the next cycle's first draft."""
@@ -279,7 +289,7 @@ class BatchDecoder:
         verify_in = torch.cat([self.pending, *drafts], dim=1)  # [B, kb+1]
         span = torch.arange(kb + 1, device=dev)
         out = self._verify(verify_in, lengths, span, single)
-        greedy = out.logits.argmax(-1)  # [B, kb+1]
+        greedy = self._held(out.logits).argmax(-1)  # [B, kb+1]
         accepted, done, m_t, keep = self._accept(greedy, verify_in, k_eff, span, single)
         t2 = eng._tick()
         for r in rows:

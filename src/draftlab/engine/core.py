@@ -261,12 +261,14 @@ class Engine:
 
         return DynamicCache(config=self.target.config)
 
-    def prefill_target(self, prompt: list[int], hidden: bool):
-        """Prefill one prompt: (its cache, the forward's output, the first token [1, 1])."""
+    def prefill_target(self, prompt: list[int], hidden: bool, hold: Iterable[int] = ()):
+        """Prefill one prompt: (its cache, the forward's output, the first token [1, 1]); the first
+        token is none of ``hold`` (a request's stop ids under ``min_new_tokens``)."""
         cache = self._new_cache()
         ids = torch.tensor([prompt], device=self.device)
         out = self._target(ids, cache, hidden=hidden, last_only=True)
-        return cache, out, out.logits[:, -1].argmax(-1, keepdim=True)
+        logits = hold_stops(out.logits[:, -1:], [(0, 1, set(hold))])
+        return cache, out, logits[:, -1].argmax(-1, keepdim=True)
 
     def prefill_drafter(self, prompt: list[int], out, pending: Tensor):
         """The drafter's prefill extend (features at t with token t+1): (cache, first logits, hidden)."""
@@ -386,6 +388,19 @@ class Engine:
         d_logits, d_hidden = self.drafter(greedy[: m + 1].unsqueeze(0), self._aux(out, m + 1), pos, dcache)
         res.draft_calls += 1
         return d_logits[:, -1], d_hidden[:, -1:]
+
+
+def hold_stops(logits: Tensor, rows: Sequence[tuple[int, int, set[int]]]) -> Tensor:
+    """SGLang's ``min_new_tokens``: no stop id is chosen before a request has that many tokens (its
+    stop ids and the model's EOS ids, even under ``ignore_eos``, as SGLang's min-new-tokens penalizer).
+    ``logits`` [B, T, V] (in place): position ``j`` of row ``b`` gives its token number ``have + j``;
+    ``rows[b] = (have, min_new, stop ids)``. The stop ids' logits are -inf below ``min_new``."""
+    for b, (have, min_new, stops) in enumerate(rows):
+        upto = min(min_new - have, logits.shape[1])
+        ids = [t for t in stops if 0 <= t < logits.shape[-1]]
+        if upto > 0 and ids:
+            logits[b, :upto, ids] = float("-inf")
+    return logits
 
 
 def accept_cycle(res: GenerationResult, drafts: list[int], greedy: list[int], k_eff: int, stops: set[int],

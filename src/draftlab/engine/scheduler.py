@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 import traceback
 from collections import OrderedDict, deque
 from typing import Iterable, Sequence
@@ -30,6 +31,7 @@ from typing import Iterable, Sequence
 import torch
 
 from draftlab.engine.core import Engine, GenerationResult, GenerationStopped
+from draftlab.errors import DraftlabError
 from draftlab.engine.static_decode import make_decoder
 
 DEFAULT_MAX_BATCH_SIZE = 8
@@ -38,8 +40,8 @@ DEFAULT_MAX_BATCH_SIZE = 8
 class Ticket:
     """One submitted request: its arguments, and (once ``done``) its result or error."""
 
-    def __init__(self, ids: list[int], max_new: int, stops: set[int]):
-        self.ids, self.max_new, self.stops = ids, max_new, stops
+    def __init__(self, ids: list[int], max_new: int, stops: set[int], min_new: int = 0):
+        self.ids, self.max_new, self.stops, self.min_new = ids, max_new, stops, min_new
         self.done = threading.Event()
         self.result: GenerationResult | None = None
         self.error: BaseException | None = None
@@ -47,6 +49,8 @@ class Ticket:
         self.row = None  # set once admitted (prefilled)
         self.published = 0  # tokens of row.res.output_ids that a verify step (or the prefill) has accepted
         self._progress = threading.Condition()
+        self.submitted = time.perf_counter()
+        self.marks: list[tuple[float, int]] = []  # (seconds since submitted, tokens published): TTFT, ITL
 
     @property
     def started(self) -> bool:
@@ -73,14 +77,19 @@ class Ticket:
         if self.row is None:
             return
         with self._progress:
-            self.published = len(self.row.res.output_ids)
+            self._mark(len(self.row.res.output_ids))
             self._progress.notify_all()
+
+    def _mark(self, n: int) -> None:
+        if n > self.published:
+            self.marks.append((time.perf_counter() - self.submitted, n))
+        self.published = n
 
     def _finish(self, result: GenerationResult | None = None, error: BaseException | None = None) -> None:
         self.result, self.error = result, error
         with self._progress:
             if result is not None:
-                self.published = len(result.output_ids)
+                self._mark(len(result.output_ids))
             self.done.set()
             self._progress.notify_all()
 
@@ -102,13 +111,16 @@ class Scheduler:
         self.peak_rows = 0  # the most rows one step has decoded together (tests, benchmarks)
 
     def submit(self, ids: Sequence[int], max_new_tokens: int, *, ignore_eos: bool = False,
-               stop_token_ids: Iterable[int] = (), group: object = None) -> Ticket:
+               stop_token_ids: Iterable[int] = (), group: object = None, min_new_tokens: int = 0) -> Ticket:
         """Queue one prompt (checked and capped by the engine first; ``DraftlabError`` if refused).
 
         ``group``: the prompts of one request share it and take turns with other groups for free
-        rows (None: a group of its own)."""
+        rows (None: a group of its own). ``min_new_tokens``: no stop id or EOS before this many tokens."""
         budget, stops = self.engine.limits(ids, max_new_tokens, ignore_eos, stop_token_ids)
-        ticket = Ticket(list(map(int, ids)), budget, stops)
+        if min_new_tokens and not getattr(self._decoder, "holds_stops", False):
+            raise DraftlabError("min_tokens (min_new_tokens) is not supported by this server's decoder (CUDA "
+                                "graphs or a draft tree choose the greedy token); leave it out or send 0")
+        ticket = Ticket(list(map(int, ids)), budget, stops, min_new_tokens)
         with self._cv:
             self._queue.setdefault(ticket if group is None else group, deque()).append(ticket)
             if self._thread is None:
@@ -116,6 +128,11 @@ class Scheduler:
                 self._thread.start()
             self._cv.notify_all()
         return ticket
+
+    def counts(self) -> tuple[int, int]:
+        """(requests being decoded, requests waiting for a row): SGLang's running and queued requests."""
+        with self._cv:
+            return len(self._decoder), sum(len(q) for q in self._queue.values())
 
     def cancel(self, ticket: Ticket) -> None:
         """Give up on a request: it leaves the queue or the batch before the next step."""
@@ -164,7 +181,7 @@ class Scheduler:
             if t.cancelled:
                 t._finish(error=GenerationStopped(0))
                 continue
-            t.row = self._decoder.add(t.ids, t.max_new, t.stops, tag=t)
+            t.row = self._decoder.add(t.ids, t.max_new, t.stops, tag=t, **({"min_new": t.min_new} if t.min_new else {}))
             if t.row.done:
                 t._finish(t.row.res)
             else:

@@ -48,7 +48,7 @@ from torch import Tensor
 from draftlab.errors import DraftlabError
 from draftlab.engine.batch_decode import BatchDecoder, Row, prefill_row
 from draftlab.engine.draft_tree import DraftTreeCycle
-from draftlab.engine.core import Engine, GenerationResult, GenerationStopped, accept_cycle
+from draftlab.engine.core import Engine, GenerationResult, GenerationStopped, accept_cycle, hold_stops
 from draftlab.engine.fused_drafter import FusedDrafter
 from draftlab.engine import fused_llama
 from draftlab.engine.fused_llama import FusedLlama, attention_bias, fused_refusal
@@ -265,6 +265,7 @@ class StaticDecoder(DraftTreeCycle):
     def _plan_graphs(self, dev: torch.device, graph_max_bs: int) -> None:
         """The batch and width buckets ``capture()`` will record, or why none will be (off CUDA, or 0)."""
         self.graphs: dict[tuple[int, int], Any] = {}  # (batch bucket, width) -> graph
+        self._hold: list[tuple[int, int, set[int]]] | None = None  # this step's rows under min_new (hold_stops)
         self.buckets: list[int] = []
         self.widths = width_buckets(self.slots)
         self.graph_reason = "not on CUDA" if dev.type != "cuda" else "cuda_graph_max_bs is 0"
@@ -319,10 +320,20 @@ class StaticDecoder(DraftTreeCycle):
             states.append(h)
         return self._head(base.norm(h), states, hidden)
 
+    @property
+    def holds_stops(self) -> bool:
+        """Whether ``min_new`` is honoured: eager decoding (a CUDA graph fixed its greedy choice at capture)
+        of a chain or plain (a tree's verify positions are not its tokens' positions)."""
+        return not self.graphs and not self.engine.tree
+
     def _head(self, last: Tensor, states: list[Tensor], hidden: bool) -> tuple[Tensor, Tensor | None]:
-        """Greedy tokens from the normed last hidden state; the drafter's aux layers when ``hidden``."""
+        """Greedy tokens from the normed last hidden state (stop ids held back for the rows below their
+        ``min_new``); the drafter's aux layers when ``hidden``."""
         states[-1] = last  # transformers' last hidden state is the normed one
-        greedy = self.engine.target.lm_head(last).argmax(-1)
+        logits = self.engine.target.lm_head(last)
+        if self._hold is not None:
+            hold_stops(logits, self._hold)
+        greedy = logits.argmax(-1)
         aux = torch.cat([states[i + 1] for i in self.engine.aux_layer_ids], dim=-1) if hidden else None
         return greedy, aux
 
@@ -427,11 +438,14 @@ class StaticDecoder(DraftTreeCycle):
 
     # -- joining and leaving -------------------------------------------------------------------
     @torch.inference_mode()
-    def add(self, prompt: list[int], max_new: int, stops: set[int], tag: Any = None) -> Row:
-        """Prefill one request alone (the engine's code); it takes the next free row unless already done."""
+    def add(self, prompt: list[int], max_new: int, stops: set[int], tag: Any = None, min_new: int = 0) -> Row:
+        """Prefill one request alone (the engine's code); it takes the next free row unless already done.
+        ``min_new``: no stop id before that many tokens (only where ``holds_stops``)."""
+        if min_new and not self.holds_stops:
+            raise DraftlabError("min_tokens (min_new_tokens) is not supported with CUDA graphs or a draft tree")
         if len(self.rows) >= self.max_rows:
             raise RuntimeError(f"all {self.max_rows} rows are in use")
-        row, cache, pending, drafted = prefill_row(self.engine, prompt, max_new, stops, tag)
+        row, cache, pending, drafted = prefill_row(self.engine, prompt, max_new, stops, tag, min_new)
         if row.done:
             return row
         i = len(self.rows)
@@ -476,6 +490,8 @@ class StaticDecoder(DraftTreeCycle):
         if k and k_eff != self._k_eff_sent:  # a host-to-device copy only when a row nears its end
             self.k_eff[:b].copy_(torch.tensor(k_eff))
             self._k_eff_sent = k_eff
+        self._hold = ([(len(r.res.output_ids), r.min_new, r.stops | eng.eos_token_ids) for r in rows]
+                      if any(r.min_new > len(r.res.output_ids) for r in rows) else None)
         t0 = eng.clock()
         self._run(b)
         out = self.out[:b].tolist()

@@ -18,15 +18,16 @@ from draftlab.serving import streaming
 from draftlab.serving.request_options import (CHAT_KEYS, COMPLETION_KEYS, GENERATE_KEYS, check_options,
                                               stream_flags)
 from draftlab.serving.server_state import BadRequest, ServerState
-from draftlab.serving.sglang_meta import meta_info
-from draftlab.serving.streaming import Stream
+from draftlab.serving.sglang_meta import meta_info, spec_tokens_details
+from draftlab.serving.streaming import Extras, Stream
 
 # SGLang's SamplingParams keywords (an unknown one is refused, as SGLang's constructor refuses it), with
 # the value at which each one does nothing; any other value of these needs sampling the builtin lacks.
 SAMPLING_NO_OP = {"top_p": 1.0, "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-                  "repetition_penalty": 1.0, "min_new_tokens": 0, "json_schema": None, "regex": None,
+                  "repetition_penalty": 1.0, "json_schema": None, "regex": None,
                   "ebnf": None, "structural_tag": None, "logit_bias": None}
-SAMPLING_HANDLED = {"max_new_tokens", "temperature", "top_k", "n", "stop", "stop_token_ids", "ignore_eos"}
+SAMPLING_HANDLED = {"max_new_tokens", "min_new_tokens", "temperature", "top_k", "n", "stop", "stop_token_ids",
+                    "ignore_eos"}
 SAMPLING_HARMLESS = {"skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim", "stream_interval",
                      "custom_params", "sampling_seed", "seed"}
 
@@ -144,6 +145,7 @@ def handle_generate(state: ServerState, body: dict[str, Any], t_arrival: float,
     max_new = params.get("max_new_tokens")
     max_new = _int(128 if max_new is None else max_new, "sampling_params.max_new_tokens", 1)
     ignore_eos = _bool(params.get("ignore_eos", False), "sampling_params.ignore_eos")
+    min_new = _min_tokens(params.get("min_new_tokens"), "sampling_params.min_new_tokens")
     stream = _bool(False if body.get("stream") is None else body["stream"], "stream")
     stop_ids = _stop_ids(params, "sampling_params.")
     prompts, batched = _prompts(state, body.get("text"), body.get("input_ids"), "/generate")
@@ -152,10 +154,11 @@ def handle_generate(state: ServerState, body: dict[str, Any], t_arrival: float,
     gone = client_gone or (lambda: False)
     if stream:
         ids = _one_prompt_stream(prompts, batched, "/generate")
-        snaps = streaming.token_stream(state, ids, max_new, ignore_eos, stop_ids, gone)
+        snaps = streaming.token_stream(state, ids, max_new, ignore_eos, stop_ids, gone, min_new)
         return Stream(streaming.generate_events(state, snaps, rid, t_arrival))
     outs = []
-    for i, res in enumerate(state.run_many(prompts, max_new, ignore_eos, stop_ids, client_gone=client_gone)):
+    for i, res in enumerate(state.run_many(prompts, max_new, ignore_eos, stop_ids, client_gone=client_gone,
+                                           min_new_tokens=min_new)):
         meta = meta_info(res, rid if not batched else f"{rid}-{i}", num_draft_tokens=state.engine.num_draft_tokens,
                          weight_version=state.weight_version,
                          e2e_latency=time.perf_counter() - t_arrival)
@@ -167,12 +170,13 @@ def handle_completions(state: ServerState, body: dict[str, Any],
                        client_gone: Callable[[], bool] | None = None) -> Any:
     """``POST /v1/completions`` (OpenAI shape with ``usage``); streamed as OpenAI chunks with ``stream``."""
     check_options(body, COMPLETION_KEYS, "/v1/completions")
-    stream, include_usage = stream_flags(body, "/v1/completions")
+    extras = _extras(body, "/v1/completions")
     model = _model(state, body)
     _greedy_params(body, "")
     max_new = body.get("max_tokens")
     max_new = _int(16 if max_new is None else max_new, "max_tokens", 1)
     ignore_eos = _bool(body.get("ignore_eos", False), "ignore_eos")
+    min_new = _min_tokens(body.get("min_tokens"), "min_tokens")
     prompt = body.get("prompt")
     if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], str)):
         prompts, batched = _prompts(state, prompt, None, "/v1/completions: prompt")
@@ -181,18 +185,20 @@ def handle_completions(state: ServerState, body: dict[str, Any],
     stop_ids = _stop_ids(body, "")
     _check_all(state, prompts, max_new, "/v1/completions")
     rid = f"cmpl-{uuid.uuid4().hex}"
-    if stream:
+    if extras is not None:
         ids = _one_prompt_stream(prompts, batched, "/v1/completions")
-        snaps = streaming.token_stream(state, ids, max_new, ignore_eos, stop_ids, client_gone or (lambda: False))
-        return Stream(streaming.completion_events(state, snaps, rid, model, include_usage))
+        snaps = streaming.token_stream(state, ids, max_new, ignore_eos, stop_ids, client_gone or (lambda: False),
+                                       min_new)
+        return Stream(streaming.completion_events(state, snaps, rid, model, extras))
     choices, prompt_tokens, completion_tokens = [], 0, 0
-    for i, res in enumerate(state.run_many(prompts, max_new, ignore_eos, stop_ids, client_gone=client_gone)):
+    results = state.run_many(prompts, max_new, ignore_eos, stop_ids, client_gone=client_gone, min_new_tokens=min_new)
+    for i, res in enumerate(results):
         prompt_tokens += res.prompt_tokens
         completion_tokens += res.completion_tokens
         choices.append({"index": i, "text": state.decode(res.output_ids), "logprobs": None,
                         "finish_reason": res.finish_reason, "matched_stop": _matched(res),
                         "token_ids": res.output_ids})
-    return {
+    return _sglext(state, body, results, {
         "id": rid,
         "object": "text_completion",
         "created": int(time.time()),
@@ -200,7 +206,7 @@ def handle_completions(state: ServerState, body: dict[str, Any],
         "choices": choices,
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                   "total_tokens": prompt_tokens + completion_tokens},
-    }
+    })
 
 
 def _matched(res) -> int | None:
@@ -276,7 +282,7 @@ def handle_chat_completions(state: ServerState, body: dict[str, Any],
     (``chat_template_kwargs`` passed to it) renders the messages, the reply is the assistant's turn;
     streamed as OpenAI chunks with ``stream``."""
     check_options(body, CHAT_KEYS, "/v1/chat/completions")
-    stream, include_usage = stream_flags(body, "/v1/chat/completions")
+    extras = _extras(body, "/v1/chat/completions")
     model = _model(state, body)
     _greedy_params(body, "")
     if state.tokenizer is None:
@@ -285,6 +291,7 @@ def handle_chat_completions(state: ServerState, body: dict[str, Any],
     # OpenAI's default is "up to the context"; the engine caps any budget at the context.
     max_new = _int(state.engine.context_length or 128 if max_new is None else max_new, "max_completion_tokens", 1)
     ignore_eos = _bool(body.get("ignore_eos", False), "ignore_eos")
+    min_new = _min_tokens(body.get("min_tokens"), "min_tokens")
     kwargs = _template_kwargs(state.tokenizer, body.get("chat_template_kwargs"))
     messages = _chat_messages(body)
     try:
@@ -294,15 +301,16 @@ def handle_chat_completions(state: ServerState, body: dict[str, Any],
     stop_ids = _stop_ids(body, "")
     _check_all(state, [ids], 1)  # the prompt itself must fit; the answer budget is capped by the engine
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    if stream:
-        snaps = streaming.token_stream(state, ids, max_new, ignore_eos, stop_ids, client_gone or (lambda: False))
-        return Stream(streaming.chat_events(state, snaps, rid, model, include_usage))
-    res = state.run(ids, max_new, ignore_eos, stop_ids, client_gone=client_gone)
+    if extras is not None:
+        snaps = streaming.token_stream(state, ids, max_new, ignore_eos, stop_ids, client_gone or (lambda: False),
+                                       min_new)
+        return Stream(streaming.chat_events(state, snaps, rid, model, extras))
+    res = state.run(ids, max_new, ignore_eos, stop_ids, client_gone=client_gone, min_new_tokens=min_new)
     choice = {"index": 0, "message": {"role": "assistant", "content": state.decode(res.output_ids)},
               "logprobs": None, "finish_reason": res.finish_reason, "matched_stop": _matched(res)}
     if _bool(body.get("return_token_ids", False), "return_token_ids"):  # SGLang 0.5.23's keys (non-streamed)
         choice.update(prompt_token_ids=list(ids), response_token_ids=list(res.output_ids))
-    return {
+    return _sglext(state, body, [res], {
         "id": rid,
         "object": "chat.completion",
         "created": int(time.time()),
@@ -310,4 +318,25 @@ def handle_chat_completions(state: ServerState, body: dict[str, Any],
         "choices": [choice],
         "usage": {"prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
                   "total_tokens": res.prompt_tokens + res.completion_tokens},
-    }
+    })
+
+
+def _extras(body: dict[str, Any], route: str) -> Extras | None:
+    """A streamed OpenAI request's :class:`Extras`, None for a whole answer."""
+    stream, include_usage, continuous = stream_flags(body, route)
+    details = _bool(body.get("return_spec_tokens_details") or False, "return_spec_tokens_details")
+    return Extras(include_usage, continuous, details) if stream else None
+
+
+def _min_tokens(value: Any, key: str) -> int:
+    """SGLang's ``min_tokens`` (``min_new_tokens``): no stop id or EOS ends the answer before this many tokens."""
+    return _int(0 if value is None else value, key, 0)
+
+
+def _sglext(state: ServerState, body: dict[str, Any], results: list, answer: dict[str, Any]) -> dict[str, Any]:
+    """A whole answer with SGLang's ``sglext.spec_tokens_details`` when the request asked for it
+    (``return_spec_tokens_details``) and the server drafts: the first prompt's, as SGLang gives it."""
+    if not _bool(body.get("return_spec_tokens_details") or False, "return_spec_tokens_details"):
+        return answer
+    details = spec_tokens_details(results[0], state.engine.num_draft_tokens) if results else None
+    return {**answer, "sglext": {"spec_tokens_details": details}} if details is not None else answer

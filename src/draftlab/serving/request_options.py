@@ -35,7 +35,7 @@ NO_OP: dict[str, tuple[Any, ...]] = {
     "ebnf": (None,), "structural_tag": (None,),
     # sampling at its greedy no-op value
     "top_p": (None, 1, 1.0), "min_p": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0),
-    "presence_penalty": (None, 0, 0.0), "repetition_penalty": (None, 1, 1.0), "min_tokens": (None, 0),
+    "presence_penalty": (None, 0, 0.0), "repetition_penalty": (None, 1, 1.0),
     # SGLang-only /generate inputs
     "lora_path": (None,), "lora_id": (None,), "image_data": (None, []), "video_data": (None, []),
     "audio_data": (None, []), "input_embeds": (None,), "session_params": (None,), "custom_logit_processor": (None,),
@@ -44,11 +44,11 @@ NO_OP: dict[str, tuple[Any, ...]] = {
 }
 
 GENERATE_KEYS = frozenset({"text", "input_ids", "sampling_params", "stream"})
-COMPLETION_KEYS = frozenset({"model", "prompt", "max_tokens", "temperature", "top_k", "n", "stop", "stop_token_ids",
-                             "ignore_eos", "stream", "stream_options"})
-CHAT_KEYS = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_k", "n", "stop",
-                       "stop_token_ids", "ignore_eos", "stream", "stream_options", "chat_template_kwargs",
-                       "return_token_ids"})
+COMPLETION_KEYS = frozenset({"model", "prompt", "max_tokens", "min_tokens", "temperature", "top_k", "n", "stop",
+                             "stop_token_ids", "ignore_eos", "stream", "stream_options", "return_spec_tokens_details"})
+CHAT_KEYS = frozenset({"model", "messages", "max_tokens", "max_completion_tokens", "min_tokens", "temperature", "top_k",
+                       "n", "stop", "stop_token_ids", "ignore_eos", "stream", "stream_options", "chat_template_kwargs",
+                       "return_token_ids", "return_spec_tokens_details"})
 
 
 def check_options(body: dict[str, Any], handled: frozenset[str], route: str) -> None:
@@ -79,9 +79,10 @@ def _same(value: Any, v: Any) -> bool:
     return type(value) is type(v) and value == v
 
 
-def stream_flags(body: dict[str, Any], route: str) -> tuple[bool, bool]:
-    """(stream, include_usage) of an OpenAI request; ``stream_options`` without ``stream`` is refused,
-    as is ``continuous_usage_stats`` (usage comes once, in the last chunk)."""
+def stream_flags(body: dict[str, Any], route: str) -> tuple[bool, bool, bool]:
+    """(stream, include_usage, continuous_usage_stats) of an OpenAI request, as SGLang reads
+    ``stream_options``: ``include_usage`` adds a usage chunk after the last, ``continuous_usage_stats``
+    puts the usage so far on every content chunk; ``stream_options`` without ``stream`` is refused."""
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -89,18 +90,15 @@ def stream_flags(body: dict[str, Any], route: str) -> tuple[bool, bool]:
         raise BadRequest(f"{route}: stream: expected true or false, got {stream!r}")
     options = body.get("stream_options")
     if options is None:
-        return stream, False
+        return stream, False, False
     if not stream:
         raise BadRequest(f"{route}: stream_options: only allowed with stream true")
     if not isinstance(options, dict):
         raise BadRequest(f"{route}: stream_options: expected an object")
     for key, value in options.items():
-        if key == "include_usage":
-            if value is not None and not isinstance(value, bool):
-                raise BadRequest(f"{route}: stream_options.include_usage: expected true or false, got {value!r}")
-        elif key == "continuous_usage_stats" and value in (None, False):
-            continue
-        else:
-            raise BadRequest(f"{route}: stream_options.{key}: not supported by the builtin server (usage comes "
-                             f"once, after the last chunk, with include_usage)")
-    return stream, bool(options.get("include_usage"))
+        if key not in ("include_usage", "continuous_usage_stats"):
+            raise BadRequest(f"{route}: stream_options.{key}: not supported by the builtin server (it takes "
+                             f"include_usage and continuous_usage_stats)")
+        if value is not None and not isinstance(value, bool):
+            raise BadRequest(f"{route}: stream_options.{key}: expected true or false, got {value!r}")
+    return stream, bool(options.get("include_usage")), bool(options.get("continuous_usage_stats"))

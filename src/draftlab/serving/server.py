@@ -5,7 +5,9 @@ SGLang, so this server answers ``/health``, ``/health_generate``, ``/ready``, ``
 0.5.23's ``meta_info``: ``completion_tokens``, ``spec_verify_ct``, ``spec_accept_length``, ...),
 ``/server_info`` (``internal_states[0].avg_spec_accept_length``), ``/model_info``, ``/v1/models``,
 ``/v1/models/{id}``, ``/v1/completions`` and ``/v1/chat/completions`` in the same shapes, whole or
-streamed as server-sent events (``streaming``); an option it does not honour is a 400. Standard
+streamed as server-sent events (``streaming``), ``/flush_cache`` and ``/metrics`` (``metrics``:
+Prometheus text under SGLang's names); an option it does not honour is a 400. Nagle is off on every
+connection and an answer leaves in one send, so kept-alive clients never wait for a delayed ACK. Standard
 library only (``http.server``). The requests in flight are decoded together, up to
 ``max_batch_size`` rows per forward (``scheduler``, continuous batching), each one's output the
 same as if it ran alone; greedy decoding only (temperature 0).
@@ -41,7 +43,7 @@ from draftlab import __version__
 from draftlab.deadline_io import DeadlineReader, peer_closed
 from draftlab.errors import DraftlabError
 from draftlab.models.target import load_tokenizer
-from draftlab.serving import model_routes
+from draftlab.serving import metrics, model_routes
 from draftlab.serving.endpoints import handle_chat_completions, handle_completions, handle_generate
 from draftlab.engine.core import Engine
 from draftlab.serving import api_keys, weight_swap
@@ -81,6 +83,9 @@ def _lone_surrogate(body: dict[str, Any]) -> str | None:
 class Handler(BaseHTTPRequestHandler):
     server_version = f"draftlab/{__version__}"
     protocol_version = "HTTP/1.1"
+    # writes gather here until the answer is whole (http.server flushes after each request) or a stream
+    # event is due: status line, headers and a body up to this size leave in one send
+    wbufsize = 64 * 1024
 
     @property
     def state(self) -> ServerState:
@@ -88,6 +93,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        # Nagle off, as uvicorn (SGLang) does: a small answer or SSE event leaves at once, not after
+        # the client's delayed ACK (~40 ms on every reused connection)
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # every read of a request (request line, headers, body) shares one deadline: slowloris-proof
         self._reader = DeadlineReader(self.connection)
         self.rfile = io.BufferedReader(self._reader)
@@ -108,17 +116,18 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, fmt: str, *args: Any) -> None:
         sys.stderr.write(f"[draftlab-serve] {self.address_string()} {fmt % args}\n")
 
-    def _send(self, status: int, payload: Any) -> None:
+    def _send(self, status: int, payload: Any, content_type: str | None = None) -> None:
         body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         self._reader.deadline = None
         self.connection.settimeout(self.state.read_timeout_s)  # a client that never reads is dropped too
         self.send_response(status)
-        self.send_header("Content-Type", "application/json" if not isinstance(payload, bytes) else "text/plain")
+        self.send_header("Content-Type", content_type or ("text/plain" if isinstance(payload, bytes) else
+                                                          "application/json"))
         self.send_header("Content-Length", str(len(body)))
         if self.close_connection:
             self.send_header("Connection", "close")
         self.end_headers()
-        self.wfile.write(body)
+        self.wfile.write(body)  # buffered with the headers: one send when http.server flushes the answer
 
     def _answer(self, answer: Any) -> None:
         """A whole JSON answer, or server-sent events for a :class:`Stream`."""
@@ -137,8 +146,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         if self.close_connection:
             self.send_header("Connection", "close")
-        self.end_headers()
-        self.wfile.flush()
+        self.end_headers()  # buffered: sent with the first chunk, in one send
 
     def write_chunk(self, data: bytes) -> None:
         """One chunk of the stream, sent at once (an empty one ends it)."""
@@ -220,7 +228,9 @@ class Handler(BaseHTTPRequestHandler):
             elif path == "/ready":
                 self._send(200 if model_routes.ready(self.state) else 503, b"")
             elif path == "/flush_cache":
-                self._send(200, b"Cache flushed.")
+                self._send(*self.state.flush_cache())
+            elif path == "/metrics":
+                self._send(200, self.state.metrics.exposition(), content_type=metrics.CONTENT_TYPE)
             elif path == "/generate" and method == "POST":
                 self._answer(handle_generate(self.state, self._body(), t0, self.client_gone))
             elif path == "/v1/completions" and method == "POST":

@@ -16,6 +16,7 @@ from draftlab.errors import DraftlabError
 from draftlab.engine.core import Engine, GenerationResult
 from draftlab.engine.scheduler import DEFAULT_MAX_BATCH_SIZE, Scheduler, Ticket
 from draftlab.engine.static_decode import enable_static
+from draftlab.serving.metrics import ServerMetrics
 from draftlab.serving.sglang_meta import WEIGHT_VERSION
 
 MAX_PROMPTS = 256  # prompts in one /generate or /v1/completions request (--max-prompts-per-request)
@@ -83,21 +84,24 @@ class ServerState:
         self.scheduler = Scheduler(engine, max_batch_size, lock=self.lock)
         self._stats = threading.Lock()
         self.started = time.time()
-        self.verify_total = 0  # verify forwards over all requests
-        self.accepted_total = 0  # accepted draft tokens over all requests
+        self.verify_total = 0  # verify forwards since the start or the last /flush_cache
+        self.accepted_total = 0  # accepted draft tokens since then
+        self.proposed_total = 0  # proposed draft tokens since then (SGLang's rule: verifies x (draft tokens - 1))
         self.requests = 0
         self.last_gen_throughput = 0.0
+        self.metrics = ServerMetrics(model_path, self._gauges())
 
     # -- requests ---------------------------------------------------------------------------------
     def run(self, ids: list[int], max_new_tokens: int, ignore_eos: bool, stop_ids: list[int],
             record: bool = True, client_gone: Callable[[], bool] | None = None,
-            wait_s: float | None = None) -> GenerationResult:
+            wait_s: float | None = None, min_new_tokens: int = 0) -> GenerationResult:
         """Generate for one request (see ``run_many``)."""
-        return self.run_many([ids], max_new_tokens, ignore_eos, stop_ids, record, client_gone, wait_s)[0]
+        return self.run_many([ids], max_new_tokens, ignore_eos, stop_ids, record, client_gone, wait_s,
+                             min_new_tokens)[0]
 
     def run_many(self, prompts: list[list[int]], max_new_tokens: int, ignore_eos: bool, stop_ids: list[int],
                  record: bool = True, client_gone: Callable[[], bool] | None = None,
-                 wait_s: float | None = None) -> list[GenerationResult]:
+                 wait_s: float | None = None, min_new_tokens: int = 0) -> list[GenerationResult]:
         """Generate for each prompt, all of them decoded in the batch with the other requests in flight.
 
         Checked before anything is queued (context, vocabulary); while waiting and between decode
@@ -110,7 +114,8 @@ class ServerState:
             for ids in prompts:
                 try:
                     tickets.append(self.scheduler.submit(ids, max_new_tokens, ignore_eos=ignore_eos,
-                                                         stop_token_ids=stop_ids, group=group))
+                                                         stop_token_ids=stop_ids, group=group,
+                                                         min_new_tokens=min_new_tokens))
                 except DraftlabError as exc:
                     raise BadRequest(str(exc)) from None
             results = [self._wait(t, client_gone or (lambda: False), wait_s, time.monotonic()) for t in tickets]
@@ -119,19 +124,68 @@ class ServerState:
                 if not t.done.is_set():
                     self.scheduler.cancel(t)
         if record:
-            self.record(results)
+            self.record(results, tickets)
         return results
 
-    def record(self, results: list[GenerationResult]) -> None:
-        """Count finished requests into the server-wide figures (``/server_info``)."""
+    def record(self, results: list[GenerationResult], tickets: list[Ticket], streaming: bool = False) -> None:
+        """Count finished requests (and their ``tickets``' timings) into the server-wide figures
+        (``/server_info``, ``/metrics``)."""
         with self._stats:
-            for res in results:
+            for res, ticket in zip(results, tickets):
                 self.requests += 1
                 self.verify_total += res.spec_verify_ct
                 self.accepted_total += sum(res.accept_by_position)
+                self.proposed_total += res.spec_verify_ct * max(self.engine.num_draft_tokens - 1, 0)
                 decode = res.e2e_time - res.prefill_time
                 if decode > 0 and res.completion_tokens > 1:
                     self.last_gen_throughput = (res.completion_tokens - 1) / decode
+                self.metrics.observe(res.prompt_tokens, res.completion_tokens, res.spec_verify_ct, ticket.marks,
+                                     streaming)
+
+    def flush_cache(self) -> tuple[int, bytes]:
+        """SGLang's ``/flush_cache``: when no request runs or waits, the speculative averages start
+        again (``/server_info``, ``sglang:spec_accept_*``), so a benchmark's figure is its own run's;
+        otherwise a 400, as SGLang answers, and nothing changes."""
+        running, queued = self.scheduler.counts()
+        if running or queued:
+            return 400, (f"Cache not flushed because there are pending requests. #queue-req: {queued}, "
+                         f"#running-req: {running}\n").encode()
+        with self._stats:
+            self.verify_total = self.accepted_total = self.proposed_total = 0
+        return 200, (b"Cache flushed.\nPlease check backend logs for more details. (When there are running or "
+                     b"waiting requests, the operation will not be performed.)\n")
+
+    def avg_spec_accept_length(self) -> float | None:
+        """SGLang's cumulative figure since the start or the last flush: (accepted drafts + one bonus per
+        verify) / verifies; None before the first verify or without a drafter."""
+        with self._stats:
+            if not (self.engine.speculative and self.verify_total):
+                return None
+            return (self.accepted_total + self.verify_total) / self.verify_total
+
+    def _gauges(self) -> dict[str, Any]:
+        """SGLang's scheduler gauges, read at each scrape of ``/metrics``."""
+        eng = self.engine
+
+        def rate() -> float:
+            with self._stats:
+                return self.accepted_total / self.proposed_total if self.proposed_total else 0.0
+
+        return {"num_running_reqs": lambda: self.scheduler.counts()[0],
+                "num_queue_reqs": lambda: self.scheduler.counts()[1],
+                "gen_throughput": lambda: self.last_gen_throughput,
+                "spec_accept_length": lambda: self.avg_spec_accept_length() or 0.0,
+                "spec_accept_rate": rate,
+                "spec_num_steps": lambda: eng.num_steps if eng.speculative else 0,
+                "spec_num_draft_tokens": lambda: eng.num_draft_tokens if eng.speculative else 0}
+
+    def dtype_name(self) -> str:
+        """The dtype the target runs in (``float32``), as ``--dtype`` names it: the one asked for or the
+        weights' own."""
+        if self.dtype and self.dtype != "auto":
+            return self.dtype
+        param = next(self.engine.target.parameters(), None)
+        return str(param.dtype).removeprefix("torch.") if param is not None else "auto"
 
     def _wait(self, t: Ticket, gone: Callable[[], bool], wait_s: float | None, start: float) -> GenerationResult:
         while not t.done.wait(_POLL_S):
@@ -185,9 +239,9 @@ class ServerState:
     def server_info(self) -> dict[str, Any]:
         eng = self.engine
         state: dict[str, Any] = {"last_gen_throughput": self.last_gen_throughput, "num_requests": self.requests}
-        if eng.speculative and self.verify_total:
-            # SGLang's cumulative figure: (accepted drafts + one bonus per verify) / verifies
-            state["avg_spec_accept_length"] = (self.accepted_total + self.verify_total) / self.verify_total
+        avg = self.avg_spec_accept_length()
+        if avg is not None:
+            state["avg_spec_accept_length"] = avg
         return {
             "model_path": self.model_path,
             "tokenizer_path": self.model_path if self.tokenizer is not None else None,
@@ -199,7 +253,7 @@ class ServerState:
             "speculative_eagle_topk": eng.topk if eng.speculative else None,
             "speculative_num_draft_tokens": eng.num_draft_tokens if eng.speculative else None,
             "device": self.device,
-            "dtype": self.dtype,
+            "dtype": self.dtype_name(),
             "tp_size": 1,
             "dp_size": 1,
             # what SGLang clients read besides the speculative settings (bench_serving, router, openai shims)

@@ -70,3 +70,19 @@ def meta_info(res: GenerationResult, rid: str, *, num_draft_tokens: int, finishe
         meta.update({"draftlab_draft_time": res.draft_time, "draftlab_verify_time": res.verify_time,
                      "draftlab_prefill_time": res.prefill_time})
     return meta
+
+
+# SGLang's SpecTokensDetails (entrypoints/openai/protocol.py): every field, in its order, with its default
+SPEC_DETAILS_DEFAULTS: dict[str, Any] = {
+    "spec_accept_rate": 0.0, "spec_accept_length": 0.0, "spec_cap_length": 0.0, "spec_block_accept_length": 0.0,
+    "spec_num_correct_drafts": 0, "spec_num_proposed_drafts": 0, "spec_verify_ct": 0,
+    "spec_correct_drafts_histogram": [], "spec_cap_lens_histogram": []}
+
+
+def spec_tokens_details(res: GenerationResult, num_draft_tokens: int) -> dict[str, Any] | None:
+    """``sglext.spec_tokens_details`` of one answer (``return_spec_tokens_details``), built from its
+    ``meta_info`` as SGLang's ``spec_tokens_details_from_meta_info`` builds it: None without a drafter."""
+    meta = meta_info(res, "", num_draft_tokens=num_draft_tokens)
+    if not any(key in meta for key in SPEC_DETAILS_DEFAULTS):
+        return None
+    return {key: meta.get(key) or default for key, default in SPEC_DETAILS_DEFAULTS.items()}

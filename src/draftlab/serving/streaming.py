@@ -21,17 +21,25 @@ from __future__ import annotations
 import json
 import time
 import traceback
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 from draftlab.engine.core import GenerationResult
 from draftlab.errors import DraftlabError
 from draftlab.serving.server_state import BadRequest, ClientGone, HTTPFailure, ServerState
-from draftlab.serving.sglang_meta import meta_info
+from draftlab.serving.sglang_meta import meta_info, spec_tokens_details
 
 POLL_S = 0.25  # how often a stream waiting for tokens checks for a gone client or a shutdown
 DONE = b"data: [DONE]\n\n"
 
 Snapshot = tuple[GenerationResult, int, bool]  # (result so far, tokens final in it, finished)
+
+
+class Extras(NamedTuple):
+    """What an OpenAI stream adds to its chunks: ``stream_options`` and ``return_spec_tokens_details``."""
+
+    include_usage: bool = False  # a usage chunk after the last
+    continuous_usage: bool = False  # the usage so far on every content chunk
+    spec_details: bool = False  # an ``sglext.spec_tokens_details`` chunk before the usage chunk
 
 
 class Stream:
@@ -42,7 +50,7 @@ class Stream:
 
 
 def token_stream(state: ServerState, ids: list[int], max_new: int, ignore_eos: bool, stop_ids: list[int],
-                 client_gone: Callable[[], bool]) -> Iterator[Snapshot]:
+                 client_gone: Callable[[], bool], min_new: int = 0) -> Iterator[Snapshot]:
     """Yield ``(result, n, finished)`` each time tokens are accepted; the last has ``finished``.
 
     Only ``result.output_ids[:n]`` is final until ``finished`` (the scheduler is still appending).
@@ -50,7 +58,8 @@ def token_stream(state: ServerState, ids: list[int], max_new: int, ignore_eos: b
     ``Unavailable``); closing the generator cancels it.
     """
     try:
-        ticket = state.scheduler.submit(ids, max_new, ignore_eos=ignore_eos, stop_token_ids=stop_ids)
+        ticket = state.scheduler.submit(ids, max_new, ignore_eos=ignore_eos, stop_token_ids=stop_ids,
+                                        min_new_tokens=min_new)
     except DraftlabError as exc:
         raise BadRequest(str(exc)) from None
     seen = 0
@@ -64,7 +73,7 @@ def token_stream(state: ServerState, ids: list[int], max_new: int, ignore_eos: b
                 seen = n
                 yield ticket.partial, n, False
         res = state.outcome(ticket)
-        state.record([res])
+        state.record([res], [ticket], streaming=True)
         yield res, res.completion_tokens, True
     finally:
         if not ticket.done.is_set():
@@ -92,38 +101,52 @@ def generate_events(state: ServerState, snapshots: Iterator[Snapshot], rid: str,
     yield DONE
 
 
-def _usage(res: GenerationResult) -> dict[str, int]:
-    return {"prompt_tokens": res.prompt_tokens, "total_tokens": res.prompt_tokens + res.completion_tokens,
-            "completion_tokens": res.completion_tokens, "reasoning_tokens": 0}
+def _usage(res: GenerationResult, n: int | None = None) -> dict[str, int]:
+    """OpenAI's usage of ``res`` (of its first ``n`` tokens: a stream's usage so far)."""
+    done = res.completion_tokens if n is None else n
+    return {"prompt_tokens": res.prompt_tokens, "total_tokens": res.prompt_tokens + done,
+            "completion_tokens": done, "reasoning_tokens": 0}
+
+
+def _tail(state: ServerState, res: GenerationResult | None, head: dict[str, Any], extras: Extras) -> Iterator[bytes]:
+    """After the last content chunk, as SGLang sends them: the ``sglext`` chunk (spec details, speculative
+    servers only), the ``usage`` chunk (``include_usage``), then ``[DONE]``."""
+    if res is not None and extras.spec_details:
+        details = spec_tokens_details(res, state.engine.num_draft_tokens)
+        if details is not None:
+            yield _event({**head, "choices": [], "usage": None, "sglext": {"spec_tokens_details": details}})
+    if res is not None and extras.include_usage:
+        yield _event({**head, "choices": [], "usage": _usage(res)})
+    yield DONE
 
 
 def completion_events(state: ServerState, snapshots: Iterator[Snapshot], rid: str, model: str,
-                      include_usage: bool) -> Iterator[bytes]:
+                      extras: Extras) -> Iterator[bytes]:
     """``/v1/completions`` with ``stream: true``: text deltas, ``finish_reason`` on the last."""
-    created, sent, res = int(time.time()), 0, None
+    head = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model}
+    sent, res = 0, None
     for res, n, finished in snapshots:
         text = text_upto(state, res, n, finished)
         reason = res.finish_reason if finished else None
         matched = res.output_ids[-1] if finished and reason == "stop" else None
-        yield _event({"id": rid, "object": "text_completion", "created": created, "model": model,
-                      "choices": [{"index": 0, "text": text[sent:], "logprobs": None, "finish_reason": reason,
-                                   "matched_stop": matched}], "usage": None})
+        yield _event({**head, "choices": [{"index": 0, "text": text[sent:], "logprobs": None, "finish_reason": reason,
+                                           "matched_stop": matched}],
+                      "usage": _usage(res, n) if extras.continuous_usage else None})
         sent = len(text)
-    if include_usage and res is not None:
-        yield _event({"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [],
-                      "usage": _usage(res)})
-    yield DONE
+    yield from _tail(state, res, head, extras)
 
 
 def chat_events(state: ServerState, snapshots: Iterator[Snapshot], rid: str, model: str,
-                include_usage: bool) -> Iterator[bytes]:
+                extras: Extras) -> Iterator[bytes]:
     """``/v1/chat/completions`` with ``stream: true``: a role chunk, content deltas, a finish chunk."""
-    created, sent, res = int(time.time()), 0, None
+    head = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+    sent, res = 0, None
 
-    def chunk(delta: dict[str, Any], reason: str | None = None, matched: int | None = None) -> bytes:
-        return _event({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                       "choices": [{"index": 0, "delta": {"reasoning_content": None, **delta}, "logprobs": None,
-                                    "finish_reason": reason, "matched_stop": matched}]})
+    def chunk(delta: dict[str, Any], reason: str | None = None, matched: int | None = None,
+              usage: dict[str, int] | None = None) -> bytes:
+        body = {**head, "choices": [{"index": 0, "delta": {"reasoning_content": None, **delta}, "logprobs": None,
+                                     "finish_reason": reason, "matched_stop": matched}]}
+        return _event({**body, "usage": usage} if usage else body)
 
     first = True
     for res, n, finished in snapshots:
@@ -132,15 +155,12 @@ def chat_events(state: ServerState, snapshots: Iterator[Snapshot], rid: str, mod
             first = False
         text = text_upto(state, res, n, finished)
         if len(text) > sent:
-            yield chunk({"content": text[sent:]})
+            yield chunk({"content": text[sent:]}, usage=_usage(res, n) if extras.continuous_usage else None)
             sent = len(text)
     if res is not None:
         reason = res.finish_reason
         yield chunk({}, reason, res.output_ids[-1] if reason == "stop" else None)
-        if include_usage:
-            yield _event({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                          "choices": [], "usage": _usage(res)})
-    yield DONE
+    yield from _tail(state, res, head, extras)
 
 
 def _fail(handler, message: str, status: int) -> None:
