@@ -28,7 +28,6 @@ served path), so ``cycle / plain`` is read off directly: the speed-up at accept 
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import signal
@@ -89,20 +88,28 @@ def free_port() -> int:
 
 
 def post(port: int, body: dict, stream: bool = False) -> tuple[float, dict]:
-    """One ``/generate`` on a fresh connection: (seconds to the last byte, the final meta_info)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    """One ``/generate`` on a fresh connection (draftlab's one HTTP client): (seconds to the last byte, the final
+    meta_info)."""
+    from draftlab import http_client
+
     t0 = time.perf_counter()
-    conn.request("POST", "/generate", json.dumps({**body, "stream": stream}), {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    raw = resp.read().decode()
-    took = time.perf_counter() - t0
-    conn.close()
-    if resp.status != 200:
-        raise RuntimeError(f"/generate answered {resp.status}: {raw[:300]}")
-    if stream:
-        events = [json.loads(line[5:]) for line in raw.splitlines() if line.startswith("data:") and "[DONE]" not in line]
-        return took, events[-1]["meta_info"]
-    return took, json.loads(raw)["meta_info"]
+    with http_client.request(f"http://127.0.0.1:{port}/generate", {**body, "stream": stream}, 120) as resp:
+        if stream:
+            events = [e for e in resp.events() if isinstance(e, dict) and "meta_info" in e]
+            meta = events[-1]["meta_info"]
+        else:
+            meta = resp.json(dict)["meta_info"]
+    return time.perf_counter() - t0, meta
+
+
+def _up(port: int) -> bool:
+    from draftlab import http_client
+
+    try:
+        with http_client.request(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
+            return resp.status == 200
+    except Exception:  # noqa: BLE001 - not up yet
+        return False
 
 
 def through_server(args, target_dir: Path, drafter_dir: Path | None, prompts, log: Path) -> dict:
@@ -116,14 +123,7 @@ def through_server(args, target_dir: Path, drafter_dir: Path | None, prompts, lo
         proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.time() + 300
-        while True:
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-                c.request("GET", "/health")
-                if c.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
+        while not _up(port):
             if proc.poll() is not None or time.time() > deadline:
                 raise RuntimeError(f"server did not come up: {log.read_text()[-800:]}")
             time.sleep(0.5)

@@ -421,8 +421,7 @@ def write_report(exp_dir: str | os.PathLike, out_dir: str | os.PathLike, records
     decision_lines = decision_text(rows, gate, results, decision) if rows else decision_text(rows, gate)
     md = (_results_markdown(experiment, deploy + decision_lines, rows, results, decision, client, standing_rows, curves)
           + _inputs_markdown(files, data_stats, gate))
-    summary = out_dir / REPORT_FILES["summary"]
-    write_text(summary, "\n".join(md) + "\n")
+    write_text(summary := out_dir / REPORT_FILES["summary"], "\n".join(md) + "\n")
     views = write_views(out_dir, experiment, md, paths, deploy + decision_lines[:1],
                         landing_table(rows, results, client) if rows else [], records_csv, static_md)
     return {"summary": str(summary), "recommendation": str(rec_path),

@@ -201,6 +201,34 @@ class Handler(BaseHTTPRequestHandler):
         finally:
             self.state.end_request()
 
+    def _state_route(self, path: str) -> bool:
+        """Answer a route that reads or resets the server's state (health, info, models, metrics, cache);
+        False where ``path`` is none of them."""
+        if path == "/health":
+            self._send(200, b"")
+        elif path == "/health_generate":
+            ids = [0] if self.state.tokenizer is None else (self.state.encode("hi") or [0])
+            self.state.run(ids, 1, True, [], record=False, client_gone=self.client_gone,
+                           wait_s=self.state.health_timeout_s)
+            self._send(200, b"")
+        elif path in ("/get_server_info", "/server_info"):
+            self._send(200, self.state.server_info())
+        elif path in ("/get_model_info", "/model_info"):
+            self._send(200, model_routes.model_info(self.state))
+        elif path == "/v1/models":
+            self._send(200, model_routes.models(self.state))
+        elif path.startswith("/v1/models/"):
+            self._send(200, model_routes.model_card(self.state, unquote(path[len("/v1/models/"):])))
+        elif path == "/ready":
+            self._send(200 if model_routes.ready(self.state) else 503, b"")
+        elif path == "/flush_cache":
+            self._send(*self.state.flush_cache())
+        elif path == "/metrics":
+            self._send(200, self.state.metrics.exposition(), content_type=metrics.CONTENT_TYPE)
+        else:
+            return False
+        return True
+
     def _dispatch(self, method: str) -> None:
         t0 = time.perf_counter()
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
@@ -210,27 +238,8 @@ class Handler(BaseHTTPRequestHandler):
             self._send(*denied)
             return
         try:
-            if path == "/health":
-                self._send(200, b"")
-            elif path == "/health_generate":
-                ids = [0] if self.state.tokenizer is None else (self.state.encode("hi") or [0])
-                self.state.run(ids, 1, True, [], record=False, client_gone=self.client_gone,
-                               wait_s=self.state.health_timeout_s)
-                self._send(200, b"")
-            elif path in ("/get_server_info", "/server_info"):
-                self._send(200, self.state.server_info())
-            elif path in ("/get_model_info", "/model_info"):
-                self._send(200, model_routes.model_info(self.state))
-            elif path == "/v1/models":
-                self._send(200, model_routes.models(self.state))
-            elif path.startswith("/v1/models/"):
-                self._send(200, model_routes.model_card(self.state, unquote(path[len("/v1/models/"):])))
-            elif path == "/ready":
-                self._send(200 if model_routes.ready(self.state) else 503, b"")
-            elif path == "/flush_cache":
-                self._send(*self.state.flush_cache())
-            elif path == "/metrics":
-                self._send(200, self.state.metrics.exposition(), content_type=metrics.CONTENT_TYPE)
+            if self._state_route(path):
+                pass
             elif path == "/generate" and method == "POST":
                 self._answer(handle_generate(self.state, self._body(), t0, self.client_gone))
             elif path == "/v1/completions" and method == "POST":
