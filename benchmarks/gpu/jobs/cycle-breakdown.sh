@@ -22,4 +22,5 @@ for variant in ${VARIANTS:-"pv-whole:0:float32:" "pv-split64:64:float32:" "pv-sp
     > "$WORK/cycle_breakdown_$name.json" 2> "$WORK/cycle_breakdown_$name.log"
   log "cycle_breakdown.py $name: rc $? in $(( $(date +%s) - t0 )) s: $(summary "$WORK/cycle_breakdown_$name.json")"
 done
-cp "$WORK"/cycle_breakdown_*.json "$WORK"/pytest_gpu.log "$OUT"/ 2>/dev/null
+[ "$WORK" = "$OUT" ] || cp "$WORK"/cycle_breakdown_*.json "$WORK"/pytest_gpu.log "$OUT"/ 2>/dev/null
+exit 0
