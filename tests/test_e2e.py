@@ -20,8 +20,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+
 from smoke_run import EXP, ROOT, RUN_TIMEOUT_S, copy_workflow, imports_dir, snakemake
 
+from draftlab.benchmark.bench_summary import t_quantile_975
 from draftlab.experiment.records import RUN_COLUMNS, TIMING_COLUMNS
 
 pytestmark = pytest.mark.slow
@@ -126,15 +128,21 @@ def test_full_run_produces_records_and_report(smoke):
     assert {r["phase"] for r in again["rows"]} == {"measure"} and any(r["phase"] == "ttft" for r in own["rows"])
     assert again["config"]["measure_ttft"] is False
     line = next(x for x in md.splitlines() if x.startswith("Fine-tuning vs the transferred drafter as is"))
-    assert "paired, both in `arms-s2-k1-d3` (the probe benched again there)" in line
+    # the smoke preset replicates the arms launch: the pairing is over both of its starts
+    assert "paired, both in `arms-s2-k1-d3+arms-s2-k1-d3-r2` (the probe benched again there)" in line
     rec = json.loads((res / "report" / "recommendation.json").read_text())
     assert rec["launch_noise"] == check["noise"] and rec["launch_check"]["arms_launch"] == "arms-s2-k1-d3"
     assert ("**Launch check:** `probe` in its own launch `probe-s2-k1-d3` vs swapped into `arms-s2-k1-d3`: "
-            f"{check['speedup']:.2f}x") in md and "95% prediction bound: t(0.975, 1) = 12.71 times the" in md
-    # the bound scales the drift, or the check's own standard error where the drift seen is within it
-    drift, se = abs(math.log(check["speedup"])), math.log(check["ci95"][1] / check["ci95"][0]) / (2 * 1.959964)
-    assert rec["launch_margin"] == pytest.approx(math.expm1(12.706 * max(drift, se)))
-    assert rec["launch_margin_scale"] == ("drift" if drift >= se else "standard error")
+            f"{check['speedup']:.2f}x") in md
+    # with the plain and arms launches replicated (bench.launch_replicates 2), the launch noise is pooled from 3
+    # contrasts (the plain relaunch, the probe in each arms launch): t with 3 degrees of freedom, not 12.71 from one
+    # pair, and an arm against plain decoding each averaged over 2 launches
+    assert rec["launch_replicates"] == 2 and rec["launch_df"] == 3 and rec["launch_pairs"] == 3
+    assert "95% bound: t(0.975, 3) = 3.18 times the pooled per-launch sigma" in md
+    t3 = t_quantile_975(3)
+    assert rec["launch_margin"] == pytest.approx(math.expm1(t3 * rec["launch_sigma"] * math.sqrt(1 / 2 + 1 / 2)))
+    # the pooled sigma is never below the checks' own prompt-level error (over sqrt 2, a contrast's per-launch share)
+    assert rec["launch_sigma"] >= rec["launch_check_se"] / math.sqrt(2) - 1e-12
     assert set(records.launch_id) == {"plain", "probe-s2-k1-d3", "arms-s2-k1-d3"}
 
 
@@ -369,7 +377,9 @@ def test_a_changed_arm_is_the_only_one_benched_again_in_its_launch(smoke, tmp_pa
     (r / "train" / "scratch" / ".snakemake_timestamp").touch()  # a directory output's mtime, as a retrain leaves it
     out = snakemake(wd, "all", "-p")
     said = out.stdout + out.stderr
-    assert "rule train" not in said and "rule launch_plain" not in said and "rule launch_probe" not in said
+    # nothing before the arms launch runs again; the replicates after it (plain, arms | arms, plain) follow it
+    assert not re.search(r"rule (train|launch_plain|launch_probe\w*):", said), said[-3000:]
+    assert re.search(r"rule launch_arms_s2_k1_d3_r2:", said) and re.search(r"rule launch_plain_r2:", said)
     launch = json.loads((r / "launch" / f"arms-{spec}" / "launch.json").read_text())
     assert launch["reused"] == ["finetune-regenerate", "finetune-remap"]
     assert [s["drafter"] for s in launch["swaps"]] == [f"results/{EXP}/train/scratch/drafter"]

@@ -84,11 +84,11 @@ rule doctor:
         backend=S.serve.backend,
         # the reference is only served: the checks of what draftlab's trainer needs are not its
         serve_only=lambda wildcards: (
-            " --serve-only" if wildcards.variant == variants.REFERENCE else ""
+            ["--serve-only"] if wildcards.variant == variants.REFERENCE else []
         ),
     shell:
         "draftlab doctor --drafter {params.drafter:q} --target {params.target:q}"
-        " --algorithm {params.algorithm:q} --backend {params.backend:q}{params.serve_only} --out {output.json:q}"
+        " --algorithm {params.algorithm:q} --backend {params.backend:q} {params.serve_only:q} --out {output.json:q}"
         " --summary {output.md:q} > {log:q} 2>&1"
 
 
