@@ -43,7 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decode_timing import static_run  # noqa: E402
-from static_decode_gpu import build, phase_times  # noqa: E402
+from static_decode_gpu import build, phase_times, shape_args  # noqa: E402
 
 
 def in_process(args, target, drafter, prompts) -> dict:
@@ -174,18 +174,7 @@ def ratios(d: dict) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--hidden", type=int, default=768)
-    ap.add_argument("--heads", type=int, default=12)
-    ap.add_argument("--kv-heads", type=int, default=4)
-    ap.add_argument("--inter", type=int, default=2048)
-    ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--ctx", type=int, default=512)
-    ap.add_argument("--prompt-len", type=int, default=64)
-    ap.add_argument("--max-new", type=int, default=128)
-    ap.add_argument("--num-steps", type=int, default=3)
+    shape_args(ap)
     ap.add_argument("--requests", type=int, default=5, help="prompts decoded one at a time, each part")
     ap.add_argument("--reps", type=int, default=50, help="graph replays per timed part")
     ap.add_argument("--no-server", action="store_true", help="in process only")

@@ -227,8 +227,8 @@ def tree_cycles(args, target, drafter, prompts, plain_c1: list[int], t_plain_ms:
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def shape_args(ap: argparse.ArgumentParser) -> None:
+    """The demo-gpu shapes and the decode setting (what cycle_breakdown.py times too)."""
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--layers", type=int, default=16)
@@ -241,6 +241,11 @@ def main() -> int:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--max-new", type=int, default=128)
     ap.add_argument("--num-steps", type=int, default=3)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    shape_args(ap)
     ap.add_argument("--accept", type=float, nargs="+", default=[1.85, 2.5, 3.0])
     ap.add_argument("--trees", nargs="*", default=[], help="tree settings to time (s3-k4-d8: steps, topk, tokens)")
     ap.add_argument("--skip-unfused", action="store_true", help="fused layers only (the served path)")
