@@ -1,10 +1,13 @@
-"""One real HTTP request to a server under test: (status, parsed JSON or text), errors included; and the
-JSON answer of a scripted server under test (``send_json``). Requests go through draftlab's own client
-(``draftlab.http_client``: one deadline, never a proxy, capped reads), as every caller does."""
+"""One real HTTP request to a server under test: (status, parsed JSON or text), errors included; the JSON
+answer of a scripted server under test (``send_json``) and that server (``ScriptedHTTPServer``). Requests go
+through draftlab's own client (``draftlab.http_client``: one deadline, never a proxy, capped reads), as every
+caller does."""
 
 from __future__ import annotations
 
 import json
+import sys
+from http.server import ThreadingHTTPServer
 
 from draftlab import http_client
 
@@ -27,3 +30,12 @@ def send_json(handler, status: int, obj) -> None:
     handler.send_header("Content-Length", str(len(body)))
     handler.end_headers()
     handler.wfile.write(body)
+
+
+class ScriptedHTTPServer(ThreadingHTTPServer):
+    """A client that refuses an answer hangs up mid-stream: that is its right, not the server's error. Printing
+    the reset would land in the stderr of a ``cli`` running in this process (it redirects ``sys.stderr``)."""
+
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            super().handle_error(request, client_address)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import torch
@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from draftlab.models.target import read_config
 from draftlab.serving.server import load_state, make_server
 from factories import tiny_drafter_config, write_drafter
-from httpcall import send_json
+from httpcall import ScriptedHTTPServer, send_json
 from tiny_models import tiny_target
 
 
@@ -64,7 +64,7 @@ class Scripted:
     """A real HTTP server on 127.0.0.1 answering with ``handler`` (a :class:`JsonHandler` subclass)."""
 
     def __init__(self, handler: type[BaseHTTPRequestHandler]):
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd = ScriptedHTTPServer(("127.0.0.1", 0), handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
 

@@ -131,7 +131,12 @@ def test_full_run_produces_records_and_report(smoke):
     # the smoke preset replicates the arms launch: the pairing is over both of its starts
     assert "paired, both in `arms-s2-k1-d3+arms-s2-k1-d3-r2` (the probe benched again there)" in line
     rec = json.loads((res / "report" / "recommendation.json").read_text())
-    assert rec["launch_noise"] == check["noise"] and rec["launch_check"]["arms_launch"] == "arms-s2-k1-d3"
+    # the largest drift of every contrast the run measured: this check, the replicated arms launch's, the plain
+    # relaunch's (on a loaded 2-core machine any of them may be the largest)
+    top = rec["launch_check"]
+    assert rec["launch_noise"] == top["noise"] >= check["noise"]
+    assert (top["own_launch"], top["arms_launch"]) in {("probe-s2-k1-d3", "arms-s2-k1-d3"), ("plain", "plain-r2"),
+                                                       ("probe-s2-k1-d3", "arms-s2-k1-d3-r2")}, top
     assert ("**Launch check:** `probe` in its own launch `probe-s2-k1-d3` vs swapped into `arms-s2-k1-d3`: "
             f"{check['speedup']:.2f}x") in md
     # with the plain and arms launches replicated (bench.launch_replicates 2), the launch noise is pooled from 3

@@ -11,13 +11,13 @@ import signal
 import subprocess
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Callable
 
 import pytest
 from helpers import DRAFTLAB
-from httpcall import call, send_json
+from httpcall import ScriptedHTTPServer, call, send_json
 from tiny_models import WORDS, tiny_target
 
 from draftlab.errors import DraftlabError
@@ -258,7 +258,7 @@ class Scripted(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def scripted():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
+    httpd = ScriptedHTTPServer(("127.0.0.1", 0), Scripted)
     httpd.daemon_threads = True
     httpd.seen, httpd.lock, httpd.healed, httpd.bodies = {}, threading.Lock(), False, []
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -21,6 +21,7 @@ from draftlab.errors import DraftlabError
 from draftlab.serving.server_spec import ServerSpec
 
 from helpers import cli, one_error_line
+from httpcall import ScriptedHTTPServer
 from rawserver import Raw
 
 K3 = {"model_path": "/models/target", "speculative_algorithm": "EAGLE3", "speculative_draft_model_path": "/models/d",
@@ -83,7 +84,7 @@ class LyingServer:
                     return self._send(200, outer.completions)
                 self._send(404, "not found", "text/plain")
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ScriptedHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
