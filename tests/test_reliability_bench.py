@@ -210,6 +210,8 @@ def test_an_endless_response_is_cut_at_the_cap_naming_the_url(tmp_path, mode, ex
     one_error_line(proc, f"{srv.url}/generate", cap)
     assert srv.sent < most_sent, f"the server got {srv.sent} bytes out before the client stopped reading"
     assert not out.exists() and not out.with_suffix(".csv").exists()
+    if mode != "endless-sse":  # the timed pass failed on its first prompt: the next one was never sent
+        assert srv.paths.count("/generate") == 1, srv.paths
 
 
 def _http(body: bytes, ctype: bytes = b"application/json") -> bytes:

@@ -352,10 +352,21 @@ class _Run:
     def passes(self, prompt_list: list[Prompt], repeats: int, concurrency: int, guard: bool) -> list[float]:
         """``repeats`` timed passes over all prompts, ``concurrency`` in flight; each pass's wall time."""
         walls: list[float] = []
+        failed = threading.Event()  # set by the worker that failed, before a free worker takes the next prompt
+
+        def send(p: Prompt, rep: int) -> dict[str, Any] | None:
+            if failed.is_set():
+                return None
+            try:
+                return self.one(p, "measure", rep)
+            except BaseException:
+                failed.set()
+                raise
+
         with ThreadPoolExecutor(max_workers=concurrency) as pool:
             for rep in range(repeats):
                 start = time.perf_counter()
-                futures = [pool.submit(self.one, p, "measure", rep) for p in prompt_list]
+                futures = [pool.submit(send, p, rep) for p in prompt_list]
                 done = []
                 try:
                     for fut in futures:
@@ -363,7 +374,8 @@ class _Run:
                         self.record(row)
                         done.append(row)
                 except BaseException:
-                    for fut in futures:  # do not keep sending after a failure
+                    failed.set()  # do not keep sending after a failure: at most the requests in flight finish
+                    for fut in futures:
                         fut.cancel()
                     raise
                 walls.append(time.perf_counter() - start)
