@@ -229,6 +229,22 @@ class Handler(BaseHTTPRequestHandler):
             return False
         return True
 
+    def _work_route(self, method: str, path: str, t0: float) -> bool:
+        """Answer a route that generates or swaps the drafter's weights; False where ``path`` and ``method``
+        are none of them."""
+        if path == "/generate" and method == "POST":
+            self._answer(handle_generate(self.state, self._body(), t0, self.client_gone))
+        elif path == "/v1/completions" and method == "POST":
+            self._answer(handle_completions(self.state, self._body(), self.client_gone))
+        elif path == "/v1/chat/completions" and method == "POST":
+            self._answer(handle_chat_completions(self.state, self._body(), self.client_gone))
+        elif path in weight_swap.ROUTES:  # SGLang's draft-weight update (serving.weight_swap)
+            limit = weight_swap.body_limit(self.state) if path == "/update_weights_from_tensor" else None
+            self._send(*weight_swap.handle(self.state, path, self._body(limit) if method == "POST" else {}))
+        else:
+            return False
+        return True
+
     def _dispatch(self, method: str) -> None:
         t0 = time.perf_counter()
         path = self.path.split("?", 1)[0].rstrip("/") or "/"
@@ -238,18 +254,9 @@ class Handler(BaseHTTPRequestHandler):
             self._send(*denied)
             return
         try:
-            if self._state_route(path):
-                pass
-            elif path == "/generate" and method == "POST":
-                self._answer(handle_generate(self.state, self._body(), t0, self.client_gone))
-            elif path == "/v1/completions" and method == "POST":
-                self._answer(handle_completions(self.state, self._body(), self.client_gone))
-            elif path == "/v1/chat/completions" and method == "POST":
-                self._answer(handle_chat_completions(self.state, self._body(), self.client_gone))
-            elif path in weight_swap.ROUTES:  # SGLang's draft-weight update (serving.weight_swap)
-                limit = weight_swap.body_limit(self.state) if path == "/update_weights_from_tensor" else None
-                self._send(*weight_swap.handle(self.state, path, self._body(limit) if method == "POST" else {}))
-            elif path in ("/generate", "/v1/completions", "/v1/chat/completions"):
+            if self._state_route(path) or self._work_route(method, path, t0):
+                return
+            if path in ("/generate", "/v1/completions", "/v1/chat/completions"):
                 self._error(405, f"{path}: use POST")
             else:
                 self._error(404, f"{path}: no such endpoint")
@@ -263,7 +270,6 @@ class Handler(BaseHTTPRequestHandler):
             self.log_message("connection lost while answering: %s", exc)
             self.close_connection = True
         except Exception as exc:  # a bug: answer 500 and keep serving, with the traceback in the log
-
             traceback.print_exc()
             self._error(500, f"internal error: {type(exc).__name__}: {exc}")
 
