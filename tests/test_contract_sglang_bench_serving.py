@@ -27,8 +27,10 @@ pytestmark = pytest.mark.contract
 # What `sglang.bench_serving` imports beyond `sglang.srt.server_args` (read in the wheel:
 # benchmark/serving.py, benchmark/utils.py, benchmark/datasets/*): transformers for the tokenizer,
 # linked from draftlab's venv like torch, and `datasets` (datasets/mmmu.py imports it at module level).
+# `partial-json-parser` for `sglang.srt.parser.reasoning_parser` (its function_call imports), which the K2.5
+# template contract (test_contract_kimi_k25_template.py) runs in this same venv: one build for both.
 BENCH_LINKED = [*LINKED, "transformers"]
-BENCH_PACKAGES = [*PARSER_DEPS, "datasets"]
+BENCH_PACKAGES = [*PARSER_DEPS, "datasets", "partial-json-parser"]
 
 # bench_serving runs as `python -m sglang.bench_serving` would, with one module replaced: serving.py
 # imports a single constant, FAKE_BOOTSTRAP_HOST, from sglang.srt.disaggregation.utils, whose own
