@@ -23,7 +23,9 @@ Finding (asserted below): no rendering the project has matches K2.5's thinking s
 ``kimi-k2-instruct`` drops ``reasoning_content`` (span = content onwards). SpecForge 0.2.0's
 ``kimi-k2-thinking`` (``ThinkingParser``) keeps it, but its loss span runs from the assistant header, so it
 begins with the ``<think>`` the generation prompt supplied and K2.5 never emitted: one token off at position 0,
-the rest the emitted stream.
+the rest the emitted stream. Kept as emitted instead (``data.separate_reasoning: false``, SGLang's own request
+field, as ``config/kimi-k25.yaml`` sets it), the answer's text holds the thinking and its ``</think>``, and both
+renderings train on exactly K2.5's emitted ids.
 """
 
 from __future__ import annotations
@@ -208,6 +210,22 @@ def test_with_thinking_off_k25s_stream_is_exact_on_both_renderings(k25):
     assert tok.decode(emitted, skip_special_tokens=False) == f"{CONTENT}<|im_end|>"
     messages = _stored(tok, emitted)
     assert messages[-1]["content"] == CONTENT and "reasoning_content" not in messages[-1]
+    rendered = K25Rendered(tok, run_in(k25["python"], RENDER, {"tokenizer": str(k25["folder"]),
+                                                               "conversations": _prefixes(messages)})["renderings"])
+    for rendering in token_check.RENDERINGS:
+        assert [r["exact"] for r in token_check.check_conversation(rendered, messages, rendering)] == [True]
+
+
+
+def test_kept_as_emitted_k25s_thinking_stream_is_exact_on_both_renderings(k25):
+    """data.separate_reasoning false (config/kimi-k25.yaml): SGLang skips its reasoning parser and returns the
+    answer's text as emitted (special tokens skipped, the stop token not in it), `</think>` inside; stored as the
+    turn's content, K2.5's rendering of it trains on exactly the ids K2.5 emitted, thinking included."""
+    tok = k25["tok"]
+    emitted = _emitted(tok, k25["thinking"], "<|im_assistant|>assistant<|im_middle|><think>")
+    text = tok.decode(emitted[:-1], skip_special_tokens=True)
+    messages = _stored(tok, emitted, None, text)
+    assert messages[-1]["content"] == f"{REASONING}</think>{CONTENT}" and "reasoning_content" not in messages[-1]
     rendered = K25Rendered(tok, run_in(k25["python"], RENDER, {"tokenizer": str(k25["folder"]),
                                                                "conversations": _prefixes(messages)})["renderings"])
     for rendering in token_check.RENDERINGS:

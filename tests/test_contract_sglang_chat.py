@@ -2,7 +2,7 @@
 0.5.23's own OpenAI protocol (``sglang.srt.entrypoints.openai.protocol``) from the pinned wheel.
 
 - Every request shape draftlab sends (greedy; sampled with a per-prompt seed; with chat-template
-  kwargs) validates as SGLang's ``ChatCompletionRequest`` and turns, through its own
+  kwargs; with the reasoning left in the text, ``separate_reasoning: false``) validates as SGLang's ``ChatCompletionRequest`` and turns, through its own
   ``to_sampling_params``, into the sampling draftlab meant: ``max_new_tokens``, temperature, top_p and
   ``sampling_seed = seed + prompt id``; SGLang's ``SamplingParams`` accepts them.
 - A response SGLang builds (its ``ChatCompletionResponse``, with ``reasoning_content`` as its reasoning
@@ -38,7 +38,8 @@ for body in job["requests"]:
     sp = SamplingParams(**{k: v for k, v in params.items() if k not in ("watermark",)})
     sp.verify(vocab_size=1000)
     out["requests"].append({"params": params, "messages": [m.model_dump(exclude_none=True) for m in req.messages],
-                            "chat_template_kwargs": req.chat_template_kwargs})
+                            "chat_template_kwargs": req.chat_template_kwargs,
+                            "separate_reasoning": req.separate_reasoning})
 for body in job["responses"]:
     out["responses"].append(ChatCompletionResponse.model_validate(body).model_dump(mode="json"))
 built = ChatCompletionResponse(id="x", model="m", choices=[{
@@ -70,6 +71,8 @@ def test_chat_requests_and_responses_in_sglangs_own_protocol(sglang_python, tmp_
         # reasoning kept in the row, not sent) in the context
         chat_request("kimi", _prompt(5, convo + second), Sampling(64),
                      convo + [{"role": "assistant", "content": "a fox", "reasoning_content": "hmm"}] + second),
+        # data.separate_reasoning false: the answer's text as emitted, thinking included (no reasoning split)
+        chat_request("kimi", _prompt(7, convo), Sampling(64, separate_reasoning=False)),
     ]
     spec = ServerSpec(backend="builtin", target=str(target), device="cpu", health_interval_s=0.1)
     with running_server(spec, tmp_path / "server.log", progress=lambda m: None) as srv:
@@ -77,11 +80,13 @@ def test_chat_requests_and_responses_in_sglangs_own_protocol(sglang_python, tmp_
     assert status == 200, builtin_answer
 
     got = run_in(sglang_python, JUDGE, {"requests": sent, "responses": [builtin_answer]})
-    greedy, sampled, templated, turn2 = (r["params"] for r in got["requests"])
+    greedy, sampled, templated, turn2, joined = (r["params"] for r in got["requests"])
     assert (greedy["max_new_tokens"], greedy["temperature"], greedy["sampling_seed"]) == (2048, 0.0, None)
     assert (sampled["max_new_tokens"], sampled["temperature"], sampled["top_p"]) == (512, 0.7, 0.9)
     assert sampled["sampling_seed"] == 1041  # seed + prompt id: the answer does not depend on arrival order
     assert got["requests"][2]["chat_template_kwargs"] == {"thinking": False}
+    # SGLang's own default splits the reasoning; the setting turns that off in SGLang's own field
+    assert [r["separate_reasoning"] for r in got["requests"]] == [True, True, True, True, False]
     assert all(r["messages"] == convo for r in got["requests"][:3])
     assert got["requests"][3]["messages"] == convo + [{"role": "assistant", "content": "a fox"}] + second
     assert all(p["skip_special_tokens"] is True and p["n"] == 1 for p in (greedy, sampled, templated))

@@ -165,8 +165,13 @@ def test_generate_command_follows_the_data_engine():
     cmd = jobs.generate_command(t, Layout(t.experiment), "x.log")
     assert "--" not in cmd and "--server" not in cmd and cmd[cmd.index("--batch-size") + 1] == "1"
     assert cmd[cmd.index("--chat-template-kwargs") + 1] == '{"thinking": false}'
+    assert "--no-separate-reasoning" not in cmd  # SGLang's default: the reasoning apart
     kimi = Settings.load(KIMI)
     assert jobs.generate_server(kimi, Layout(kimi.experiment)).max_batch_size is None  # SGLang batches by itself
+    # K2.5 thinks: its answers are kept as emitted, thinking included, so the capture's rendering of the text
+    # holds what K2.5 emitted (the K2.5 template contract); the run against the plain launch asks the same
+    assert "--no-separate-reasoning" in jobs.generate_command(kimi, Layout(kimi.experiment), "x.log")
+    assert "--no-separate-reasoning" in jobs.generate_url_command(kimi, Layout(kimi.experiment))
 
 
 def test_rules_spell_no_result_paths():

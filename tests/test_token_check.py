@@ -136,3 +136,22 @@ def test_thinking_the_training_rendering_drops_is_a_mismatch(target, rendering):
                  "reasoning_content": "the fox jumps over", "token_ids": emitted}]
     res, = token_check.check_conversation(tok, messages, rendering)
     assert not res["exact"] and res["emitted_text"].startswith("the fox jumps")
+
+
+def test_the_text_as_emitted_is_asked_for_in_sglangs_field_and_the_builtin_server_answers_the_same(generated, target,
+                                                                                                   tmp_path):
+    """data.separate_reasoning false: the request says so in SGLang's own field (a server with a reasoning parser
+    then returns the thinking inside the text, as emitted); the builtin server has no parser, so its answers are
+    the same, and the run's identity and stats record the setting."""
+    prompt = Prompt(0, ({"role": "user", "content": "hi"},), "d")
+    assert "separate_reasoning" not in chat_request("m", prompt, Sampling(max_new_tokens=4))
+    assert chat_request("m", prompt, Sampling(4, separate_reasoning=False))["separate_reasoning"] is False
+    spec = {"backend": "builtin", "target": str(target), "device": "cpu", "port": 0, "max_batch_size": 4,
+            "health_interval_s": 0.1, "health_deadline_s": 120.0}
+    with running_server(ServerSpec.from_dict(spec), tmp_path / "server.log", progress=lambda m: None) as srv:
+        stats = generate(target, generated.parent / "prompts.jsonl", tmp_path / "gen.jsonl", url=srv.url,
+                         concurrency=4, max_new_tokens=16, progress=False, limit=3, separate_reasoning=False)
+    assert stats["separate_reasoning"] is False and stats["failed"] == 0
+    assert _rows(tmp_path / "gen.jsonl") == _rows(generated)[:3]
+    cmd = cli("generate-data", "--help").stdout
+    assert "--no-separate-reasoning" in cmd

@@ -189,6 +189,9 @@ def _add_generate_data(sub) -> None:
                         "the context (all, the default, as SpecForge regenerates), or only the last one (last)")
     g.add_argument("--chat-template-kwargs", default=None,
                    help='JSON object passed to the chat template, e.g. \'{"thinking": false}\'')
+    g.add_argument("--no-separate-reasoning", dest="separate_reasoning", action="store_false",
+                   help="ask the server for the answer's text as emitted, thinking included (SGLang's "
+                        "separate_reasoning: false), not split into reasoning_content and content")
     _add_generate_engines(g)
 
 
@@ -411,6 +414,7 @@ def _generate_data(args: argparse.Namespace) -> int:
         server_log=args.server_log, url=args.url, concurrency=args.concurrency, retries=args.retries,
         request_timeout_s=args.request_timeout, max_prompt_chars=args.max_prompt_chars,
         max_failed_fraction=args.max_failed_fraction, template_kwargs=kwargs, turns=args.turns,
+        separate_reasoning=args.separate_reasoning,
         state_dir=args.state_dir,
         stats=args.stats, progress=not args.no_progress,
     )

@@ -106,6 +106,8 @@ class Sampling:
     top_p: float = 1.0
     seed: int = 0
     template_kwargs: tuple[tuple[str, Any], ...] = ()
+    # SGLang's separate_reasoning: False asks a server with a reasoning parser for the text as emitted
+    separate_reasoning: bool = True
 
     @property
     def sampled(self) -> bool:
@@ -372,6 +374,8 @@ def chat_request(model: str, prompt: Prompt, sampling: Sampling,
         body.update(top_p=sampling.top_p, seed=sampling.seed + prompt.id)
     if sampling.template_kwargs:
         body["chat_template_kwargs"] = dict(sampling.template_kwargs)
+    if not sampling.separate_reasoning:
+        body["separate_reasoning"] = False
     return body
 
 

@@ -71,6 +71,7 @@ def generate(
     max_failed_fraction: float | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
     turns: str | None = None,
+    separate_reasoning: bool | None = None,
     state_dir: str | os.PathLike | None = None,
     stats: str | os.PathLike | None = None,
     progress: bool = True,
@@ -87,7 +88,7 @@ def generate(
     sampling, turns, knobs = _settings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                        seed=seed, batch_size=batch_size, concurrency=concurrency, retries=retries,
                                        max_failed_fraction=max_failed_fraction, turns=turns,
-                                       template_kwargs=template_kwargs)
+                                       template_kwargs=template_kwargs, separate_reasoning=separate_reasoning)
     batch_size, concurrency, retries, max_failed_fraction = knobs
     engine = _choose_engine(target, sampling, turns, server, url, server_log=server_log, device=device,
                             batch_size=batch_size, trust_remote_code=trust_remote_code, concurrency=concurrency,
@@ -138,7 +139,7 @@ def _run(engine: _Engine, prompts: str | os.PathLike, out: Path, state_dir: str 
 
 
 def _settings(*, max_new_tokens, temperature, top_p, seed, batch_size, concurrency, retries, max_failed_fraction,
-              turns, template_kwargs) -> tuple[Sampling, str, tuple[int, int, int, float]]:
+              turns, template_kwargs, separate_reasoning) -> tuple[Sampling, str, tuple[int, int, int, float]]:
     """The run's settings, a None taking the schema's default; a bad one is refused naming its flag."""
     def default(value, key):
         return schema_default(key) if value is None else value
@@ -159,7 +160,8 @@ def _settings(*, max_new_tokens, temperature, top_p, seed, batch_size, concurren
     if not 0 <= max_failed_fraction <= 1:
         raise DraftlabError(f"--max-failed-fraction: expected a fraction in [0, 1], got {max_failed_fraction}")
     sampling = Sampling(max_new_tokens, float(temperature or 0.0), float(top_p), int(seed),
-                        tuple(sorted((template_kwargs or {}).items())))
+                        tuple(sorted((template_kwargs or {}).items())),
+                        bool(default(separate_reasoning, "data.separate_reasoning")))
     return sampling, turns, (batch_size, concurrency, retries, max_failed_fraction)
 
 
@@ -348,7 +350,9 @@ def _identity(target, spec, served: str | None, sampling: Sampling, trust_remote
     return {"target": os.path.normpath(str(target)), "target_fingerprint": target_fingerprint(target), "engine": engine, "max_new_tokens": sampling.max_new_tokens,
             "temperature": sampling.temperature, "top_p": sampling.top_p if sampling.sampled else None,
             "seed": sampling.seed if sampling.sampled else None, "template_kwargs": dict(sampling.template_kwargs),
-            "trust_remote_code": bool(trust_remote_code), "turns": turns}
+            "trust_remote_code": bool(trust_remote_code), "turns": turns,
+            # only where set: the answers of runs before this setting existed stay interchangeable
+            **({} if sampling.separate_reasoning else {"separate_reasoning": False})}
 
 
 # --- rows, counts, stats ------------------------------------------------------------------------------
@@ -398,6 +402,7 @@ def _stats(out: Path, plan: _Plan, sampling: Sampling, turns: str, engine: dict,
         "prompt_tokens": None,
         "empty": None,
         "mode": sampling.describe(),
+        "separate_reasoning": sampling.separate_reasoning,
         "turns": turns,
         "answered_turns": run.turns,
         "max_new_tokens": sampling.max_new_tokens,

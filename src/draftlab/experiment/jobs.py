@@ -145,6 +145,8 @@ def generate_command(settings: Settings, layout: Layout, server_log: str,
         cmd += ["--max-prompt-chars", str(d.max_prompt_chars)]
     if d.chat_template_kwargs:
         cmd += ["--chat-template-kwargs", json.dumps(dict(d.chat_template_kwargs), sort_keys=True)]
+    if not d.separate_reasoning:
+        cmd += ["--no-separate-reasoning"]
     if settings.target.trust_remote_code:
         cmd += ["--trust-remote-code"]
     if d.engine == "transformers":

@@ -266,6 +266,11 @@ class Data:
     chat_template_kwargs: Mapping[str, Any] = setting({},
         "passed to the target's chat template with every prompt (e.g. {thinking: false} for a reasoning "
         "model's instant mode); {} = the template's defaults")
+    separate_reasoning: bool = setting(True,
+        "server engine: SGLang's separate_reasoning (with --reasoning-parser): true = a thinking model's "
+        "thinking comes back apart as reasoning_content, which no training rendering of the text holds; false = "
+        "the answer's text as the target emitted it, thinking and its end marker included, so the drafter trains "
+        "on the tokens the target serves (rule token_check shows which)")
     turns: Literal["all", "last"] = setting("all",
         "multi-turn prompts: all = the target answers every user turn in order, its own earlier answers "
         "in the context (SpecForge's regeneration; every assistant turn the drafter trains on is the "
