@@ -10,8 +10,8 @@ offline tokenizer that holds Kimi's markers as single tokens (Kimi's tiktoken vo
   ``<|im_assistant|>assistant<|im_middle|><think>``, and its supervised example of the same turn continues that
   prompt with ``reasoning</think>content<|im_end|>``, the tokens it trains on: the emitted stream.
 - SGLang 0.5.23's own ``kimi_k2`` reasoning parser (the SGLang venv of the bench_serving contract, which
-  links transformers) splits that answer as the
-  server does; draftlab's ``Answer`` stores it (``content``, ``reasoning_content``, ``token_ids``).
+  links transformers) splits that answer as the server does; draftlab's ``Answer`` stores it (``content``,
+  ``reasoning_content``, ``token_ids``).
 - ``token_check`` renders the stored turns (role and content, as SpecForge 0.2.0's ``GeneralParser`` under
   ``train.chat_template: kimi-k2-instruct`` and draftlab's tokenize read them) through the renderer, and must
   report every such turn not exact, the thinking shown as the first mismatch, and stop the run below
@@ -135,6 +135,17 @@ def _prefixes(messages):
     return [turns[:i] for i in range(1, len(turns) + 1)]
 
 
+def _k25_rendered(k25, messages) -> K25Rendered:
+    """The tokenizer with the renderer's rendering of every prefix of ``messages`` as its chat template."""
+    out = run_in(k25["python"], RENDER, {"tokenizer": str(k25["folder"]), "conversations": _prefixes(messages)})
+    return K25Rendered(k25["tok"], out["renderings"])
+
+
+def _assert_exact_on_both_renderings(rendered, messages) -> None:
+    for rendering in token_check.RENDERINGS:
+        assert [r["exact"] for r in token_check.check_conversation(rendered, messages, rendering)] == [True], rendering
+
+
 def _stored(tok, emitted, reasoning=None, content=None):
     """The assistant turn as data generation stores it (draftlab's own Answer)."""
     messages = ({"role": "user", "content": QUESTION},)
@@ -175,8 +186,7 @@ def test_k25s_thinking_stream_is_a_mismatch_the_check_reports_and_stops(k25, tmp
     messages = _stored(tok, emitted, split["reasoning"], split["content"])
     assert messages[-1] == {"role": "assistant", "content": CONTENT, "reasoning_content": REASONING,
                             "token_ids": emitted}
-    rendered = K25Rendered(tok, run_in(k25["python"], RENDER, {"tokenizer": str(k25["folder"]),
-                                                               "conversations": _prefixes(messages)})["renderings"])
+    rendered = _k25_rendered(k25, messages)
     # K2.5's own rendering of the stored turn (content only: the reasoning never reaches the template)
     assert rendered.apply_chat_template(messages).endswith(
         f"<|im_assistant|>assistant<|im_middle|><think></think>{CONTENT}<|im_end|>")
@@ -210,10 +220,8 @@ def test_with_thinking_off_k25s_stream_is_exact_on_both_renderings(k25):
     assert tok.decode(emitted, skip_special_tokens=False) == f"{CONTENT}<|im_end|>"
     messages = _stored(tok, emitted)
     assert messages[-1]["content"] == CONTENT and "reasoning_content" not in messages[-1]
-    rendered = K25Rendered(tok, run_in(k25["python"], RENDER, {"tokenizer": str(k25["folder"]),
-                                                               "conversations": _prefixes(messages)})["renderings"])
-    for rendering in token_check.RENDERINGS:
-        assert [r["exact"] for r in token_check.check_conversation(rendered, messages, rendering)] == [True]
+    rendered = _k25_rendered(k25, messages)
+    _assert_exact_on_both_renderings(rendered, messages)
 
 
 
@@ -223,10 +231,7 @@ def test_kept_as_emitted_k25s_thinking_stream_is_exact_on_both_renderings(k25):
     turn's content, K2.5's rendering of it trains on exactly the ids K2.5 emitted, thinking included."""
     tok = k25["tok"]
     emitted = _emitted(tok, k25["thinking"], "<|im_assistant|>assistant<|im_middle|><think>")
-    text = tok.decode(emitted[:-1], skip_special_tokens=True)
-    messages = _stored(tok, emitted, None, text)
+    messages = _stored(tok, emitted)  # the emitted ids decoded, special tokens (the stop token) skipped
     assert messages[-1]["content"] == f"{REASONING}</think>{CONTENT}" and "reasoning_content" not in messages[-1]
-    rendered = K25Rendered(tok, run_in(k25["python"], RENDER, {"tokenizer": str(k25["folder"]),
-                                                               "conversations": _prefixes(messages)})["renderings"])
-    for rendering in token_check.RENDERINGS:
-        assert [r["exact"] for r in token_check.check_conversation(rendered, messages, rendering)] == [True]
+    rendered = _k25_rendered(k25, messages)
+    _assert_exact_on_both_renderings(rendered, messages)

@@ -2,7 +2,8 @@
 0.5.23's own OpenAI protocol (``sglang.srt.entrypoints.openai.protocol``) from the pinned wheel.
 
 - Every request shape draftlab sends (greedy; sampled with a per-prompt seed; with chat-template
-  kwargs; with the reasoning left in the text, ``separate_reasoning: false``) validates as SGLang's ``ChatCompletionRequest`` and turns, through its own
+  kwargs; with the reasoning left in the text, ``separate_reasoning: false``) validates as SGLang's
+  ``ChatCompletionRequest`` and turns, through its own
   ``to_sampling_params``, into the sampling draftlab meant: ``max_new_tokens``, temperature, top_p and
   ``sampling_seed = seed + prompt id``; SGLang's ``SamplingParams`` accepts them.
 - A response SGLang builds (its ``ChatCompletionResponse``, with ``reasoning_content`` as its reasoning

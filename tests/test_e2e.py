@@ -138,7 +138,7 @@ def test_full_run_produces_records_and_report(smoke):
     assert (top["own_launch"], top["arms_launch"]) in {("probe-s2-k1-d3", "arms-s2-k1-d3"), ("plain", "plain-r2"),
                                                        ("probe-s2-k1-d3", "arms-s2-k1-d3-r2")}, top
     # the report names that largest contrast and its own speed-up
-    said = (f"`baseline` in `plain` vs its replicate `plain-r2`" if top["own_launch"] == "plain" else
+    said = ("`baseline` in `plain` vs its replicate `plain-r2`" if top["own_launch"] == "plain" else
             f"`probe` in its own launch `probe-s2-k1-d3` vs swapped into `{top['arms_launch']}`")
     assert f"**Launch check:** {said}: {top['speedup']:.2f}x" in md
     # with the plain and arms launches replicated (bench.launch_replicates 2), the launch noise is pooled from 3

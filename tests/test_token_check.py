@@ -13,7 +13,7 @@ from helpers import cli, one_error_line
 from tiny_models import WORDS, tiny_target
 
 from draftlab.datagen.answerers import Prompt, Sampling, chat_request
-from draftlab.datagen.generate_data import generate
+from draftlab.datagen.generate_data import _identity, generate
 from draftlab.models.target import load_tokenizer
 from draftlab.serving.launch import ServerSpec, running_server
 from draftlab.training import token_check
@@ -25,6 +25,11 @@ def target(tmp_path_factory) -> Path:
     return tiny_target(tmp_path_factory.mktemp("tok-check") / "target")
 
 
+def _builtin(target: Path) -> ServerSpec:
+    return ServerSpec.from_dict({"backend": "builtin", "target": str(target), "device": "cpu", "port": 0,
+                                 "max_batch_size": 4, "health_interval_s": 0.1, "health_deadline_s": 120.0})
+
+
 @pytest.fixture(scope="module")
 def generated(target, tmp_path_factory) -> Path:
     """Conversations a real builtin server answered (one to three user turns each, every turn answered)."""
@@ -34,9 +39,7 @@ def generated(target, tmp_path_factory) -> Path:
         {"role": "assistant", "content": "the data's own answer"})]} for i in range(9)]
     folder = tmp_path_factory.mktemp("tok-check-data")
     (folder / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    spec = {"backend": "builtin", "target": str(target), "device": "cpu", "port": 0, "max_batch_size": 4,
-            "health_interval_s": 0.1, "health_deadline_s": 120.0}
-    with running_server(ServerSpec.from_dict(spec), folder / "server.log", progress=lambda m: None) as srv:
+    with running_server(_builtin(target), folder / "server.log", progress=lambda m: None) as srv:
         generate(target, folder / "prompts.jsonl", folder / "gen.jsonl", url=srv.url, concurrency=4,
                  max_new_tokens=16, progress=False)
     return folder / "gen.jsonl"
@@ -146,12 +149,16 @@ def test_the_text_as_emitted_is_asked_for_in_sglangs_field_and_the_builtin_serve
     prompt = Prompt(0, ({"role": "user", "content": "hi"},), "d")
     assert "separate_reasoning" not in chat_request("m", prompt, Sampling(max_new_tokens=4))
     assert chat_request("m", prompt, Sampling(4, separate_reasoning=False))["separate_reasoning"] is False
-    spec = {"backend": "builtin", "target": str(target), "device": "cpu", "port": 0, "max_batch_size": 4,
-            "health_interval_s": 0.1, "health_deadline_s": 120.0}
-    with running_server(ServerSpec.from_dict(spec), tmp_path / "server.log", progress=lambda m: None) as srv:
+    with running_server(_builtin(target), tmp_path / "server.log", progress=lambda m: None) as srv:
         stats = generate(target, generated.parent / "prompts.jsonl", tmp_path / "gen.jsonl", url=srv.url,
                          concurrency=4, max_new_tokens=16, progress=False, limit=3, separate_reasoning=False)
     assert stats["separate_reasoning"] is False and stats["failed"] == 0
+    # a resumed run never mixes answers of the two settings; runs from before the setting keep their identity
+    def identity(sampling):
+        return _identity(target, None, srv.url, sampling, False, "all")
+
+    assert "separate_reasoning" not in identity(Sampling(16))
+    assert identity(Sampling(16, separate_reasoning=False))["separate_reasoning"] is False
     assert _rows(tmp_path / "gen.jsonl") == _rows(generated)[:3]
     cmd = cli("generate-data", "--help").stdout
     assert "--no-separate-reasoning" in cmd
